@@ -1,0 +1,15 @@
+#include "core/outcome.h"
+
+#include <gtest/gtest.h>
+
+namespace kforge {
+TEST(Outcome, NamesRoundTrip) {
+  for (Outcome o : {Outcome::kCompiled, Outcome::kCompileError, Outcome::kWrong,
+                    Outcome::kCrashed, Outcome::kTimeout, Outcome::kVerified}) {
+    auto parsed = ParseOutcome(OutcomeName(o));
+    ASSERT_TRUE(parsed.has_value());
+    EXPECT_EQ(*parsed, o);
+  }
+  EXPECT_FALSE(ParseOutcome("fast").has_value());
+}
+}  // namespace kforge

@@ -1,0 +1,198 @@
+#include "core/shape.h"
+
+#include <bit>
+#include <cstdlib>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace kforge {
+namespace {
+
+absl::Status Invalid(std::string_view field, std::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
+}
+
+int Log2(int64_t pow2) { return std::bit_width(static_cast<uint64_t>(pow2)) - 1; }
+
+absl::Status CheckLengths(std::string_view side, int64_t batch, int64_t max_len,
+                          int64_t total) {
+  const std::string max_name = absl::StrCat("max_len_", side);
+  const std::string total_name = absl::StrCat("total_", side);
+  if (max_len < 0) return Invalid(max_name, absl::StrCat(max_len, " is negative"));
+  if (total < 0) return Invalid(total_name, absl::StrCat(total, " is negative"));
+  if (max_len > kMaxSeqLen)
+    return Invalid(max_name, absl::StrCat(max_len, " exceeds the limit ", kMaxSeqLen));
+  if (total > kMaxTotalTokens)
+    return Invalid(total_name, absl::StrCat(total, " exceeds the limit ", kMaxTotalTokens));
+  if (total == 0) return Invalid(total_name, "must be positive (the batch has no tokens)");
+  if (max_len == 0) return Invalid(max_name, "must be positive when total is positive");
+  if (max_len > total)
+    return Invalid(max_name, absl::StrCat(max_len, " is larger than ", total_name, " ", total));
+  if (total > batch * max_len)
+    return Invalid(total_name, absl::StrCat(total, " is more than batch ", batch, " x ",
+                                            max_name, " ", max_len));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string_view OpName(Op op) { return op == Op::kForward ? "fwd" : "bwd"; }
+std::string_view DTypeName(DType) { return "bf16"; }
+
+std::optional<Op> ParseOp(std::string_view s) {
+  if (s == "fwd" || s == "forward") return Op::kForward;
+  if (s == "bwd" || s == "backward") return Op::kBackward;
+  return std::nullopt;
+}
+
+std::optional<DType> ParseDType(std::string_view s) {
+  if (s == "bf16" || s == "bfloat16") return DType::kBF16;
+  return std::nullopt;
+}
+
+int64_t CeilPow2(int64_t v) {
+  if (v <= 1) return 1;
+  return static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(v)));
+}
+
+absl::Status ValidateArch(std::string_view arch) {
+  if (arch.size() < 4 || arch.substr(0, 3) != "sm_")
+    return Invalid("arch", absl::StrCat("'", arch, "' is not of the form sm_<NN>[a], e.g. sm_90a"));
+  std::string_view num = arch.substr(3);
+  if (!num.empty() && num.back() == 'a') num.remove_suffix(1);
+  int n = 0;
+  if (num.empty() || !absl::SimpleAtoi(num, &n) || n < 70 || n > 200)
+    return Invalid("arch", absl::StrCat("'", arch, "' names no known GPU architecture"));
+  return absl::OkStatus();
+}
+
+absl::Status ValidateShapeKey(const ShapeKey& k) {
+  if (k.head_dim <= 0) return Invalid("head_dim", absl::StrCat(k.head_dim, " must be positive"));
+  if (k.head_dim % 8 != 0)
+    return Invalid("head_dim", absl::StrCat(k.head_dim, " is not a multiple of 8"));
+  if (k.head_dim > kMaxHeadDim)
+    return Invalid("head_dim", absl::StrCat(k.head_dim, " exceeds ", kMaxHeadDim));
+  if (k.heads <= 0) return Invalid("heads", absl::StrCat(k.heads, " must be positive"));
+  if (k.heads > kMaxHeads) return Invalid("heads", absl::StrCat(k.heads, " exceeds ", kMaxHeads));
+  if (k.kv_heads <= 0) return Invalid("kv_heads", absl::StrCat(k.kv_heads, " must be positive"));
+  if (k.heads % k.kv_heads != 0)
+    return Invalid("kv_heads", absl::StrCat(k.kv_heads, " does not divide heads ", k.heads));
+  if (auto s = ValidateArch(k.arch); !s.ok()) return s;
+  if (k.batch <= 0) return Invalid("batch", absl::StrCat(k.batch, " must be positive"));
+  if (k.batch > kMaxBatch) return Invalid("batch", absl::StrCat(k.batch, " exceeds ", kMaxBatch));
+  if (auto s = CheckLengths("q", k.batch, k.max_len_q, k.total_q); !s.ok()) return s;
+  if (k.cross) {
+    if (auto s = CheckLengths("k", k.batch, k.max_len_k, k.total_k); !s.ok()) return s;
+  } else if ((k.max_len_k != 0 && k.max_len_k != k.max_len_q) ||
+             (k.total_k != 0 && k.total_k != k.total_q)) {
+    return Invalid("max_len_k", "self-attention keys must have the query lengths (set cross for "
+                                "separate key lengths)");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FillLengthStats(std::span<const int32_t> cu_q, std::span<const int32_t> cu_k,
+                             ShapeKey& key) {
+  auto stats = [](std::string_view name, std::span<const int32_t> cu, int64_t& batch,
+                  int64_t& max_len, int64_t& total) -> absl::Status {
+    if (cu.size() < 2)
+      return Invalid(name, absl::StrCat("needs at least 2 entries (B+1), got ", cu.size()));
+    if (cu[0] != 0) return Invalid(name, absl::StrCat("must start at 0, starts at ", cu[0]));
+    max_len = 0;
+    for (size_t i = 1; i < cu.size(); ++i) {
+      if (cu[i] < cu[i - 1])
+        return Invalid(name, absl::StrCat("decreases at index ", i, " (", cu[i - 1], " -> ",
+                                          cu[i], ")"));
+      max_len = std::max<int64_t>(max_len, cu[i] - cu[i - 1]);
+    }
+    batch = static_cast<int64_t>(cu.size()) - 1;
+    total = cu.back();
+    return absl::OkStatus();
+  };
+  int64_t bq = 0, bk = 0;
+  if (auto s = stats("cu_seqlens_q", cu_q, bq, key.max_len_q, key.total_q); !s.ok()) return s;
+  key.batch = bq;
+  key.cross = !cu_k.empty();
+  if (!key.cross) {
+    key.max_len_k = key.max_len_q;
+    key.total_k = key.total_q;
+    return absl::OkStatus();
+  }
+  if (auto s = stats("cu_seqlens_k", cu_k, bk, key.max_len_k, key.total_k); !s.ok()) return s;
+  if (bk != bq)
+    return Invalid("cu_seqlens_k", absl::StrCat("has ", bk + 1, " entries but cu_seqlens_q has ",
+                                                bq + 1, "; both need B+1"));
+  return absl::OkStatus();
+}
+
+Bucket BucketOf(const ShapeKey& k) {
+  Bucket b;
+  b.op = k.op;
+  b.dtype = k.dtype;
+  b.head_dim = k.head_dim;
+  b.heads = k.heads;
+  b.kv_heads = k.kv_heads;
+  b.causal = k.causal;
+  b.cross = k.cross;
+  b.arch = k.arch;
+  b.batch = CeilPow2(k.batch);
+  b.max_q = CeilPow2(k.max_len_q);
+  b.mean_q = CeilPow2((k.total_q + k.batch - 1) / std::max<int64_t>(k.batch, 1));
+  const int64_t max_k = k.cross ? k.max_len_k : k.max_len_q;
+  const int64_t total_k = k.cross ? k.total_k : k.total_q;
+  b.max_k = CeilPow2(max_k);
+  b.mean_k = CeilPow2((total_k + k.batch - 1) / std::max<int64_t>(k.batch, 1));
+  return b;
+}
+
+std::string Bucket::Id() const {
+  return absl::StrCat(OpName(op), ".", DTypeName(dtype), ".d", head_dim, ".h", heads, ".kv",
+                      kv_heads, ".", causal ? "causal" : "full", ".", cross ? "cross" : "self",
+                      ".", arch, ".b", batch, ".mq", max_q, ".aq", mean_q, ".mk", max_k, ".ak",
+                      mean_k);
+}
+
+absl::StatusOr<Bucket> ParseBucketId(std::string_view id) {
+  std::vector<std::string_view> p = absl::StrSplit(id, '.');
+  auto bad = [&](std::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat("bucket id '", id, "': ", why));
+  };
+  if (p.size() != 13) return bad("expected 13 dot-separated fields");
+  Bucket b;
+  auto op = ParseOp(p[0]);
+  auto dt = ParseDType(p[1]);
+  if (!op) return bad("unknown op");
+  if (!dt) return bad("unknown dtype");
+  b.op = *op;
+  b.dtype = *dt;
+  auto num = [&](std::string_view field, std::string_view prefix, auto& out) -> bool {
+    if (field.substr(0, prefix.size()) != prefix) return false;
+    return absl::SimpleAtoi(field.substr(prefix.size()), &out) && out > 0;
+  };
+  if (!num(p[2], "d", b.head_dim) || !num(p[3], "h", b.heads) || !num(p[4], "kv", b.kv_heads))
+    return bad("malformed head fields");
+  if (p[5] != "causal" && p[5] != "full") return bad("mask must be causal or full");
+  if (p[6] != "self" && p[6] != "cross") return bad("must be self or cross");
+  b.causal = p[5] == "causal";
+  b.cross = p[6] == "cross";
+  if (!ValidateArch(p[7]).ok()) return bad("unknown arch");
+  b.arch = std::string(p[7]);
+  if (!num(p[8], "b", b.batch) || !num(p[9], "mq", b.max_q) || !num(p[10], "aq", b.mean_q) ||
+      !num(p[11], "mk", b.max_k) || !num(p[12], "ak", b.mean_k))
+    return bad("malformed length fields");
+  return b;
+}
+
+std::optional<int> BucketDistance(const Bucket& a, const Bucket& b) {
+  if (a.op != b.op || a.dtype != b.dtype || a.head_dim != b.head_dim || a.heads != b.heads ||
+      a.kv_heads != b.kv_heads || a.causal != b.causal || a.cross != b.cross || a.arch != b.arch)
+    return std::nullopt;
+  auto d = [](int64_t x, int64_t y) { return std::abs(Log2(x) - Log2(y)); };
+  return d(a.batch, b.batch) + d(a.max_q, b.max_q) + d(a.mean_q, b.mean_q) + d(a.max_k, b.max_k) +
+         d(a.mean_k, b.mean_k);
+}
+
+}  // namespace kforge

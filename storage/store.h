@@ -1,0 +1,217 @@
+// Store: everything kforge keeps. Kernel variants, their evaluations, the best
+// verified variant per (bucket, arch), jobs, tasks with leases, and workers.
+//
+// Two implementations: SqliteStore (the product: WAL, foreign keys, schema
+// migrations, one transaction per logical change) and MemoryStore (tests).
+// One typed test suite (storage/store_test.cc) runs against both.
+//
+// Thread-safe: every method may be called from any thread.
+// Errors: NOT_FOUND for unknown ids, INVALID_ARGUMENT for malformed records,
+// INTERNAL/UNAVAILABLE for database failures (the message names the operation).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/outcome.h"
+
+namespace kforge {
+
+struct VariantRecord {
+  std::string id;             // assigned by the store ("v" + number) when empty
+  std::string source;
+  std::string source_hash;    // sha256 hex of source; computed by the store when empty
+  std::string manifest_json;
+  std::string origin;         // "template" | "model"
+  std::string template_name;
+  std::string knobs_json;
+  std::string model;
+  std::string prompt_hash;
+  std::string prompt;         // model origin: the full prompt and answer
+  std::string answer;
+  std::string parent_id;
+  std::string job_id;
+  int64_t created_unix_ms = 0;
+};
+
+struct TimingRecord {
+  double median_us = 0, min_us = 0, max_us = 0;
+  int32_t samples = 0;
+};
+
+struct EvaluationRecord {
+  int64_t id = 0;  // assigned by the store
+  std::string variant_id;
+  std::string bucket;
+  std::string arch;
+  std::string job_id;
+  std::string task_id;
+  std::string worker_id;
+  std::string gpu_name;
+  std::string compute_capability;
+  std::string driver_version;
+  std::string nvrtc_version;
+  std::string compile_options;
+  std::string reference_version;
+  Outcome outcome = Outcome::kCompiled;
+  std::string message;        // compile log excerpt, crash reason, ...
+  double compile_ms = 0;
+  int32_t registers = 0;
+  int32_t spill_bytes = 0;
+  int32_t static_smem_bytes = 0;
+  int32_t dynamic_smem_bytes = 0;
+  double max_abs_error = 0;
+  double rel_l2_error = 0;
+  TimingRecord timing;        // meaningful only when outcome == kVerified
+  std::string cubin_hash;     // content hash of the cubin, cubin stored once
+  int64_t created_unix_ms = 0;
+};
+
+struct BestRecord {
+  std::string bucket;
+  std::string arch;
+  std::string variant_id;
+  int64_t evaluation_id = 0;
+  TimingRecord timing;
+  int64_t updated_unix_ms = 0;
+};
+
+enum class JobState { kQueued, kRunning, kSucceeded, kFailed, kCancelled };
+
+struct JobRecord {
+  std::string id;             // assigned by the store ("j" + number) when empty
+  std::string name;
+  JobState state = JobState::kQueued;
+  std::string proposer;       // "builtin" | "model"
+  std::string spec_json;      // shapes and budget as submitted (JSON)
+  std::string progress_json;  // per-shape progress and proposer state (JSON)
+  int64_t tokens_used = 0;
+  uint64_t seed = 0;
+  std::string message;
+  int64_t created_unix_ms = 0;
+  int64_t updated_unix_ms = 0;
+};
+
+enum class TaskState { kQueued, kLeased, kDone, kCancelled };
+enum class TaskKind { kEvaluate, kRetime, kCompile };
+
+struct TaskRecord {
+  std::string id;             // assigned by the store ("t" + number) when empty
+  std::string job_id;
+  TaskKind kind = TaskKind::kEvaluate;
+  std::string variant_id;
+  std::string incumbent_variant_id;  // kRetime only
+  std::string bucket;
+  std::string arch;           // only workers compiling for this arch may lease it
+  std::string shape_json;     // the concrete shape to evaluate on
+  uint64_t seed = 0;
+  TaskState state = TaskState::kQueued;
+  std::string worker_id;
+  int64_t lease_expires_unix_ms = 0;
+  int32_t attempts = 0;       // leases handed out so far
+  int64_t created_unix_ms = 0;
+};
+
+struct WorkerRecord {
+  std::string id;             // assigned by the store ("w" + number) when empty
+  std::string name;
+  std::string arch;
+  bool compile_only = false;
+  std::string gpu_json;       // GPU name, cc, SMs, driver and NVRTC versions
+  int64_t last_seen_unix_ms = 0;
+};
+
+struct Page {
+  int32_t limit = 50;
+  std::string token;          // opaque; "" for the first page
+};
+
+template <typename T>
+struct PageOf {
+  std::vector<T> items;
+  std::string next_token;     // "" when there are no more
+};
+
+class Store {
+ public:
+  virtual ~Store() = default;
+
+  // Variants. PutVariant dedupes by source hash: storing a source that is
+  // already there returns the existing id.
+  virtual absl::StatusOr<std::string> PutVariant(VariantRecord v) = 0;
+  virtual absl::StatusOr<VariantRecord> GetVariant(const std::string& id) = 0;
+  // Variants evaluated on `bucket` (all when empty), newest first.
+  virtual absl::StatusOr<PageOf<VariantRecord>> ListVariants(const std::string& bucket,
+                                                             const Page& page) = 0;
+  virtual absl::StatusOr<std::vector<EvaluationRecord>> ListEvaluations(
+      const std::string& variant_id) = 0;
+
+  // Stores a compiled binary by content hash (idempotent).
+  virtual absl::Status PutCubin(const std::string& hash, const std::string& bytes) = 0;
+  virtual absl::StatusOr<std::string> GetCubin(const std::string& hash) = 0;
+
+  // Best verified variant per (bucket, arch).
+  virtual absl::StatusOr<BestRecord> GetBest(const std::string& bucket,
+                                             const std::string& arch) = 0;
+  virtual absl::StatusOr<PageOf<BestRecord>> ListBest(const std::string& arch,
+                                                      const Page& page) = 0;
+
+  // Records a worker's result for a leased task, in one transaction: inserts
+  // the evaluation, marks the task done, and, when `new_best` is set, replaces
+  // the bucket's best. Returns false (and changes nothing) when the task is
+  // not currently leased to `worker_id` (its lease expired and it went back
+  // to the queue, or it was cancelled).
+  virtual absl::StatusOr<bool> CompleteTask(const std::string& task_id,
+                                            const std::string& worker_id,
+                                            EvaluationRecord eval,
+                                            std::optional<BestRecord> new_best) = 0;
+
+  // Jobs.
+  virtual absl::StatusOr<std::string> CreateJob(JobRecord job) = 0;
+  virtual absl::StatusOr<JobRecord> GetJob(const std::string& id) = 0;
+  virtual absl::Status UpdateJob(const JobRecord& job) = 0;
+  virtual absl::StatusOr<PageOf<JobRecord>> ListJobs(const Page& page) = 0;  // newest first
+  // Jobs in kQueued or kRunning, oldest first (for resuming after a restart).
+  virtual absl::StatusOr<std::vector<JobRecord>> ListActiveJobs() = 0;
+
+  // Tasks.
+  virtual absl::StatusOr<std::vector<std::string>> EnqueueTasks(
+      std::vector<TaskRecord> tasks) = 0;
+  virtual absl::StatusOr<TaskRecord> GetTask(const std::string& id) = 0;
+  virtual absl::StatusOr<std::vector<TaskRecord>> ListTasks(const std::string& job_id) = 0;
+  // Leases the oldest queued task this worker can run (arch match; a
+  // compile-only worker only gets kCompile tasks). Jobs take turns: among
+  // jobs with queued tasks, the one leased least recently goes first.
+  virtual absl::StatusOr<std::optional<TaskRecord>> LeaseTask(const std::string& worker_id,
+                                                              const std::string& arch,
+                                                              bool compile_only,
+                                                              int64_t now_unix_ms,
+                                                              int64_t ttl_ms) = 0;
+  // Extends the leases of `task_ids` held by `worker_id`.
+  virtual absl::Status RenewLeases(const std::string& worker_id,
+                                   const std::vector<std::string>& task_ids,
+                                   int64_t now_unix_ms, int64_t ttl_ms) = 0;
+  // Returns every leased task whose lease ended before `now` to the queue.
+  virtual absl::StatusOr<int> RequeueExpired(int64_t now_unix_ms) = 0;
+  // Cancels the queued and leased tasks of a job; returns the ids cancelled.
+  virtual absl::StatusOr<std::vector<std::string>> CancelTasks(const std::string& job_id) = 0;
+
+  // Workers.
+  virtual absl::StatusOr<std::string> UpsertWorker(WorkerRecord w) = 0;
+  virtual absl::StatusOr<std::vector<WorkerRecord>> ListWorkers() = 0;
+};
+
+// Opens (creating and migrating as needed) the SQLite database at `path`.
+absl::StatusOr<std::unique_ptr<Store>> OpenSqliteStore(const std::string& path);
+std::unique_ptr<Store> NewMemoryStore();
+
+std::string_view JobStateName(JobState s);   // "queued", "running", ...
+std::string_view TaskStateName(TaskState s);
+std::string_view TaskKindName(TaskKind k);
+
+}  // namespace kforge
