@@ -1,38 +1,54 @@
 #include "core/shape.h"
 
 #include <bit>
+#include <charconv>
 #include <cstdlib>
 #include <vector>
 
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
+#include <fmt/format.h>
 
 namespace kforge {
 namespace {
 
+// Debian's abseil has its own string_view type, so absl::StrCat does not take
+// std::string_view; fmt (spdlog's formatter) does.
+template <typename... Args>
+std::string Cat(const Args&... args) {
+  std::string out;
+  (fmt::format_to(std::back_inserter(out), "{}", args), ...);
+  return out;
+}
+
 absl::Status Invalid(std::string_view field, std::string_view why) {
-  return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
+  return absl::InvalidArgumentError(Cat(field, ": ", why));
+}
+
+// Whole-string integer parse (Debian's abseil has its own string_view, so
+// absl::SimpleAtoi does not take std::string_view).
+template <typename T>
+bool ParseInt(std::string_view s, T& out) {
+  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
+  return ec == std::errc() && end == s.data() + s.size();
 }
 
 int Log2(int64_t pow2) { return std::bit_width(static_cast<uint64_t>(pow2)) - 1; }
 
 absl::Status CheckLengths(std::string_view side, int64_t batch, int64_t max_len,
                           int64_t total) {
-  const std::string max_name = absl::StrCat("max_len_", side);
-  const std::string total_name = absl::StrCat("total_", side);
-  if (max_len < 0) return Invalid(max_name, absl::StrCat(max_len, " is negative"));
-  if (total < 0) return Invalid(total_name, absl::StrCat(total, " is negative"));
+  const std::string max_name = Cat("max_len_", side);
+  const std::string total_name = Cat("total_", side);
+  if (max_len < 0) return Invalid(max_name, Cat(max_len, " is negative"));
+  if (total < 0) return Invalid(total_name, Cat(total, " is negative"));
   if (max_len > kMaxSeqLen)
-    return Invalid(max_name, absl::StrCat(max_len, " exceeds the limit ", kMaxSeqLen));
+    return Invalid(max_name, Cat(max_len, " exceeds the limit ", kMaxSeqLen));
   if (total > kMaxTotalTokens)
-    return Invalid(total_name, absl::StrCat(total, " exceeds the limit ", kMaxTotalTokens));
+    return Invalid(total_name, Cat(total, " exceeds the limit ", kMaxTotalTokens));
   if (total == 0) return Invalid(total_name, "must be positive (the batch has no tokens)");
   if (max_len == 0) return Invalid(max_name, "must be positive when total is positive");
   if (max_len > total)
-    return Invalid(max_name, absl::StrCat(max_len, " is larger than ", total_name, " ", total));
+    return Invalid(max_name, Cat(max_len, " is larger than ", total_name, " ", total));
   if (total > batch * max_len)
-    return Invalid(total_name, absl::StrCat(total, " is more than batch ", batch, " x ",
+    return Invalid(total_name, Cat(total, " is more than batch ", batch, " x ",
                                             max_name, " ", max_len));
   return absl::OkStatus();
 }
@@ -60,29 +76,29 @@ int64_t CeilPow2(int64_t v) {
 
 absl::Status ValidateArch(std::string_view arch) {
   if (arch.size() < 4 || arch.substr(0, 3) != "sm_")
-    return Invalid("arch", absl::StrCat("'", arch, "' is not of the form sm_<NN>[a], e.g. sm_90a"));
+    return Invalid("arch", Cat("'", arch, "' is not of the form sm_<NN>[a], e.g. sm_90a"));
   std::string_view num = arch.substr(3);
   if (!num.empty() && num.back() == 'a') num.remove_suffix(1);
   int n = 0;
-  if (num.empty() || !absl::SimpleAtoi(num, &n) || n < 70 || n > 200)
-    return Invalid("arch", absl::StrCat("'", arch, "' names no known GPU architecture"));
+  if (num.empty() || !ParseInt(num, n) || n < 70 || n > 200)
+    return Invalid("arch", Cat("'", arch, "' names no known GPU architecture"));
   return absl::OkStatus();
 }
 
 absl::Status ValidateShapeKey(const ShapeKey& k) {
-  if (k.head_dim <= 0) return Invalid("head_dim", absl::StrCat(k.head_dim, " must be positive"));
+  if (k.head_dim <= 0) return Invalid("head_dim", Cat(k.head_dim, " must be positive"));
   if (k.head_dim % 8 != 0)
-    return Invalid("head_dim", absl::StrCat(k.head_dim, " is not a multiple of 8"));
+    return Invalid("head_dim", Cat(k.head_dim, " is not a multiple of 8"));
   if (k.head_dim > kMaxHeadDim)
-    return Invalid("head_dim", absl::StrCat(k.head_dim, " exceeds ", kMaxHeadDim));
-  if (k.heads <= 0) return Invalid("heads", absl::StrCat(k.heads, " must be positive"));
-  if (k.heads > kMaxHeads) return Invalid("heads", absl::StrCat(k.heads, " exceeds ", kMaxHeads));
-  if (k.kv_heads <= 0) return Invalid("kv_heads", absl::StrCat(k.kv_heads, " must be positive"));
+    return Invalid("head_dim", Cat(k.head_dim, " exceeds ", kMaxHeadDim));
+  if (k.heads <= 0) return Invalid("heads", Cat(k.heads, " must be positive"));
+  if (k.heads > kMaxHeads) return Invalid("heads", Cat(k.heads, " exceeds ", kMaxHeads));
+  if (k.kv_heads <= 0) return Invalid("kv_heads", Cat(k.kv_heads, " must be positive"));
   if (k.heads % k.kv_heads != 0)
-    return Invalid("kv_heads", absl::StrCat(k.kv_heads, " does not divide heads ", k.heads));
+    return Invalid("kv_heads", Cat(k.kv_heads, " does not divide heads ", k.heads));
   if (auto s = ValidateArch(k.arch); !s.ok()) return s;
-  if (k.batch <= 0) return Invalid("batch", absl::StrCat(k.batch, " must be positive"));
-  if (k.batch > kMaxBatch) return Invalid("batch", absl::StrCat(k.batch, " exceeds ", kMaxBatch));
+  if (k.batch <= 0) return Invalid("batch", Cat(k.batch, " must be positive"));
+  if (k.batch > kMaxBatch) return Invalid("batch", Cat(k.batch, " exceeds ", kMaxBatch));
   if (auto s = CheckLengths("q", k.batch, k.max_len_q, k.total_q); !s.ok()) return s;
   if (k.cross) {
     if (auto s = CheckLengths("k", k.batch, k.max_len_k, k.total_k); !s.ok()) return s;
@@ -99,12 +115,12 @@ absl::Status FillLengthStats(std::span<const int32_t> cu_q, std::span<const int3
   auto stats = [](std::string_view name, std::span<const int32_t> cu, int64_t& batch,
                   int64_t& max_len, int64_t& total) -> absl::Status {
     if (cu.size() < 2)
-      return Invalid(name, absl::StrCat("needs at least 2 entries (B+1), got ", cu.size()));
-    if (cu[0] != 0) return Invalid(name, absl::StrCat("must start at 0, starts at ", cu[0]));
+      return Invalid(name, Cat("needs at least 2 entries (B+1), got ", cu.size()));
+    if (cu[0] != 0) return Invalid(name, Cat("must start at 0, starts at ", cu[0]));
     max_len = 0;
     for (size_t i = 1; i < cu.size(); ++i) {
       if (cu[i] < cu[i - 1])
-        return Invalid(name, absl::StrCat("decreases at index ", i, " (", cu[i - 1], " -> ",
+        return Invalid(name, Cat("decreases at index ", i, " (", cu[i - 1], " -> ",
                                           cu[i], ")"));
       max_len = std::max<int64_t>(max_len, cu[i] - cu[i - 1]);
     }
@@ -123,7 +139,7 @@ absl::Status FillLengthStats(std::span<const int32_t> cu_q, std::span<const int3
   }
   if (auto s = stats("cu_seqlens_k", cu_k, bk, key.max_len_k, key.total_k); !s.ok()) return s;
   if (bk != bq)
-    return Invalid("cu_seqlens_k", absl::StrCat("has ", bk + 1, " entries but cu_seqlens_q has ",
+    return Invalid("cu_seqlens_k", Cat("has ", bk + 1, " entries but cu_seqlens_q has ",
                                                 bq + 1, "; both need B+1"));
   return absl::OkStatus();
 }
@@ -149,16 +165,22 @@ Bucket BucketOf(const ShapeKey& k) {
 }
 
 std::string Bucket::Id() const {
-  return absl::StrCat(OpName(op), ".", DTypeName(dtype), ".d", head_dim, ".h", heads, ".kv",
+  return Cat(OpName(op), ".", DTypeName(dtype), ".d", head_dim, ".h", heads, ".kv",
                       kv_heads, ".", causal ? "causal" : "full", ".", cross ? "cross" : "self",
                       ".", arch, ".b", batch, ".mq", max_q, ".aq", mean_q, ".mk", max_k, ".ak",
                       mean_k);
 }
 
 absl::StatusOr<Bucket> ParseBucketId(std::string_view id) {
-  std::vector<std::string_view> p = absl::StrSplit(id, '.');
+  std::vector<std::string_view> p;
+  for (size_t start = 0;;) {
+    size_t dot = id.find('.', start);
+    p.push_back(id.substr(start, dot == std::string_view::npos ? dot : dot - start));
+    if (dot == std::string_view::npos) break;
+    start = dot + 1;
+  }
   auto bad = [&](std::string_view why) {
-    return absl::InvalidArgumentError(absl::StrCat("bucket id '", id, "': ", why));
+    return absl::InvalidArgumentError(Cat("bucket id '", id, "': ", why));
   };
   if (p.size() != 13) return bad("expected 13 dot-separated fields");
   Bucket b;
@@ -170,7 +192,7 @@ absl::StatusOr<Bucket> ParseBucketId(std::string_view id) {
   b.dtype = *dt;
   auto num = [&](std::string_view field, std::string_view prefix, auto& out) -> bool {
     if (field.substr(0, prefix.size()) != prefix) return false;
-    return absl::SimpleAtoi(field.substr(prefix.size()), &out) && out > 0;
+    return ParseInt(field.substr(prefix.size()), out) && out > 0;
   };
   if (!num(p[2], "d", b.head_dim) || !num(p[3], "h", b.heads) || !num(p[4], "kv", b.kv_heads))
     return bad("malformed head fields");

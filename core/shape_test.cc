@@ -40,7 +40,7 @@ TEST(ShapeKey, ErrorsNameTheField) {
       {[](ShapeKey& k) { k.total_q = 1000000; }, "total_q"},  // > batch * max
       {[](ShapeKey& k) { k.max_len_q = 600000; }, "max_len_q"},  // > total
       {[](ShapeKey& k) { k.max_len_q = int64_t{1} << 40; }, "max_len_q"},
-      {[](ShapeKey& k) { k.cross = true; }, "max_len_k"},  // cross without key stats
+      {[](ShapeKey& k) { k.cross = true; }, "total_k"},  // cross without key stats
   };
   for (const auto& c : cases) {
     ShapeKey k = HstuProd();
