@@ -13,7 +13,9 @@ function(kforge_test name)
     set(labels ${KT_LABELS})
   endif()
   gtest_discover_tests(${name}
-    PROPERTIES LABELS "${labels}"
+    # A GPU test without a GPU calls GTEST_SKIP with its reason; CTest then
+    # reports it as skipped rather than passed.
+    PROPERTIES LABELS "${labels}" SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]"
     DISCOVERY_TIMEOUT 60
     TEST_PREFIX "${name}.")
 endfunction()
