@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Bundles kforge's binaries, the GPU-labelled test binaries and the shared
+# libraries they need into one folder that runs on another Linux machine with
+# the same CUDA (the GPU test machine): everything `ldd` lists except the C/C++
+# runtime, which the target has, and libnvrtc/libcuda, which come from the
+# target's own CUDA install and driver.
+#   deploy/bundle.sh [BUILD_DIR=build] [OUT_DIR=.bundle]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build="${1:-build}"
+out="${2:-.bundle}"
+rm -rf "$out" && mkdir -p "$out/bin" "$out/lib"
+
+bins=()
+for b in server/kforge-server worker/kforge-worker cli/kforge; do
+  [ -x "$build/$b" ] && bins+=("$build/$b")
+done
+while IFS= read -r f; do bins+=("$f"); done < <(find "$build/bench" -maxdepth 3 -type f -executable -name 'kforge-bench*' 2>/dev/null)
+
+# GPU-labelled tests: CTest names are "<binary>.<Suite>.<Case>".
+ctest --test-dir "$build" -L gpu -N 2>/dev/null | sed -n 's/^ *Test *#[0-9]*: \([^.]*\)\..*/\1/p' | sort -u > "$out/gpu-tests.txt"
+while IFS= read -r t; do
+  f=$(find "$build" -type f -executable -name "$t" | head -n 1)
+  [ -n "$f" ] && bins+=("$f")
+done < "$out/gpu-tests.txt"
+
+skip='^(linux-vdso|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|ld-linux|libstdc\+\+\.so|libgcc_s\.so|libnvrtc|libcuda\.so)'
+for b in "${bins[@]}"; do
+  cp "$b" "$out/bin/"
+  ldd "$b" | awk '/=> \//{print $1" "$3}' | while read -r name path; do
+    [[ "$name" =~ $skip ]] && continue
+    [ -e "$out/lib/$name" ] || cp -L "$path" "$out/lib/$name"
+  done
+done
+# Resources the binaries read at run time (kernel shapes, anchor script).
+cp -r bench/shapes.json bench/anchors.py "$out/" 2>/dev/null || true
+echo "bundle: $(ls "$out/bin" | wc -l) binaries, $(ls "$out/lib" | wc -l) libraries, $(du -sh "$out" | cut -f1) in $out"
