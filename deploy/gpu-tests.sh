@@ -15,7 +15,7 @@ while IFS= read -r t; do
   [ -x "$bundle/bin/$t" ] || { echo "missing test binary $t"; failed_bins+=("$t(missing)"); continue; }
   "$bundle/bin/$t" --gtest_brief=0 > "$logs/$t.log" 2>&1
   rc=$?
-  p=$(grep -c '^\[       OK \]' "$logs/$t.log"); f=$(grep -c '^\[  FAILED  \] [^0-9]' "$logs/$t.log" | head -1)
+  p=$(grep -c '^\[       OK \]' "$logs/$t.log")
   s=$(grep -c '^\[  SKIPPED \] [^0-9]' "$logs/$t.log")
   f=$(grep -E '^\[  FAILED  \] [A-Za-z_]+\.' "$logs/$t.log" | sort -u | wc -l)
   total_pass=$((total_pass + p)); total_fail=$((total_fail + f)); total_skip=$((total_skip + s))
