@@ -1,0 +1,233 @@
+#include "gpu/compile_cache.h"
+
+#include <openssl/evp.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "fmt/format.h"
+#include "nlohmann/json.hpp"
+
+namespace kforge::embedded {
+extern const char kAttnParamsHeader[];
+}  // namespace kforge::embedded
+
+namespace kforge::gpu {
+namespace {
+
+std::string Sha256Hex(const std::vector<std::string_view>& fields) {
+  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
+  EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr);
+  for (std::string_view f : fields) {
+    // Length-prefixed so ("ab","c") and ("a","bc") differ.
+    uint64_t n = f.size();
+    EVP_DigestUpdate(ctx, &n, sizeof(n));
+    EVP_DigestUpdate(ctx, f.data(), f.size());
+  }
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_DigestFinal_ex(ctx, digest, &len);
+  EVP_MD_CTX_free(ctx);
+  std::string hex;
+  for (unsigned int i = 0; i < len; ++i) hex += fmt::format("{:02x}", digest[i]);
+  return hex;
+}
+
+nlohmann::json ToJson(const CompileResult& r) {
+  nlohmann::json functions = nlohmann::json::array();
+  for (const auto& f : r.functions) {
+    functions.push_back({{"function", f.function},
+                         {"registers", f.registers},
+                         {"spill_stores_bytes", f.spill_stores_bytes},
+                         {"spill_loads_bytes", f.spill_loads_bytes},
+                         {"stack_frame_bytes", f.stack_frame_bytes},
+                         {"static_smem_bytes", f.static_smem_bytes}});
+  }
+  return {{"ok", r.ok},
+          {"log", r.log},
+          {"options", r.options},
+          {"arch", r.arch},
+          {"nvrtc_version", r.nvrtc_version},
+          {"compile_ms", r.compile_ms},
+          {"functions", functions}};
+}
+
+CompileResult FromJson(const nlohmann::json& j) {
+  CompileResult r;
+  r.ok = j.at("ok").get<bool>();
+  r.log = j.at("log").get<std::string>();
+  r.options = j.at("options").get<std::string>();
+  r.arch = j.at("arch").get<std::string>();
+  r.nvrtc_version = j.at("nvrtc_version").get<std::string>();
+  r.compile_ms = j.at("compile_ms").get<double>();
+  for (const auto& f : j.at("functions")) {
+    r.functions.push_back(FunctionResources{
+        .function = f.at("function").get<std::string>(),
+        .registers = f.at("registers").get<int>(),
+        .spill_stores_bytes = f.at("spill_stores_bytes").get<int>(),
+        .spill_loads_bytes = f.at("spill_loads_bytes").get<int>(),
+        .stack_frame_bytes = f.at("stack_frame_bytes").get<int>(),
+        .static_smem_bytes = f.at("static_smem_bytes").get<int>()});
+  }
+  r.total = MaxResources(r.functions);
+  return r;
+}
+
+bool IsTimeout(const CompileResult& r) {
+  return !r.ok && r.log.rfind("compile exceeded ", 0) == 0;
+}
+
+}  // namespace
+
+std::string CompileKey(const CompileRequest& request) {
+  std::string options;
+  for (const std::string& o : CompileOptions(request)) options += o + '\n';
+  const std::string version = NvrtcVersion();
+  return Sha256Hex({request.source, options, version, request.arch,
+                    embedded::kAttnParamsHeader});
+}
+
+CompileCache::CompileCache(std::filesystem::path dir) : dir_(std::move(dir)) {
+  if (!dir_.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir_, ec);  // a failure shows as misses
+  }
+}
+
+std::optional<CompileResult> CompileCache::Lookup(const std::string& key) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = memory_.find(key);
+    if (it != memory_.end()) {
+      ++memory_hits_;
+      CompileResult r = it->second;
+      r.from_cache = true;
+      return r;
+    }
+  }
+  std::optional<CompileResult> r = ReadDisk(key);
+  if (r.has_value()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++disk_hits_;
+    memory_.emplace(key, *r);
+    r->from_cache = true;
+  }
+  return r;
+}
+
+void CompileCache::Insert(const std::string& key, const CompileResult& result) {
+  if (IsTimeout(result)) return;
+  CompileResult stored = result;
+  stored.from_cache = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    memory_[key] = stored;
+  }
+  WriteDisk(key, stored);
+}
+
+absl::StatusOr<CompileResult> CompileCache::GetOrCompile(const CompileRequest& request) {
+  const std::string key = CompileKey(request);
+  if (std::optional<CompileResult> hit = Lookup(key)) return *std::move(hit);
+  absl::StatusOr<CompileResult> result = Compile(request);
+  if (result.ok()) Insert(key, *result);
+  return result;
+}
+
+size_t CompileCache::memory_hits() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return memory_hits_;
+}
+
+size_t CompileCache::disk_hits() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return disk_hits_;
+}
+
+std::optional<CompileResult> CompileCache::ReadDisk(const std::string& key) {
+  if (dir_.empty()) return std::nullopt;
+  std::ifstream meta(dir_ / (key + ".json"));
+  if (!meta) return std::nullopt;
+  nlohmann::json j = nlohmann::json::parse(meta, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return std::nullopt;
+  CompileResult r;
+  try {
+    r = FromJson(j);
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;  // a damaged entry is a miss
+  }
+  if (r.ok) {
+    std::ifstream bin(dir_ / (key + ".cubin"), std::ios::binary);
+    if (!bin) return std::nullopt;
+    std::ostringstream data;
+    data << bin.rdbuf();
+    r.cubin = data.str();
+    if (r.cubin.empty()) return std::nullopt;
+  }
+  return r;
+}
+
+void CompileCache::WriteDisk(const std::string& key, const CompileResult& result) {
+  if (dir_.empty()) return;
+  // Write to temporaries and rename, so a concurrent reader never sees half
+  // a file; the cubin lands before the json that announces it.
+  auto write = [&](const std::string& name, const std::string& data) {
+    std::filesystem::path tmp = dir_ / fmt::format("{}.tmp.{}", name,
+                                                   std::hash<std::thread::id>()(
+                                                       std::this_thread::get_id()));
+    {
+      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+      out.write(data.data(), static_cast<std::streamsize>(data.size()));
+      if (!out) return;
+    }
+    std::error_code ec;
+    std::filesystem::rename(tmp, dir_ / name, ec);
+  };
+  if (result.ok) write(key + ".cubin", result.cubin);
+  write(key + ".json", ToJson(result).dump());
+}
+
+// ----------------------------------------------------------- CompilePool ---
+
+CompilePool::CompilePool(int threads, CompileCache* cache) : cache_(cache) {
+  for (int i = 0; i < std::max(1, threads); ++i) threads_.emplace_back([this] { Loop(); });
+}
+
+CompilePool::~CompilePool() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  for (std::thread& t : threads_) t.join();
+}
+
+std::future<absl::StatusOr<CompileResult>> CompilePool::Submit(CompileRequest request) {
+  auto task = std::make_shared<std::packaged_task<absl::StatusOr<CompileResult>()>>(
+      [this, request = std::move(request)] {
+        return cache_ != nullptr ? cache_->GetOrCompile(request) : Compile(request);
+      });
+  auto future = task->get_future();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back([task] { (*task)(); });
+  }
+  cv_.notify_one();
+  return future;
+}
+
+void CompilePool::Loop() {
+  for (;;) {
+    std::function<void()> job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping and drained
+      job = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    job();
+  }
+}
+
+}  // namespace kforge::gpu

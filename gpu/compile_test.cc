@@ -1,0 +1,193 @@
+// NVRTC compiles, the ptxas report, the compile cache and pool. No GPU needed.
+#include "gpu/compile.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <thread>
+
+#include "fmt/format.h"
+#include "gpu/compile_cache.h"
+
+namespace kforge::gpu {
+namespace {
+
+constexpr const char* kSmallKernel = R"(
+#include "kforge/attn_params.h"
+extern "C" __global__ void kf_scale(const __grid_constant__ KfAttnParams p) {
+  __shared__ float buf[256];
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  buf[threadIdx.x] = i * p.softmax_scale;
+  __syncthreads();
+  if (i < p.total_q) p.lse[i] = buf[255 - threadIdx.x];
+}
+)";
+
+CompileRequest Small(std::string arch) {
+  CompileRequest r;
+  r.source = kSmallKernel;
+  r.arch = std::move(arch);
+  r.name = "small.cu";
+  return r;
+}
+
+class CompileForArch : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CompileForArch, SmallKernelCompilesWithResourceReport) {
+  absl::StatusOr<CompileResult> r = Compile(Small(GetParam()));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->ok) << r->log;
+  EXPECT_FALSE(r->cubin.empty());
+  EXPECT_EQ(r->arch, GetParam());
+  EXPECT_NE(r->options.find(fmt::format("-arch={}", GetParam())), std::string::npos);
+  EXPECT_NE(r->options.find("-default-device"), std::string::npos);
+  EXPECT_NE(r->options.find("--ptxas-options=-v"), std::string::npos);
+  EXPECT_GT(r->compile_ms, 0);
+  ASSERT_EQ(r->functions.size(), 1u) << r->log;
+  EXPECT_EQ(r->functions[0].function, "kf_scale");
+  EXPECT_GT(r->functions[0].registers, 0);
+  EXPECT_EQ(r->functions[0].static_smem_bytes, 1024);
+  EXPECT_EQ(r->total.registers, r->functions[0].registers);
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, CompileForArch,
+                         ::testing::Values("sm_80", "sm_90a", "sm_100a"));
+
+TEST(Compile, SyntaxErrorIsAResultWithTheLog) {
+  CompileRequest req = Small("sm_90a");
+  req.source = "extern \"C\" __global__ void broken() { int x = undefined_thing; }";
+  absl::StatusOr<CompileResult> r = Compile(req);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->ok);
+  EXPECT_TRUE(r->cubin.empty());
+  EXPECT_NE(r->log.find("undefined_thing"), std::string::npos) << r->log;
+}
+
+TEST(Compile, BadExtraOptionIsACompileError) {
+  CompileRequest req = Small("sm_90a");
+  req.extra_options = {"--no-such-option"};
+  absl::StatusOr<CompileResult> r = Compile(req);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->ok);
+  EXPECT_NE(r->log.find("--no-such-option"), std::string::npos) << r->log;
+}
+
+TEST(Compile, OverrunningTheTimeLimitIsACompileError) {
+  CompileRequest req = Small("sm_90a");
+  req.time_limit = std::chrono::milliseconds(1);
+  absl::StatusOr<CompileResult> r = Compile(req);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->ok);
+  EXPECT_NE(r->log.find("compile exceeded"), std::string::npos) << r->log;
+  // Let the abandoned compile finish before the process exits.
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+}
+
+TEST(Compile, NvrtcVersionIsMajorDotMinor) {
+  std::string v = NvrtcVersion();
+  EXPECT_NE(v.find('.'), std::string::npos) << v;
+}
+
+TEST(PtxasLog, ParsesRegistersSpillsStackAndSmem) {
+  constexpr std::string_view kLog =
+      "ptxas info    : 0 bytes gmem\n"
+      "ptxas info    : Compiling entry function 'kf_fwd' for 'sm_90a'\n"
+      "ptxas info    : Function properties for kf_fwd\n"
+      "    40 bytes stack frame, 24 bytes spill stores, 16 bytes spill loads\n"
+      "ptxas info    : Used 168 registers, used 1 barriers, 2048 bytes smem, 904 bytes cmem[0]\n"
+      "ptxas info    : Compiling entry function 'kf_bwd' for 'sm_90a'\n"
+      "ptxas info    : Function properties for kf_bwd\n"
+      "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+      "ptxas info    : Used 255 registers, used 1 barriers, 904 bytes cmem[0]\n"
+      "ptxas info    : Compile time = 13.703 ms\n";
+  std::vector<FunctionResources> f = ParsePtxasLog(kLog);
+  ASSERT_EQ(f.size(), 2u);
+  EXPECT_EQ(f[0].function, "kf_fwd");
+  EXPECT_EQ(f[0].registers, 168);
+  EXPECT_EQ(f[0].stack_frame_bytes, 40);
+  EXPECT_EQ(f[0].spill_stores_bytes, 24);
+  EXPECT_EQ(f[0].spill_loads_bytes, 16);
+  EXPECT_EQ(f[0].static_smem_bytes, 2048);
+  EXPECT_EQ(f[1].function, "kf_bwd");
+  EXPECT_EQ(f[1].registers, 255);
+  EXPECT_EQ(f[1].static_smem_bytes, 0);
+  FunctionResources m = MaxResources(f);
+  EXPECT_EQ(m.registers, 255);
+  EXPECT_EQ(m.spill_stores_bytes, 24);
+}
+
+TEST(CompileKey, DependsOnSourceOptionsAndArch) {
+  CompileRequest a = Small("sm_90a");
+  CompileRequest b = a;
+  EXPECT_EQ(CompileKey(a), CompileKey(b));
+  b.arch = "sm_100a";
+  EXPECT_NE(CompileKey(a), CompileKey(b));
+  b = a;
+  b.extra_options = {"-lineinfo"};
+  EXPECT_NE(CompileKey(a), CompileKey(b));
+  b = a;
+  b.source += " ";
+  EXPECT_NE(CompileKey(a), CompileKey(b));
+  EXPECT_EQ(CompileKey(a).size(), 64u);
+}
+
+std::filesystem::path FreshDir(std::string_view name) {
+  auto dir = std::filesystem::temp_directory_path() /
+             fmt::format("kforge_{}_{}", name, ::getpid());
+  std::filesystem::remove_all(dir);
+  return dir;
+}
+
+TEST(CompileCache, SecondCompileIsAMemoryHitThenADiskHitInANewCache) {
+  auto dir = FreshDir("cache");
+  CompileRequest req = Small("sm_90a");
+  std::string cubin;
+  {
+    CompileCache cache(dir);
+    absl::StatusOr<CompileResult> first = cache.GetOrCompile(req);
+    ASSERT_TRUE(first.ok() && first->ok);
+    EXPECT_FALSE(first->from_cache);
+    absl::StatusOr<CompileResult> second = cache.GetOrCompile(req);
+    ASSERT_TRUE(second.ok() && second->ok);
+    EXPECT_TRUE(second->from_cache);
+    EXPECT_EQ(second->cubin, first->cubin);
+    EXPECT_EQ(cache.memory_hits(), 1u);
+    cubin = first->cubin;
+  }
+  CompileCache reopened(dir);
+  absl::StatusOr<CompileResult> third = reopened.GetOrCompile(req);
+  ASSERT_TRUE(third.ok() && third->ok);
+  EXPECT_TRUE(third->from_cache);
+  EXPECT_EQ(reopened.disk_hits(), 1u);
+  EXPECT_EQ(third->cubin, cubin);
+  ASSERT_EQ(third->functions.size(), 1u);
+  EXPECT_EQ(third->functions[0].static_smem_bytes, 1024);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(CompileCache, CompileErrorsAreCachedToo) {
+  CompileCache cache;
+  CompileRequest req = Small("sm_90a");
+  req.source = "this is not cuda";
+  ASSERT_FALSE(cache.GetOrCompile(req)->ok);
+  absl::StatusOr<CompileResult> again = cache.GetOrCompile(req);
+  EXPECT_FALSE(again->ok);
+  EXPECT_TRUE(again->from_cache);
+}
+
+TEST(CompilePool, CompilesRequestsConcurrently) {
+  CompileCache cache;
+  CompilePool pool(2, &cache);
+  std::vector<std::future<absl::StatusOr<CompileResult>>> futures;
+  for (const char* arch : {"sm_80", "sm_90a", "sm_100a", "sm_90a"}) {
+    futures.push_back(pool.Submit(Small(arch)));
+  }
+  for (auto& f : futures) {
+    absl::StatusOr<CompileResult> r = f.get();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(r->ok) << r->log;
+  }
+}
+
+}  // namespace
+}  // namespace kforge::gpu

@@ -1,0 +1,265 @@
+// kforge's GPU runtime: a thin, owning layer over the CUDA driver API.
+//
+// The driver (libcuda.so.1) is dlopen'ed, never linked, so every kforge binary
+// starts on machines without a GPU; Driver::Load() then fails with a clear
+// "no CUDA driver" status and callers fall back to compile-only work.
+// No CUDA type (CUfunction, CUmodule, CUstream...) leaves this folder: the
+// classes below hold them as opaque handles.
+//
+// Threading: a Driver is immutable after Load() and may be shared by threads.
+// The CUDA context is per thread: call Context::MakeCurrent() on each thread
+// before using buffers, streams, events or modules from it. The RAII objects
+// themselves are not thread-safe; give each thread its own.
+//
+// Every failing driver call becomes an absl::Status whose message names the
+// call and the driver's error name, e.g.
+//   "cuLaunchKernel: CUDA_ERROR_ILLEGAL_ADDRESS (an illegal memory access ...)".
+// After such an error the context may be unusable (sticky errors): the
+// evaluator runs candidates in a child process for that reason.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kforge/attn_params.h"
+
+namespace kforge::gpu {
+
+struct DriverApi;  // the resolved function table (driver_api.h, internal)
+
+struct DeviceInfo {
+  int ordinal = 0;
+  std::string name;           // "NVIDIA H200"
+  int cc_major = 0;
+  int cc_minor = 0;
+  int sm_count = 0;
+  int64_t memory_bytes = 0;
+  int l2_bytes = 0;
+  int max_smem_per_block_optin = 0;  // bytes of dynamic shared memory allowed
+  int driver_version = 0;            // e.g. 13000
+  std::string arch;                  // NVRTC target: "sm_90a", "sm_100a", "sm_89"
+
+  std::string ComputeCapability() const;  // "9.0"
+  std::string DriverVersionString() const;  // "13.0"
+};
+
+// The NVRTC target for a compute capability: the architecture-specific "a"
+// targets where the fast paths need them (9.0 -> sm_90a, 10.0 -> sm_100a),
+// plain "sm_XY" otherwise.
+std::string ArchForComputeCapability(int major, int minor);
+
+class Context;
+
+class Driver {
+ public:
+  // dlopens libcuda.so.1, resolves the entry points and calls cuInit(0).
+  // Fails with kUnavailable "no CUDA driver (libcuda.so.1 not found: ...)"
+  // on machines without a driver, or when cuInit finds no device.
+  static absl::StatusOr<std::unique_ptr<Driver>> Load();
+  ~Driver();
+  Driver(const Driver&) = delete;
+  Driver& operator=(const Driver&) = delete;
+
+  absl::StatusOr<int> DeviceCount() const;
+  absl::StatusOr<DeviceInfo> GetDeviceInfo(int ordinal) const;
+
+  // Retains the primary context of device `ordinal` and makes it current on
+  // the calling thread. The Driver must outlive the Context.
+  absl::StatusOr<std::unique_ptr<Context>> OpenContext(int ordinal) const;
+
+  // Internal: the resolved entry points, for the other classes of gpu/.
+  const DriverApi& api() const { return *api_; }
+
+ private:
+  Driver(void* handle, std::unique_ptr<DriverApi> api);
+  void* handle_;
+  std::unique_ptr<DriverApi> api_;
+};
+
+// A device's primary context, retained for the object's lifetime.
+class Context {
+ public:
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  absl::Status MakeCurrent() const;  // on the calling thread
+  absl::Status Synchronize() const;  // whole device; never inside timed code
+  const Driver& driver() const { return *driver_; }
+  int ordinal() const { return ordinal_; }
+
+ private:
+  friend class Driver;
+  Context(const Driver* driver, int ordinal, void* ctx);
+  const Driver* driver_;  // must outlive this
+  int ordinal_;
+  void* ctx_;
+};
+
+class Stream {
+ public:
+  // A non-blocking stream owned by the host code that creates it.
+  static absl::StatusOr<Stream> Create(const Driver& driver);
+  Stream() = default;
+  Stream(Stream&& other) noexcept;
+  Stream& operator=(Stream&& other) noexcept;
+  ~Stream();
+
+  absl::Status Synchronize() const;
+  void* handle() const { return stream_; }  // CUstream, for gpu/ internals
+
+ private:
+  Stream(const Driver* driver, void* stream) : driver_(driver), stream_(stream) {}
+  const Driver* driver_ = nullptr;  // must outlive this
+  void* stream_ = nullptr;
+};
+
+class Event {
+ public:
+  static absl::StatusOr<Event> Create(const Driver& driver);  // timing enabled
+  Event() = default;
+  Event(Event&& other) noexcept;
+  Event& operator=(Event&& other) noexcept;
+  ~Event();
+
+  absl::Status Record(const Stream& stream);
+  absl::Status Synchronize() const;
+  // Milliseconds between two recorded, completed events.
+  static absl::StatusOr<float> ElapsedMs(const Event& start, const Event& end);
+
+ private:
+  Event(const Driver* driver, void* event) : driver_(driver), event_(event) {}
+  const Driver* driver_ = nullptr;
+  void* event_ = nullptr;
+};
+
+// Device memory. Copies and memsets are asynchronous on `stream` unless the
+// name says otherwise; host memory must stay alive until the stream syncs.
+class DeviceBuffer {
+ public:
+  static absl::StatusOr<DeviceBuffer> Allocate(const Driver& driver, size_t bytes);
+  DeviceBuffer() = default;
+  DeviceBuffer(DeviceBuffer&& other) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
+  ~DeviceBuffer();
+
+  size_t size() const { return bytes_; }
+  uint64_t address() const { return ptr_; }  // CUdeviceptr value
+  void* get() const { return reinterpret_cast<void*>(ptr_); }
+  template <typename T>
+  T* as() const { return reinterpret_cast<T*>(ptr_); }
+
+  absl::Status CopyFromHost(const void* src, size_t bytes, const Stream& stream,
+                            size_t offset = 0);
+  absl::Status CopyToHost(void* dst, size_t bytes, const Stream& stream,
+                          size_t offset = 0) const;
+  absl::Status CopyFromDevice(const DeviceBuffer& src, size_t bytes, const Stream& stream);
+  absl::Status Fill8(uint8_t value, const Stream& stream);
+  absl::Status Fill32(uint32_t value, const Stream& stream);  // size must be a multiple of 4
+
+  // Synchronous conveniences for tests and setup code.
+  template <typename T>
+  absl::Status Upload(std::span<const T> host, const Stream& stream) {
+    absl::Status s = CopyFromHost(host.data(), host.size_bytes(), stream);
+    return s.ok() ? stream.Synchronize() : s;
+  }
+  template <typename T>
+  absl::Status Download(std::span<T> host, const Stream& stream) const {
+    absl::Status s = CopyToHost(host.data(), host.size_bytes(), stream);
+    return s.ok() ? stream.Synchronize() : s;
+  }
+
+ private:
+  DeviceBuffer(const Driver* driver, uint64_t ptr, size_t bytes)
+      : driver_(driver), ptr_(ptr), bytes_(bytes) {}
+  const Driver* driver_ = nullptr;
+  uint64_t ptr_ = 0;
+  size_t bytes_ = 0;
+};
+
+struct Dim3 {
+  unsigned x = 1, y = 1, z = 1;
+};
+
+struct KernelAttributes {
+  int num_regs = 0;
+  int local_bytes = 0;        // per thread: spills and stack arrays
+  int static_smem_bytes = 0;
+  int max_threads_per_block = 0;
+};
+
+class Module;
+
+// A function inside a loaded Module; the Module must outlive it.
+class Kernel {
+ public:
+  Kernel() = default;
+  const std::string& name() const { return name_; }
+  absl::StatusOr<KernelAttributes> Attributes() const;
+  // Needed above 48 KB of dynamic shared memory.
+  absl::Status SetMaxDynamicSharedMemory(int bytes) const;
+
+  // Launches the kernel with `params` as its single (by value) argument:
+  // kernels are declared `__global__ void f(const __grid_constant__ KfAttnParams p)`.
+  absl::Status Launch(const KfAttnParams& params, Dim3 grid, Dim3 block, int dynamic_smem,
+                      const Stream& stream) const;
+  // General form: `args` as cuLaunchKernel's kernelParams.
+  absl::Status LaunchRaw(void** args, Dim3 grid, Dim3 block, int dynamic_smem,
+                         const Stream& stream) const;
+
+ private:
+  friend class Module;
+  Kernel(const Driver* driver, void* function, std::string name)
+      : driver_(driver), function_(function), name_(std::move(name)) {}
+  const Driver* driver_ = nullptr;
+  void* function_ = nullptr;
+  std::string name_;
+};
+
+class Module {
+ public:
+  // Loads a cubin (or PTX) image into the current context. A cubin for the
+  // wrong architecture fails here with CUDA_ERROR_NO_BINARY_FOR_GPU.
+  static absl::StatusOr<Module> Load(const Driver& driver, std::span<const char> image);
+  Module() = default;
+  Module(Module&& other) noexcept;
+  Module& operator=(Module&& other) noexcept;
+  ~Module();
+
+  // An `extern "C"` entry point; kNotFound when the image has no such symbol.
+  absl::StatusOr<Kernel> GetKernel(std::string_view name) const;
+
+ private:
+  Module(const Driver* driver, void* module) : driver_(driver), module_(module) {}
+  const Driver* driver_ = nullptr;
+  void* module_ = nullptr;
+};
+
+// A TMA descriptor (CUtensorMap): 128 bytes, 64-byte aligned, passed to
+// kernels by value inside their parameters or copied to device memory.
+struct alignas(64) TensorMap {
+  uint64_t words[16];
+};
+
+struct TensorMapSpec {
+  enum class DType { kBF16, kFloat32 };
+  DType dtype = DType::kBF16;
+  int rank = 2;                    // 1..5
+  const void* global_address = nullptr;
+  uint64_t dims[5] = {};           // innermost first
+  uint64_t strides_bytes[4] = {};  // strides of dims 1..rank-1, multiples of 16
+  uint32_t box[5] = {};            // innermost first
+  int swizzle_bytes = 128;         // 0, 32, 64 or 128
+};
+
+// cuTensorMapEncodeTiled (element strides 1, no interleave, L2 promotion
+// 128B, out-of-bounds elements read as zero).
+absl::StatusOr<TensorMap> EncodeTensorMapTiled(const Driver& driver, const TensorMapSpec& spec);
+
+}  // namespace kforge::gpu

@@ -1,0 +1,117 @@
+// Driver, memory, streams, events, module load and launch. Needs a GPU: skips
+// with the reason when there is no driver (CI, development machines).
+#include "gpu/gpu.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "gpu/compile.h"
+
+namespace kforge::gpu {
+namespace {
+
+class GpuRuntime : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<Driver>> d = Driver::Load();
+    if (!d.ok()) GTEST_SKIP() << d.status().message();
+    driver_ = *std::move(d);
+    absl::StatusOr<std::unique_ptr<Context>> c = driver_->OpenContext(0);
+    ASSERT_TRUE(c.ok()) << c.status();
+    context_ = *std::move(c);
+    absl::StatusOr<DeviceInfo> info = driver_->GetDeviceInfo(0);
+    ASSERT_TRUE(info.ok()) << info.status();
+    info_ = *info;
+  }
+  std::unique_ptr<Driver> driver_;
+  std::unique_ptr<Context> context_;
+  DeviceInfo info_;
+};
+
+TEST_F(GpuRuntime, ReportsDeviceInfo) {
+  EXPECT_FALSE(info_.name.empty());
+  EXPECT_GT(info_.sm_count, 0);
+  EXPECT_GT(info_.memory_bytes, 0);
+  EXPECT_GT(info_.l2_bytes, 0);
+  EXPECT_GT(info_.driver_version, 0);
+  EXPECT_EQ(info_.arch, ArchForComputeCapability(info_.cc_major, info_.cc_minor));
+  std::cout << info_.name << " cc " << info_.ComputeCapability() << " " << info_.arch << " sms "
+            << info_.sm_count << " driver " << info_.DriverVersionString() << "\n";
+}
+
+TEST_F(GpuRuntime, LoadsAndLaunchesAKernelWithTheContractParams) {
+  CompileRequest req;
+  req.arch = info_.arch;
+  req.source = R"(
+#include "kforge/attn_params.h"
+extern "C" __global__ void kf_fill(const __grid_constant__ KfAttnParams p) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < p.total_q) p.lse[i] = i * p.softmax_scale;
+}
+)";
+  absl::StatusOr<CompileResult> compiled = Compile(req);
+  ASSERT_TRUE(compiled.ok() && compiled->ok) << compiled->log;
+  absl::StatusOr<Module> module = Module::Load(*driver_, compiled->cubin);
+  ASSERT_TRUE(module.ok()) << module.status();
+  absl::StatusOr<Kernel> kernel = module->GetKernel("kf_fill");
+  ASSERT_TRUE(kernel.ok()) << kernel.status();
+  EXPECT_EQ(module->GetKernel("nope").status().code(), absl::StatusCode::kNotFound);
+  absl::StatusOr<KernelAttributes> attrs = kernel->Attributes();
+  ASSERT_TRUE(attrs.ok()) << attrs.status();
+  EXPECT_GT(attrs->num_regs, 0);
+  EXPECT_TRUE(kernel->SetMaxDynamicSharedMemory(64 * 1024).ok());
+
+  absl::StatusOr<Stream> stream = Stream::Create(*driver_);
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  constexpr int n = 1000;
+  absl::StatusOr<DeviceBuffer> out = DeviceBuffer::Allocate(*driver_, n * sizeof(float));
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_TRUE(out->Fill32(0x7fc00000u, *stream).ok());  // NaN
+  KfAttnParams p{};
+  p.lse = out->as<float>();
+  p.total_q = n;
+  p.softmax_scale = 0.5f;
+  absl::StatusOr<Event> start = Event::Create(*driver_);
+  absl::StatusOr<Event> end = Event::Create(*driver_);
+  ASSERT_TRUE(start.ok() && end.ok());
+  ASSERT_TRUE(start->Record(*stream).ok());
+  absl::Status launched = kernel->Launch(p, {(n + 127) / 128}, {128}, 0, *stream);
+  ASSERT_TRUE(launched.ok()) << launched;
+  ASSERT_TRUE(end->Record(*stream).ok());
+  std::vector<float> host(n);
+  ASSERT_TRUE(out->Download(std::span<float>(host), *stream).ok());
+  for (int i = 0; i < n; ++i) ASSERT_EQ(host[i], i * 0.5f) << i;
+  absl::StatusOr<float> ms = Event::ElapsedMs(*start, *end);
+  ASSERT_TRUE(ms.ok()) << ms.status();
+  EXPECT_GE(*ms, 0.0f);
+}
+
+TEST_F(GpuRuntime, CopiesRoundTripAndBoundsAreChecked) {
+  absl::StatusOr<Stream> stream = Stream::Create(*driver_);
+  ASSERT_TRUE(stream.ok());
+  std::vector<int> in = {1, 2, 3, 4, 5};
+  absl::StatusOr<DeviceBuffer> a = DeviceBuffer::Allocate(*driver_, in.size() * sizeof(int));
+  absl::StatusOr<DeviceBuffer> b = DeviceBuffer::Allocate(*driver_, in.size() * sizeof(int));
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE(a->Upload(std::span<const int>(in), *stream).ok());
+  ASSERT_TRUE(b->CopyFromDevice(*a, a->size(), *stream).ok());
+  std::vector<int> back(in.size());
+  ASSERT_TRUE(b->Download(std::span<int>(back), *stream).ok());
+  EXPECT_EQ(back, in);
+  EXPECT_EQ(a->CopyFromHost(in.data(), 100, *stream).code(), absl::StatusCode::kOutOfRange);
+}
+
+TEST_F(GpuRuntime, WrongArchitectureCubinFailsToLoadWithTheDriverError) {
+  CompileRequest req;
+  req.arch = info_.arch == "sm_100a" ? "sm_90a" : "sm_100a";
+  req.source = "extern \"C\" __global__ void k() {}";
+  absl::StatusOr<CompileResult> compiled = Compile(req);
+  ASSERT_TRUE(compiled.ok() && compiled->ok);
+  absl::StatusOr<Module> module = Module::Load(*driver_, compiled->cubin);
+  ASSERT_FALSE(module.ok());
+  EXPECT_NE(module.status().message().find("CUDA_ERROR"), std::string::npos) << module.status();
+}
+
+}  // namespace
+}  // namespace kforge::gpu
