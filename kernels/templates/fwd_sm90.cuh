@@ -176,6 +176,19 @@ __device__ __forceinline__ void kf_mbar_arrive(kf_u32 bar) {
   asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 __device__ __forceinline__ void kf_mbar_wait(kf_u32 bar, int parity) {
+#ifdef KF_WAIT_LIMIT
+  // debug builds: trap instead of hanging forever on a protocol bug
+  for (long long n = 0;; ++n) {
+    kf_u32 ok;
+    asm volatile(
+        "{\n.reg .pred d;\n"
+        "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 d, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, d;\n}\n"
+        : "=r"(ok) : "r"(bar), "r"(parity) : "memory");
+    if (ok) return;
+    if (n > (long long)KF_WAIT_LIMIT) __trap();
+  }
+#endif
   asm volatile(
       "{\n.reg .pred done;\n"
       "WAIT_%=:\n"
