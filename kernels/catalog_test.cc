@@ -1,0 +1,94 @@
+#include "kernels/catalog.h"
+
+#include <gtest/gtest.h>
+
+#include "kernels/check.h"
+
+namespace kforge {
+namespace {
+
+TEST(CatalogTest, ListsThePortableTemplate) {
+  auto list = ListTemplates();
+  auto it = std::find_if(list.begin(), list.end(),
+                         [](const TemplateInfo& t) { return t.name == "fwd_mma"; });
+  ASSERT_NE(it, list.end());
+  EXPECT_FALSE(it->knobs.empty());
+  for (const auto& k : it->knobs) {
+    EXPECT_NE(std::find(k.values.begin(), k.values.end(), k.default_value), k.values.end())
+        << k.name;
+  }
+}
+
+TEST(CatalogTest, InstantiateFillsDefaultsAndManifest) {
+  auto v = Instantiate("fwd_mma", {{"BLOCK_N", 32}}, 128);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->knobs.at("BLOCK_N"), 32);
+  EXPECT_EQ(v->knobs.size(), 5u);
+  EXPECT_EQ(v->entry_point, "kf_attn_fwd");
+  EXPECT_EQ(v->manifest.tile_n, 32);
+  EXPECT_NE(v->source.find("#define KF_BLOCK_N 32"), std::string::npos);
+  EXPECT_NE(v->source.find("#define KF_HEAD_DIM 128"), std::string::npos);
+  auto parsed = ParseManifest(v->manifest_json);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->dynamic_smem_bytes, v->manifest.dynamic_smem_bytes);
+}
+
+TEST(CatalogTest, ImpossibleKnobsAreRejectedWithReason) {
+  auto s = ValidateKnobs("fwd_mma", {{"BLOCK_M", 128}, {"WARPS", 4}}, 128);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("16*WARPS"), std::string::npos) << s.message();
+  s = ValidateKnobs("fwd_mma", {{"BLOCK_N", 48}}, 128);
+  EXPECT_NE(s.message().find("BLOCK_N=48"), std::string::npos) << s.message();
+  s = ValidateKnobs("fwd_mma", {{"TILE", 1}}, 128);
+  EXPECT_NE(s.message().find("unknown knob"), std::string::npos) << s.message();
+  s = ValidateKnobs("fwd_mma", {}, 96);
+  EXPECT_NE(s.message().find("head_dim 96"), std::string::npos) << s.message();
+  EXPECT_EQ(ValidateKnobs("nope", {}, 128).code(), absl::StatusCode::kNotFound);
+}
+
+ShapeKey Shape(int d, const std::string& arch, int64_t max_q) {
+  ShapeKey s;
+  s.head_dim = d;
+  s.heads = s.kv_heads = 4;
+  s.arch = arch;
+  s.batch = 128;
+  s.max_len_q = s.max_len_k = max_q;
+  s.total_q = s.total_k = max_q * 64;
+  return s;
+}
+
+TEST(CatalogTest, DefaultVariantPassesStaticChecksOnEveryArch) {
+  for (const char* arch : {"sm_80", "sm_90a", "sm_100a"}) {
+    for (int d : {64, 128}) {
+      for (int64_t max_q : {16, 1024, 8192}) {
+        ShapeKey s = Shape(d, arch, max_q);
+        auto v = DefaultVariant(s);
+        ASSERT_TRUE(v.ok()) << arch << " d" << d << ": " << v.status();
+        auto c = CheckVariant(v->source, v->manifest, arch, s);
+        EXPECT_TRUE(c.ok()) << arch << " d" << d << " " << v->template_name << ": " << c;
+      }
+    }
+  }
+}
+
+TEST(CatalogTest, DefaultVariantNotFoundForUnsupportedShape) {
+  ShapeKey s = Shape(96, "sm_90a", 1024);
+  EXPECT_EQ(DefaultVariant(s).status().code(), absl::StatusCode::kNotFound);
+  s = Shape(128, "sm_90a", 1024);
+  s.op = Op::kBackward;
+  EXPECT_FALSE(DefaultVariant(s).ok());
+}
+
+TEST(CatalogTest, DefaultKnobsAreValidForEveryHeadDim) {
+  for (const auto& t : ListTemplates()) {
+    for (int d : t.head_dims) {
+      for (const auto& arch : t.archs) {
+        auto k = DefaultKnobs(t.name, Shape(d, arch, 1024));
+        EXPECT_TRUE(ValidateKnobs(t.name, k, d).ok()) << t.name << " d" << d << " " << arch;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kforge

@@ -1,0 +1,99 @@
+#include "kernels/check.h"
+
+#include <gtest/gtest.h>
+
+namespace kforge {
+namespace {
+
+constexpr const char* kSource =
+    "#include \"kforge/attn_params.h\"\n"
+    "extern \"C\" __global__ void kf_attn_fwd(const __grid_constant__ KfAttnParams p) {}\n";
+
+Manifest Good() {
+  Manifest m;
+  m.threads = 256;
+  m.dynamic_smem_bytes = 100 * 1024;
+  m.tile_m = 128;
+  m.tile_n = 64;
+  m.archs = {"sm_80", "sm_90a", "sm_100a"};
+  m.head_dims = {128};
+  return m;
+}
+
+ShapeKey Shape(const std::string& arch) {
+  ShapeKey s;
+  s.head_dim = 128;
+  s.heads = s.kv_heads = 4;
+  s.arch = arch;
+  s.batch = 16;
+  return s;
+}
+
+void ExpectRejected(absl::Status s, const std::string& word) {
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find(word), std::string::npos) << s.message();
+}
+
+TEST(CheckTest, AcceptsAValidVariant) {
+  EXPECT_TRUE(CheckVariant(kSource, Good(), "sm_90a", Shape("sm_90a")).ok());
+}
+
+TEST(CheckTest, RejectsSmemOverTheArchLimit) {
+  Manifest m = Good();
+  m.dynamic_smem_bytes = 200 * 1024;
+  EXPECT_TRUE(CheckVariant(kSource, m, "sm_90a", Shape("sm_90a")).ok());
+  ExpectRejected(CheckVariant(kSource, m, "sm_80", Shape("sm_80")), "sm_80's limit");
+  m.dynamic_smem_bytes = 228 * 1024;
+  ExpectRejected(CheckVariant(kSource, m, "sm_90a", Shape("sm_90a")), "dynamic_smem_bytes");
+}
+
+TEST(CheckTest, RejectsBadThreads) {
+  Manifest m = Good();
+  m.threads = 100;
+  ExpectRejected(CheckVariant(kSource, m, "sm_90a", Shape("sm_90a")), "threads");
+  m.threads = 2048;
+  ExpectRejected(CheckVariant(kSource, m, "sm_90a", Shape("sm_90a")), "threads");
+}
+
+TEST(CheckTest, RejectsArchAndFeatureMismatch) {
+  Manifest m = Good();
+  m.archs = {"sm_90a"};
+  ExpectRejected(CheckVariant(kSource, m, "sm_100a", Shape("sm_100a")), "archs");
+  m.archs = {"sm_90a", "sm_100a"};
+  m.features = {"wgmma"};
+  ExpectRejected(CheckVariant(kSource, m, "sm_100a", Shape("sm_100a")), "wgmma");
+}
+
+TEST(CheckTest, RejectsUnsupportedShape) {
+  ShapeKey s = Shape("sm_90a");
+  s.head_dim = 64;
+  ExpectRejected(CheckVariant(kSource, Good(), "sm_90a", s), "head_dims");
+  Manifest m = Good();
+  m.causal = false;
+  s = Shape("sm_90a");
+  s.causal = true;
+  ExpectRejected(CheckVariant(kSource, m, "sm_90a", s), "causal");
+  s = Shape("sm_90a");
+  s.op = Op::kBackward;
+  ExpectRejected(CheckVariant(kSource, Good(), "sm_90a", s), "bwd");
+}
+
+TEST(CheckTest, RejectsSourceProblems) {
+  ExpectRejected(CheckVariant("__global__ void f() {}", Good(), "sm_90a", Shape("sm_90a")),
+                 "kf_attn_fwd");
+  std::string s = std::string("#include <cuda_bf16.h>\n") + kSource;
+  ExpectRejected(CheckVariant(s, Good(), "sm_90a", Shape("sm_90a")), "cuda_bf16.h");
+  s = std::string(kSource) + "int main() { return 0; }\n";
+  ExpectRejected(CheckVariant(s, Good(), "sm_90a", Shape("sm_90a")), "main");
+  s = std::string(kSource) + "__device__ void f() { printf(\"x\"); }\n";
+  ExpectRejected(CheckVariant(s, Good(), "sm_90a", Shape("sm_90a")), "printf");
+  // Markers inside comments do not count.
+  s = std::string(kSource) + "// printf(\"x\") int main(\n";
+  EXPECT_TRUE(CheckVariant(s, Good(), "sm_90a", Shape("sm_90a")).ok());
+  ExpectRejected(CheckVariant(std::string(300 * 1024, ' ') + kSource, Good(), "sm_90a",
+                              Shape("sm_90a")),
+                 "bytes");
+}
+
+}  // namespace
+}  // namespace kforge

@@ -1,0 +1,76 @@
+// The launch manifest: the machine-readable half of a kernel variant.
+//
+// Every variant is CUDA source plus a small JSON manifest telling the host how
+// to launch it (block size, dynamic shared memory, grid policy, tile size,
+// workspace) and where it may run (archs, features, head dims, ops, masks).
+// The JSON form is what is stored and served; `Manifest` is its parsed form.
+// Field reference: kernels/CONTRACT.md.
+//
+// Thread-safe: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace kforge {
+
+enum class GridPolicy {
+  // grid = (ceil(max_seqlen_q / tile_m), heads, batch); blockIdx.x is the
+  // query tile, blockIdx.y the head, blockIdx.z the sequence. Empty tiles
+  // must exit early.
+  kPerTile,
+  // grid = min(num_tiles, SMs * CTAs per SM); CTAs take tiles from
+  // KfAttnParams::tiles through atomicAdd on *tile_counter.
+  kPersistent,
+};
+
+std::string_view GridPolicyName(GridPolicy g);  // "per_tile" | "persistent"
+
+struct Manifest {
+  int contract_version = 1;
+  std::string entry_point = "kf_attn_fwd";
+  int threads = 0;             // block size, 1-D; multiple of 32, <= 1024
+  int dynamic_smem_bytes = 0;  // host sets the opt-in attribute above 48 KB
+  GridPolicy grid = GridPolicy::kPerTile;
+  int tile_m = 0;  // query rows per tile (also the tile list's m_block unit)
+  int tile_n = 0;  // key rows per inner step (informational; scheduler cost)
+  // Scratch the host allocates and zeroes before every launch:
+  // workspace_fixed_bytes + workspace_per_tile_bytes * num_tiles.
+  int64_t workspace_fixed_bytes = 0;
+  int64_t workspace_per_tile_bytes = 0;
+  std::vector<std::string> archs;     // e.g. {"sm_80", "sm_90a", "sm_100a"}
+  std::vector<std::string> features;  // arch-specific instructions: "wgmma", "tma", "setmaxnreg", ...
+  std::vector<int> head_dims;         // supported head dims
+  std::vector<std::string> ops = {"fwd"};  // later "bwd"
+  bool causal = true;     // supports causal (bottom-right) masks
+  bool noncausal = true;  // supports no mask
+  bool gqa = true;        // supports kv_heads < heads
+  // CTAs resident per SM the persistent grid should assume; 0 = the host
+  // estimates it from threads and shared memory (EstimateCtasPerSm).
+  int ctas_per_sm = 0;
+};
+
+// Parses and validates the field types and ranges (not arch limits: see
+// CheckVariant). Unknown keys are rejected so typos do not pass silently.
+absl::StatusOr<Manifest> ParseManifest(std::string_view json);
+std::string ManifestToJson(const Manifest& m);
+
+// Features that exist only on an arch-specific target, and which targets have
+// them: wgmma/setmaxnreg -> sm_90a; tma/mbarrier_tx -> sm_90+; tcgen05 -> sm_100a.
+bool ArchHasFeature(std::string_view arch, std::string_view feature);
+
+// Largest dynamic shared memory per block (opt-in) and per SM for an arch,
+// e.g. sm_90*: 232448 / 233472 B; sm_80: 166912 / 167936 B. 0 = unknown arch.
+int MaxSmemPerBlock(std::string_view arch);
+int SmemPerSm(std::string_view arch);
+
+// CTAs of this manifest that fit on one SM by threads and shared memory alone
+// (registers are not known before compiling; a host with a driver should ask
+// the occupancy API instead). At least 1.
+int EstimateCtasPerSm(const Manifest& m, std::string_view arch);
+
+}  // namespace kforge

@@ -1,0 +1,116 @@
+#include "kernels/schedule.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+namespace kforge {
+namespace {
+
+absl::Status CheckOffsets(std::span<const int32_t> cu, const char* name) {
+  if (cu.size() < 1) return absl::InvalidArgumentError(fmt::format("{}: empty", name));
+  if (cu[0] != 0) {
+    return absl::InvalidArgumentError(fmt::format("{}[0]: {} must be 0", name, cu[0]));
+  }
+  for (size_t i = 1; i < cu.size(); ++i) {
+    if (cu[i] < cu[i - 1]) {
+      return absl::InvalidArgumentError(
+          fmt::format("{}[{}]: {} is less than the previous offset {}", name, i, cu[i], cu[i - 1]));
+    }
+  }
+  return absl::OkStatus();
+}
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+int64_t TileKeyBlocks(int64_t lq, int64_t lk, int64_t m_block, int tile_m, int tile_n,
+                      bool causal) {
+  int64_t n_end = lk;
+  if (causal) {
+    // The tile's last row (clamped to the sequence) sees keys < row + 1 + (lk - lq).
+    const int64_t last_row = std::min(lq, (m_block + 1) * tile_m) - 1;
+    n_end = std::clamp<int64_t>(last_row + 1 + (lk - lq), 0, lk);
+  }
+  return CeilDiv(n_end, tile_n);
+}
+
+absl::StatusOr<std::vector<TileWork>> BuildTiles(std::span<const int32_t> cu_q,
+                                                 std::span<const int32_t> cu_k, int heads,
+                                                 int tile_m, int tile_n, bool causal) {
+  if (auto s = CheckOffsets(cu_q, "cu_seqlens_q"); !s.ok()) return s;
+  if (cu_k.empty()) cu_k = cu_q;
+  if (auto s = CheckOffsets(cu_k, "cu_seqlens_k"); !s.ok()) return s;
+  if (cu_k.size() != cu_q.size()) {
+    return absl::InvalidArgumentError(fmt::format(
+        "cu_seqlens_k: {} entries, cu_seqlens_q has {}", cu_k.size(), cu_q.size()));
+  }
+  if (heads <= 0) return absl::InvalidArgumentError(fmt::format("heads: {} must be > 0", heads));
+  if (tile_m <= 0 || tile_n <= 0) {
+    return absl::InvalidArgumentError(fmt::format("tile: {}x{} must be positive", tile_m, tile_n));
+  }
+  std::vector<TileWork> tiles;
+  const int batch = static_cast<int>(cu_q.size()) - 1;
+  for (int b = 0; b < batch; ++b) {
+    const int64_t lq = cu_q[b + 1] - cu_q[b];
+    const int64_t lk = cu_k[b + 1] - cu_k[b];
+    const int64_t m_blocks = CeilDiv(lq, tile_m);
+    for (int64_t mb = 0; mb < m_blocks; ++mb) {
+      const int64_t work = TileKeyBlocks(lq, lk, mb, tile_m, tile_n, causal) + 1;
+      for (int h = 0; h < heads; ++h) {
+        tiles.push_back({b, h, static_cast<int32_t>(mb), work});
+      }
+    }
+  }
+  std::stable_sort(tiles.begin(), tiles.end(),
+                   [](const TileWork& a, const TileWork& b) { return a.work > b.work; });
+  return tiles;
+}
+
+std::vector<int32_t> PackTiles(std::span<const TileWork> tiles) {
+  std::vector<int32_t> out;
+  out.reserve(tiles.size() * 4);
+  for (const auto& t : tiles) {
+    out.insert(out.end(), {t.batch, t.head, t.m_block, 0});
+  }
+  return out;
+}
+
+absl::StatusOr<LaunchPlan> PlanLaunch(const Manifest& m, std::span<const int32_t> cu_q,
+                                      std::span<const int32_t> cu_k, int heads, bool causal,
+                                      std::string_view arch, int num_sms, int ctas_per_sm) {
+  auto tiles = BuildTiles(cu_q, cu_k, heads, m.tile_m, m.tile_n, causal);
+  if (!tiles.ok()) return tiles.status();
+  LaunchPlan plan;
+  plan.threads = static_cast<unsigned>(m.threads);
+  plan.dynamic_smem_bytes = m.dynamic_smem_bytes;
+  plan.num_tiles = static_cast<int>(tiles->size());
+  for (const auto& t : *tiles) plan.total_work += t.work;
+  plan.workspace_bytes = m.workspace_fixed_bytes + m.workspace_per_tile_bytes * plan.num_tiles;
+  plan.empty = tiles->empty();
+  const int64_t batch = static_cast<int64_t>(cu_q.size()) - 1;
+  if (m.grid == GridPolicy::kPerTile) {
+    int64_t max_q = 0;
+    for (int64_t b = 0; b < batch; ++b) max_q = std::max<int64_t>(max_q, cu_q[b + 1] - cu_q[b]);
+    if (batch > 65535 || heads > 65535) {
+      return absl::InvalidArgumentError(fmt::format(
+          "batch: {} sequences exceed the per_tile grid's limit of 65535; use a persistent variant",
+          batch));
+    }
+    plan.grid = {static_cast<unsigned>(std::max<int64_t>(1, CeilDiv(max_q, m.tile_m))),
+                 static_cast<unsigned>(heads), static_cast<unsigned>(std::max<int64_t>(1, batch))};
+  } else {
+    if (num_sms <= 0) {
+      return absl::InvalidArgumentError(fmt::format("num_sms: {} must be > 0", num_sms));
+    }
+    int per_sm = ctas_per_sm > 0 ? ctas_per_sm : EstimateCtasPerSm(m, arch);
+    const int64_t grid = std::min<int64_t>(std::max(plan.num_tiles, 1),
+                                           static_cast<int64_t>(num_sms) * per_sm);
+    plan.grid = {static_cast<unsigned>(grid), 1, 1};
+    plan.tiles = PackTiles(*tiles);
+  }
+  return plan;
+}
+
+}  // namespace kforge

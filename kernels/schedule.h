@@ -1,0 +1,66 @@
+// Host-side launch planning for jagged batches: the tile list of the
+// persistent grid policy and the grid of either policy.
+//
+// A tile is one (sequence, head, query block of tile_m rows). Tiles of empty
+// query sequences are skipped; tiles whose rows see no key (Lk = 0, or a
+// causal mask with Lq > Lk) are kept because their output rows must still be
+// written (zeros, LSE = -inf). Tiles are ordered longest work first (LPT),
+// work = key blocks of tile_n the tile visits under the mask, + 1 for the
+// prologue/epilogue; ties keep (sequence, query block, head) order so tiles
+// sharing K/V run close together.
+//
+// Thread-safe: pure functions.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/manifest.h"
+
+namespace kforge {
+
+struct TileWork {
+  int32_t batch = 0;
+  int32_t head = 0;
+  int32_t m_block = 0;
+  int64_t work = 0;  // key blocks visited + 1
+};
+
+// Key blocks (of tile_n) that query block m_block of a sequence with lq
+// queries and lk keys visits; causal masks are bottom-right aligned.
+int64_t TileKeyBlocks(int64_t lq, int64_t lk, int64_t m_block, int tile_m, int tile_n,
+                      bool causal);
+
+// All non-empty tiles, longest work first. cu_seqlens_k empty = self-attention.
+absl::StatusOr<std::vector<TileWork>> BuildTiles(std::span<const int32_t> cu_seqlens_q,
+                                                 std::span<const int32_t> cu_seqlens_k,
+                                                 int heads, int tile_m, int tile_n,
+                                                 bool causal);
+
+// Flattens tiles into the int4 {b, h, m_block, 0} array KfAttnParams::tiles points to.
+std::vector<int32_t> PackTiles(std::span<const TileWork> tiles);
+
+struct LaunchPlan {
+  std::array<unsigned, 3> grid = {1, 1, 1};
+  unsigned threads = 0;
+  int dynamic_smem_bytes = 0;
+  std::vector<int32_t> tiles;  // packed int4s; empty for per_tile
+  int num_tiles = 0;           // tiles of the batch (both policies)
+  int64_t workspace_bytes = 0; // to allocate and zero before the launch
+  int64_t total_work = 0;      // sum of TileWork::work (for cost models)
+  bool empty = false;          // nothing to launch (no query rows at all)
+};
+
+// Plans one launch. ctas_per_sm <= 0 uses manifest.ctas_per_sm, else
+// EstimateCtasPerSm(manifest, arch). Errors name the offending input
+// (offsets not starting at 0 / decreasing, batch > 65535 with per_tile, ...).
+absl::StatusOr<LaunchPlan> PlanLaunch(const Manifest& manifest,
+                                      std::span<const int32_t> cu_seqlens_q,
+                                      std::span<const int32_t> cu_seqlens_k, int heads,
+                                      bool causal, std::string_view arch, int num_sms,
+                                      int ctas_per_sm = 0);
+
+}  // namespace kforge

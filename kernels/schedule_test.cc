@@ -1,0 +1,115 @@
+#include "kernels/schedule.h"
+
+#include <gtest/gtest.h>
+
+namespace kforge {
+namespace {
+
+TEST(ScheduleTest, EmptySequencesAreSkipped) {
+  const std::vector<int32_t> cu = {0, 0, 5, 5, 70};  // lengths 0, 5, 0, 65
+  auto tiles = BuildTiles(cu, {}, /*heads=*/2, /*tile_m=*/64, /*tile_n=*/64, false);
+  ASSERT_TRUE(tiles.ok()) << tiles.status();
+  // sequence 1: 1 tile, sequence 3: 2 tiles; times 2 heads.
+  EXPECT_EQ(tiles->size(), 6u);
+  for (const auto& t : *tiles) EXPECT_TRUE(t.batch == 1 || t.batch == 3);
+}
+
+TEST(ScheduleTest, CausalWorkCountsOnlyVisibleKeyBlocks) {
+  // Self-attention, L = 256, tiles 64x64: block m sees key blocks 0..m.
+  for (int m = 0; m < 4; ++m) EXPECT_EQ(TileKeyBlocks(256, 256, m, 64, 64, true), m + 1);
+  EXPECT_EQ(TileKeyBlocks(256, 256, 0, 64, 64, false), 4);
+  // Bottom-right alignment: 64 queries over 256 keys see every key block.
+  EXPECT_EQ(TileKeyBlocks(64, 256, 0, 64, 64, true), 4);
+  // More queries than keys: the first rows see no key at all.
+  EXPECT_EQ(TileKeyBlocks(256, 64, 0, 64, 64, true), 0);
+  EXPECT_EQ(TileKeyBlocks(256, 64, 3, 64, 64, true), 1);
+  // Partial last tile: rows 64..99 of L=100 see keys < 100 -> 2 blocks of 64.
+  EXPECT_EQ(TileKeyBlocks(100, 100, 1, 64, 64, true), 2);
+  EXPECT_EQ(TileKeyBlocks(0, 0, 0, 64, 64, false), 0);
+}
+
+TEST(ScheduleTest, LongestWorkFirstWithStableTies) {
+  const std::vector<int32_t> cu = {0, 10, 300, 310};  // lengths 10, 290, 10
+  auto tiles = BuildTiles(cu, {}, 1, 64, 64, true);
+  ASSERT_TRUE(tiles.ok());
+  for (size_t i = 1; i < tiles->size(); ++i) EXPECT_GE((*tiles)[i - 1].work, (*tiles)[i].work);
+  EXPECT_EQ(tiles->front().batch, 1);
+  EXPECT_EQ(tiles->front().m_block, 4);
+  // Ties keep (sequence, query block) order: sequence 0 before sequence 2.
+  for (size_t i = 1; i < tiles->size(); ++i) {
+    if ((*tiles)[i - 1].work == (*tiles)[i].work) {
+      EXPECT_LE((*tiles)[i - 1].batch, (*tiles)[i].batch);
+    }
+  }
+}
+
+TEST(ScheduleTest, TilesWithNoVisibleKeysAreKept) {
+  const std::vector<int32_t> cq = {0, 128};
+  const std::vector<int32_t> ck = {0, 0};
+  auto tiles = BuildTiles(cq, ck, 1, 64, 64, false);
+  ASSERT_TRUE(tiles.ok());
+  EXPECT_EQ(tiles->size(), 2u);  // rows must still be written (zeros, LSE -inf)
+  EXPECT_EQ(tiles->front().work, 1);
+}
+
+TEST(ScheduleTest, RejectsBadOffsets) {
+  const std::vector<int32_t> bad = {0, 5, 3};
+  auto t = BuildTiles(bad, {}, 1, 64, 64, false);
+  EXPECT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("cu_seqlens_q[2]"), std::string::npos);
+  const std::vector<int32_t> bad0 = {1, 5};
+  EXPECT_FALSE(BuildTiles(bad0, {}, 1, 64, 64, false).ok());
+  const std::vector<int32_t> cq = {0, 5}, ck = {0, 5, 6};
+  EXPECT_FALSE(BuildTiles(cq, ck, 1, 64, 64, false).ok());
+}
+
+TEST(ScheduleTest, PackTilesIsInt4) {
+  std::vector<TileWork> t = {{3, 1, 2, 9}};
+  EXPECT_EQ(PackTiles(t), (std::vector<int32_t>{3, 1, 2, 0}));
+}
+
+Manifest TestManifest(GridPolicy g) {
+  Manifest m;
+  m.threads = 256;
+  m.dynamic_smem_bytes = 96 * 1024;
+  m.grid = g;
+  m.tile_m = 128;
+  m.tile_n = 64;
+  m.archs = {"sm_90a"};
+  m.head_dims = {128};
+  return m;
+}
+
+TEST(ScheduleTest, PersistentGridIsSmsTimesCtas) {
+  std::vector<int32_t> cu = {0};
+  for (int b = 0; b < 100; ++b) cu.push_back(cu.back() + 1000);
+  auto plan = PlanLaunch(TestManifest(GridPolicy::kPersistent), cu, {}, 4, false, "sm_90a", 132);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->grid[0], 132u * 2);  // 96 KB + 1 KB twice in 228 KB
+  EXPECT_EQ(plan->num_tiles, 100 * 4 * 8);
+  EXPECT_EQ(plan->tiles.size(), 4u * plan->num_tiles);
+  // Fewer tiles than CTA slots: one CTA per tile.
+  std::vector<int32_t> small = {0, 10};
+  plan = PlanLaunch(TestManifest(GridPolicy::kPersistent), small, {}, 1, false, "sm_90a", 132, 1);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->grid[0], 1u);
+}
+
+TEST(ScheduleTest, PerTileGridIsBlocksHeadsBatch) {
+  std::vector<int32_t> cu = {0, 10, 300};
+  auto plan = PlanLaunch(TestManifest(GridPolicy::kPerTile), cu, {}, 4, true, "sm_90a", 132);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->grid, (std::array<unsigned, 3>{3, 4, 2}));
+  EXPECT_TRUE(plan->tiles.empty());
+  EXPECT_EQ(plan->threads, 256u);
+}
+
+TEST(ScheduleTest, EmptyBatchIsMarkedEmpty) {
+  std::vector<int32_t> cu = {0, 0, 0};
+  auto plan = PlanLaunch(TestManifest(GridPolicy::kPersistent), cu, {}, 4, true, "sm_90a", 132);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_TRUE(plan->empty);
+}
+
+}  // namespace
+}  // namespace kforge

@@ -1,0 +1,45 @@
+// How a template plugs into the catalog (for template authors, not callers).
+//
+// Each template is one .cuh file (embedded into the library with
+// kforge_embed) plus a TemplateDef factory. catalog.cc lists the factories;
+// a template whose factory file is absent from the tree is simply not built:
+//   kernels/templates/fwd_mma.cc   -> templates::FwdMmaTemplate()   (always)
+//   kernels/templates/fwd_sm90.cc  -> templates::FwdSm90Template()  (if the
+//       file exists; CMake then defines KFORGE_HAVE_FWD_SM90 and embeds
+//       kernels/templates/fwd_sm90.cuh as kforge::embedded::fwd_sm90_cuh)
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/shape.h"
+#include "kernels/catalog.h"
+
+namespace kforge {
+
+struct TemplateDef {
+  TemplateInfo info;
+  // Extra validity rules beyond "each value is in KnobDim::values" (the
+  // catalog checks that first and fills defaults). Knobs are complete here.
+  std::function<absl::Status(const std::map<std::string, int>& knobs, int head_dim)> validate;
+  // Source (KnobPrelude(knobs, head_dim) + template text) and manifest for
+  // complete, validated knobs.
+  std::function<absl::StatusOr<Variant>(const std::map<std::string, int>& knobs, int head_dim)> build;
+  // Knobs for a shape (need not be complete: defaults fill the rest).
+  std::function<std::map<std::string, int>(const ShapeKey& shape)> default_knobs;
+  // How much DefaultVariant should prefer this template for a shape it
+  // supports (higher wins); <= 0 means never pick it by default.
+  std::function<int(const ShapeKey& shape)> preference;
+};
+
+namespace templates {
+TemplateDef FwdMmaTemplate();
+#ifdef KFORGE_HAVE_FWD_SM90
+TemplateDef FwdSm90Template();
+#endif
+}  // namespace templates
+
+}  // namespace kforge
