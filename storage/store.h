@@ -14,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -201,9 +202,17 @@ class Store {
   // Cancels the queued and leased tasks of a job; returns the ids cancelled.
   virtual absl::StatusOr<std::vector<std::string>> CancelTasks(const std::string& job_id) = 0;
 
-  // Workers.
+  // Workers. UpsertWorker updates the worker named by `w.id`, or, when the id
+  // is empty, the worker with the same non-empty `name` (a restarted worker
+  // keeps its id); otherwise it inserts one. Returns the id. NOT_FOUND when
+  // `w.id` is set but unknown.
   virtual absl::StatusOr<std::string> UpsertWorker(WorkerRecord w) = 0;
-  virtual absl::StatusOr<std::vector<WorkerRecord>> ListWorkers() = 0;
+  virtual absl::StatusOr<std::vector<WorkerRecord>> ListWorkers() = 0;  // by id
+
+  // The database's own consistency check ("ok" when healthy; otherwise the
+  // problems found, one per line). Not pure so that test doubles of Store
+  // need not implement it: a store without on-disk state is always "ok".
+  virtual absl::StatusOr<std::string> IntegrityCheck() { return std::string("ok"); }
 };
 
 // Opens (creating and migrating as needed) the SQLite database at `path`.

@@ -1,0 +1,1219 @@
+// SqliteStore: the Store contract on one SQLite database file.
+//
+// Durability: WAL journal with synchronous=FULL, so a call that returned OK
+// survives a crash of the process and a loss of power. Each logical change is
+// one transaction (BEGIN IMMEDIATE, so a transaction that will write takes
+// the write lock up front and never fails half-way on a lock upgrade).
+//
+// Concurrency: one connection, guarded by one mutex; see SqliteStore::mu_.
+#include "storage/sqlite_store.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <sqlite3.h>
+
+#include <map>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
+#include "absl/synchronization/mutex.h"
+#include "storage/store_internal.h"
+
+namespace kforge {
+namespace {
+
+using namespace storage_internal;  // NOLINT: this file is its implementation
+
+// Version 1: the initial schema. Ids are INTEGER rowids (shown to callers
+// as "v12", "j3", ...). Foreign keys are INTEGER columns; references that
+// are kept for the record only (a variant's parent and job, an evaluation's
+// job, task and worker) are stored as the id text, without a constraint, so
+// history survives whatever happens to what it mentions.
+constexpr std::string_view kSchemaV1 = R"sql(
+CREATE TABLE variants (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  source TEXT NOT NULL,
+  source_hash TEXT NOT NULL UNIQUE,
+  manifest TEXT NOT NULL,
+  origin TEXT NOT NULL,
+  template TEXT NOT NULL,
+  knobs TEXT NOT NULL,
+  model TEXT NOT NULL,
+  prompt_hash TEXT NOT NULL,
+  prompt TEXT NOT NULL,
+  answer TEXT NOT NULL,
+  parent TEXT NOT NULL,
+  job TEXT NOT NULL,
+  created INTEGER NOT NULL
+);
+CREATE TABLE cubins (
+  hash TEXT PRIMARY KEY,
+  bytes BLOB NOT NULL
+);
+CREATE TABLE evaluations (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  variant INTEGER NOT NULL REFERENCES variants(id),
+  bucket TEXT NOT NULL,
+  arch TEXT NOT NULL,
+  job TEXT NOT NULL,
+  task TEXT NOT NULL,
+  worker TEXT NOT NULL,
+  gpu_name TEXT NOT NULL,
+  compute_capability TEXT NOT NULL,
+  driver_version TEXT NOT NULL,
+  nvrtc_version TEXT NOT NULL,
+  compile_options TEXT NOT NULL,
+  reference_version TEXT NOT NULL,
+  outcome TEXT NOT NULL,
+  message TEXT NOT NULL,
+  compile_ms REAL NOT NULL,
+  registers INTEGER NOT NULL,
+  spill_bytes INTEGER NOT NULL,
+  static_smem_bytes INTEGER NOT NULL,
+  dynamic_smem_bytes INTEGER NOT NULL,
+  max_abs_error REAL NOT NULL,
+  rel_l2_error REAL NOT NULL,
+  median_us REAL NOT NULL,
+  min_us REAL NOT NULL,
+  max_us REAL NOT NULL,
+  samples INTEGER NOT NULL,
+  cubin_hash TEXT NOT NULL,
+  created INTEGER NOT NULL
+);
+CREATE INDEX evaluations_by_variant ON evaluations(variant);
+CREATE INDEX evaluations_by_bucket ON evaluations(bucket, variant);
+CREATE TABLE best (
+  bucket TEXT NOT NULL,
+  arch TEXT NOT NULL,
+  variant INTEGER NOT NULL REFERENCES variants(id),
+  evaluation INTEGER NOT NULL REFERENCES evaluations(id),
+  median_us REAL NOT NULL,
+  min_us REAL NOT NULL,
+  max_us REAL NOT NULL,
+  samples INTEGER NOT NULL,
+  updated INTEGER NOT NULL,
+  PRIMARY KEY (bucket, arch)
+);
+CREATE TABLE jobs (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  name TEXT NOT NULL,
+  state TEXT NOT NULL
+    CHECK (state IN ('queued', 'running', 'succeeded', 'failed', 'cancelled')),
+  proposer TEXT NOT NULL,
+  spec TEXT NOT NULL,
+  progress TEXT NOT NULL,
+  tokens_used INTEGER NOT NULL,
+  seed INTEGER NOT NULL,
+  message TEXT NOT NULL,
+  created INTEGER NOT NULL,
+  updated INTEGER NOT NULL,
+  -- Turn order for leasing: set from a counter each time one of the job's
+  -- tasks is leased; the job with the smallest value goes next.
+  lease_seq INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX jobs_by_state ON jobs(state);
+CREATE INDEX jobs_by_lease_seq ON jobs(lease_seq);
+CREATE TABLE tasks (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  job INTEGER NOT NULL REFERENCES jobs(id),
+  kind TEXT NOT NULL CHECK (kind IN ('evaluate', 'retime', 'compile')),
+  variant TEXT NOT NULL,
+  incumbent TEXT NOT NULL,
+  bucket TEXT NOT NULL,
+  arch TEXT NOT NULL,
+  shape TEXT NOT NULL,
+  seed INTEGER NOT NULL,
+  state TEXT NOT NULL CHECK (state IN ('queued', 'leased', 'done', 'cancelled')),
+  worker TEXT NOT NULL,
+  lease_expires INTEGER NOT NULL,
+  attempts INTEGER NOT NULL,
+  created INTEGER NOT NULL
+);
+CREATE INDEX tasks_by_state ON tasks(state, arch);
+CREATE INDEX tasks_by_job ON tasks(job);
+CREATE TABLE workers (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  name TEXT NOT NULL,
+  arch TEXT NOT NULL,
+  compile_only INTEGER NOT NULL,
+  gpu TEXT NOT NULL,
+  last_seen INTEGER NOT NULL
+);
+CREATE UNIQUE INDEX workers_by_name ON workers(name) WHERE name <> '';
+)sql";
+
+// Append new versions here; never edit a released one (databases in the
+// field have already run it).
+constexpr Migration kMigrations[] = {
+    {1, "initial schema", kSchemaV1},
+};
+
+// ---------------------------------------------------------------------------
+// A thin layer over the C API: errors as Status, statements as RAII handles.
+
+absl::Status SqlError(sqlite3* db, int rc, std::string_view op) {
+  std::string msg = fmt::format("{}: {} (sqlite {})", op,
+                                db != nullptr ? sqlite3_errmsg(db) : sqlite3_errstr(rc), rc);
+  switch (rc & 0xff) {
+    case SQLITE_BUSY:
+    case SQLITE_LOCKED:
+    case SQLITE_FULL:
+    case SQLITE_CANTOPEN:
+      // Another process holds the lock, the disk is full, the file is not
+      // reachable: worth retrying later, not a bug.
+      return absl::UnavailableError(msg);
+    default:
+      return absl::InternalError(msg);
+  }
+}
+
+// A value bound as SQL NULL when absent (lets AUTOINCREMENT pick the id).
+using MaybeInt = std::optional<int64_t>;
+struct Blob {
+  std::string_view bytes;
+};
+
+// A cached prepared statement in use. Binds parameters 1..N in order;
+// resets the statement when it goes out of scope, so the cache can hand it
+// out again. Must not outlive the connection it came from.
+class Stmt {
+ public:
+  Stmt(sqlite3* db, sqlite3_stmt* stmt, std::string_view op) : db_(db), stmt_(stmt), op_(op) {}
+  Stmt(const Stmt&) = delete;
+  Stmt& operator=(const Stmt&) = delete;
+  Stmt(Stmt&& o) noexcept : db_(o.db_), stmt_(std::exchange(o.stmt_, nullptr)), op_(o.op_) {
+    status_ = std::move(o.status_);
+    next_param_ = o.next_param_;
+  }
+  ~Stmt() {
+    if (stmt_ != nullptr) {
+      sqlite3_reset(stmt_);
+      sqlite3_clear_bindings(stmt_);
+    }
+  }
+
+  template <typename... Args>
+  Stmt& Bind(const Args&... args) {
+    (BindOne(args), ...);
+    return *this;
+  }
+
+  // true: a row is ready to read; false: the statement has finished.
+  absl::StatusOr<bool> Next() {
+    if (!status_.ok()) return status_;
+    int rc = sqlite3_step(stmt_);
+    if (rc == SQLITE_ROW) return true;
+    if (rc == SQLITE_DONE) return false;
+    return SqlError(db_, rc, op_);
+  }
+
+  // Runs a statement that returns no rows.
+  absl::Status Run() {
+    absl::StatusOr<bool> row = Next();
+    if (!row.ok()) return row.status();
+    return absl::OkStatus();
+  }
+
+  int64_t Int(int col) { return sqlite3_column_int64(stmt_, col); }
+  double Real(int col) { return sqlite3_column_double(stmt_, col); }
+  std::string Text(int col) {
+    const unsigned char* p = sqlite3_column_text(stmt_, col);
+    if (p == nullptr) return {};
+    return std::string(reinterpret_cast<const char*>(p),
+                       static_cast<size_t>(sqlite3_column_bytes(stmt_, col)));
+  }
+  std::string BlobAt(int col) {
+    const void* p = sqlite3_column_blob(stmt_, col);
+    if (p == nullptr) return {};
+    return std::string(static_cast<const char*>(p),
+                       static_cast<size_t>(sqlite3_column_bytes(stmt_, col)));
+  }
+
+ private:
+  void Check(int rc) {
+    if (rc != SQLITE_OK && status_.ok()) status_ = SqlError(db_, rc, op_);
+  }
+  void BindOne(int64_t v) { Check(sqlite3_bind_int64(stmt_, next_param_++, v)); }
+  void BindOne(int32_t v) { BindOne(static_cast<int64_t>(v)); }
+  void BindOne(uint64_t v) { BindOne(static_cast<int64_t>(v)); }  // seeds: bits kept
+  void BindOne(bool v) { BindOne(static_cast<int64_t>(v ? 1 : 0)); }
+  void BindOne(double v) { Check(sqlite3_bind_double(stmt_, next_param_++, v)); }
+  void BindOne(const MaybeInt& v) {
+    if (v) {
+      BindOne(*v);
+    } else {
+      Check(sqlite3_bind_null(stmt_, next_param_++));
+    }
+  }
+  void BindOne(std::string_view v) {
+    Check(sqlite3_bind_text64(stmt_, next_param_++, v.data(), v.size(), SQLITE_TRANSIENT,
+                              SQLITE_UTF8));
+  }
+  void BindOne(const std::string& v) { BindOne(std::string_view(v)); }
+  void BindOne(const char* v) { BindOne(std::string_view(v)); }
+  void BindOne(const Blob& v) {
+    Check(sqlite3_bind_blob64(stmt_, next_param_++, v.bytes.data(), v.bytes.size(),
+                              SQLITE_TRANSIENT));
+  }
+
+  sqlite3* db_;
+  sqlite3_stmt* stmt_;
+  std::string_view op_;
+  absl::Status status_;
+  int next_param_ = 1;
+};
+
+// Reads consecutive columns of the current row.
+class Cols {
+ public:
+  explicit Cols(Stmt& s) : s_(s) {}
+  int64_t Int() { return s_.Int(i_++); }
+  int32_t Int32() { return static_cast<int32_t>(s_.Int(i_++)); }
+  double Real() { return s_.Real(i_++); }
+  std::string Text() { return s_.Text(i_++); }
+  std::string Id(char prefix) { return FormatId(prefix, s_.Int(i_++)); }
+
+ private:
+  Stmt& s_;
+  int i_ = 0;
+};
+
+// ---------------------------------------------------------------------------
+// Row mappings: the column lists and readers kept side by side.
+
+constexpr std::string_view kVariantCols =
+    "id, source, source_hash, manifest, origin, template, knobs, model, prompt_hash, prompt, "
+    "answer, parent, job, created";
+
+VariantRecord ReadVariant(Stmt& s) {
+  Cols c(s);
+  VariantRecord v;
+  v.id = c.Id('v');
+  v.source = c.Text();
+  v.source_hash = c.Text();
+  v.manifest_json = c.Text();
+  v.origin = c.Text();
+  v.template_name = c.Text();
+  v.knobs_json = c.Text();
+  v.model = c.Text();
+  v.prompt_hash = c.Text();
+  v.prompt = c.Text();
+  v.answer = c.Text();
+  v.parent_id = c.Text();
+  v.job_id = c.Text();
+  v.created_unix_ms = c.Int();
+  return v;
+}
+
+constexpr std::string_view kEvaluationCols =
+    "id, variant, bucket, arch, job, task, worker, gpu_name, compute_capability, "
+    "driver_version, nvrtc_version, compile_options, reference_version, outcome, message, "
+    "compile_ms, registers, spill_bytes, static_smem_bytes, dynamic_smem_bytes, "
+    "max_abs_error, rel_l2_error, median_us, min_us, max_us, samples, cubin_hash, created";
+
+absl::StatusOr<EvaluationRecord> ReadEvaluation(Stmt& s) {
+  Cols c(s);
+  EvaluationRecord e;
+  e.id = c.Int();
+  e.variant_id = c.Id('v');
+  e.bucket = c.Text();
+  e.arch = c.Text();
+  e.job_id = c.Text();
+  e.task_id = c.Text();
+  e.worker_id = c.Text();
+  e.gpu_name = c.Text();
+  e.compute_capability = c.Text();
+  e.driver_version = c.Text();
+  e.nvrtc_version = c.Text();
+  e.compile_options = c.Text();
+  e.reference_version = c.Text();
+  std::string outcome = c.Text();
+  std::optional<Outcome> parsed = ParseOutcome(outcome);
+  if (!parsed)
+    return absl::InternalError(fmt::format("evaluation {}: unknown outcome '{}'", e.id, outcome));
+  e.outcome = *parsed;
+  e.message = c.Text();
+  e.compile_ms = c.Real();
+  e.registers = c.Int32();
+  e.spill_bytes = c.Int32();
+  e.static_smem_bytes = c.Int32();
+  e.dynamic_smem_bytes = c.Int32();
+  e.max_abs_error = c.Real();
+  e.rel_l2_error = c.Real();
+  e.timing.median_us = c.Real();
+  e.timing.min_us = c.Real();
+  e.timing.max_us = c.Real();
+  e.timing.samples = c.Int32();
+  e.cubin_hash = c.Text();
+  e.created_unix_ms = c.Int();
+  return e;
+}
+
+constexpr std::string_view kBestCols =
+    "bucket, arch, variant, evaluation, median_us, min_us, max_us, samples, updated";
+
+BestRecord ReadBest(Stmt& s) {
+  Cols c(s);
+  BestRecord b;
+  b.bucket = c.Text();
+  b.arch = c.Text();
+  b.variant_id = c.Id('v');
+  b.evaluation_id = c.Int();
+  b.timing.median_us = c.Real();
+  b.timing.min_us = c.Real();
+  b.timing.max_us = c.Real();
+  b.timing.samples = c.Int32();
+  b.updated_unix_ms = c.Int();
+  return b;
+}
+
+constexpr std::string_view kJobCols =
+    "id, name, state, proposer, spec, progress, tokens_used, seed, message, created, updated";
+
+absl::StatusOr<JobRecord> ReadJob(Stmt& s) {
+  Cols c(s);
+  JobRecord j;
+  j.id = c.Id('j');
+  j.name = c.Text();
+  std::string state = c.Text();
+  std::optional<JobState> parsed = ParseJobState(state);
+  if (!parsed) return absl::InternalError(fmt::format("job {}: unknown state '{}'", j.id, state));
+  j.state = *parsed;
+  j.proposer = c.Text();
+  j.spec_json = c.Text();
+  j.progress_json = c.Text();
+  j.tokens_used = c.Int();
+  j.seed = static_cast<uint64_t>(c.Int());
+  j.message = c.Text();
+  j.created_unix_ms = c.Int();
+  j.updated_unix_ms = c.Int();
+  return j;
+}
+
+constexpr std::string_view kTaskCols =
+    "id, job, kind, variant, incumbent, bucket, arch, shape, seed, state, worker, "
+    "lease_expires, attempts, created";
+
+absl::StatusOr<TaskRecord> ReadTask(Stmt& s) {
+  Cols c(s);
+  TaskRecord t;
+  t.id = c.Id('t');
+  t.job_id = c.Id('j');
+  std::string kind = c.Text();
+  std::optional<TaskKind> parsed_kind = ParseTaskKind(kind);
+  if (!parsed_kind)
+    return absl::InternalError(fmt::format("task {}: unknown kind '{}'", t.id, kind));
+  t.kind = *parsed_kind;
+  t.variant_id = c.Text();
+  t.incumbent_variant_id = c.Text();
+  t.bucket = c.Text();
+  t.arch = c.Text();
+  t.shape_json = c.Text();
+  t.seed = static_cast<uint64_t>(c.Int());
+  std::string state = c.Text();
+  std::optional<TaskState> parsed_state = ParseTaskState(state);
+  if (!parsed_state)
+    return absl::InternalError(fmt::format("task {}: unknown state '{}'", t.id, state));
+  t.state = *parsed_state;
+  t.worker_id = c.Text();
+  t.lease_expires_unix_ms = c.Int();
+  t.attempts = c.Int32();
+  t.created_unix_ms = c.Int();
+  return t;
+}
+
+constexpr std::string_view kWorkerCols = "id, name, arch, compile_only, gpu, last_seen";
+
+WorkerRecord ReadWorker(Stmt& s) {
+  Cols c(s);
+  WorkerRecord w;
+  w.id = c.Id('w');
+  w.name = c.Text();
+  w.arch = c.Text();
+  w.compile_only = c.Int() != 0;
+  w.gpu_json = c.Text();
+  w.last_seen_unix_ms = c.Int();
+  return w;
+}
+
+// Reads every row of `s` with `read` (which returns T or StatusOr<T>).
+template <typename T, typename ReadFn>
+absl::StatusOr<std::vector<T>> ReadAll(Stmt& s, ReadFn read) {
+  std::vector<T> out;
+  while (true) {
+    absl::StatusOr<bool> row = s.Next();
+    if (!row.ok()) return row.status();
+    if (!*row) return out;
+    if constexpr (std::is_same_v<decltype(read(s)), T>) {
+      out.push_back(read(s));
+    } else {
+      auto item = read(s);
+      if (!item.ok()) return item.status();
+      out.push_back(*std::move(item));
+    }
+  }
+}
+
+// Reads at most one row: nullopt when there is none.
+template <typename T, typename ReadFn>
+absl::StatusOr<std::optional<T>> ReadOne(Stmt& s, ReadFn read) {
+  absl::StatusOr<std::vector<T>> rows = ReadAll<T>(s, read);
+  if (!rows.ok()) return rows.status();
+  if (rows->empty()) return std::optional<T>();
+  return std::optional<T>(std::move(rows->front()));
+}
+
+// `rows` holds up to limit + 1 rows; the extra one only says there is more.
+template <typename T, typename TokenFn>
+PageOf<T> MakePage(std::vector<T> rows, int32_t limit, TokenFn token) {
+  PageOf<T> page;
+  const bool more = rows.size() > static_cast<size_t>(limit);
+  if (more) rows.resize(static_cast<size_t>(limit));
+  page.items = std::move(rows);
+  if (more) page.next_token = token(page.items.back());
+  return page;
+}
+
+std::string NumberToken(char prefix, const std::string& id) {
+  return fmt::format("{}", ParseId(prefix, id).value_or(0));
+}
+
+// ---------------------------------------------------------------------------
+
+class SqliteStore final : public Store {
+ public:
+  // Takes ownership of `db`.
+  explicit SqliteStore(sqlite3* db) : db_(db) {}
+  ~SqliteStore() override {
+    absl::MutexLock lock(&mu_);
+    for (auto& [sql, stmt] : cache_) sqlite3_finalize(stmt);
+    // Closing the last connection checkpoints the WAL into the main file.
+    sqlite3_close(db_);
+  }
+
+  // `in_memory`: the database is ":memory:", which has no WAL to switch to.
+  absl::Status Configure(int busy_timeout_ms, bool in_memory) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Migrate(std::span<const Migration> migrations) ABSL_LOCKS_EXCLUDED(mu_);
+
+  absl::StatusOr<std::string> PutVariant(VariantRecord v) override {
+    if (absl::Status s = PrepareVariant(v, NowUnixMs()); !s.ok()) return s;
+    std::string id;
+    absl::Status s = Write("PutVariant", [&]() -> absl::Status {
+      absl::StatusOr<std::optional<int64_t>> existing =
+          QueryInt("PutVariant", "SELECT id FROM variants WHERE source_hash = ?", v.source_hash);
+      if (!existing.ok()) return existing.status();
+      if (*existing) {
+        id = FormatId('v', **existing);
+        return absl::OkStatus();
+      }
+      MaybeInt given;
+      if (!v.id.empty()) {
+        given = ParseId('v', v.id);
+        if (absl::Status s = CheckFree("PutVariant", "variants", *given, v.id); !s.ok()) return s;
+      }
+      absl::StatusOr<Stmt> ins = Prepare("PutVariant", fmt::format(
+          "INSERT INTO variants ({}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+          kVariantCols));
+      if (!ins.ok()) return ins.status();
+      ins->Bind(given, v.source, v.source_hash, v.manifest_json, v.origin, v.template_name,
+                v.knobs_json, v.model, v.prompt_hash, v.prompt, v.answer, v.parent_id, v.job_id,
+                v.created_unix_ms);
+      if (absl::Status s = ins->Run(); !s.ok()) return s;
+      id = FormatId('v', sqlite3_last_insert_rowid(db_));
+      return absl::OkStatus();
+    });
+    if (!s.ok()) return s;
+    return id;
+  }
+
+  absl::StatusOr<VariantRecord> GetVariant(const std::string& id) override {
+    std::optional<int64_t> n = ParseId('v', id);
+    if (!n) return NotFound("variant", id);
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<std::optional<VariantRecord>> row = GetVariantLocked(*n);
+    if (!row.ok()) return row.status();
+    if (!*row) return NotFound("variant", id);
+    return **std::move(row);
+  }
+
+  absl::StatusOr<PageOf<VariantRecord>> ListVariants(const std::string& bucket,
+                                                     const Page& page) override {
+    absl::StatusOr<int64_t> after = ParsePageToken(page.token);
+    if (!after.ok()) return after.status();
+    const int32_t limit = PageLimit(page);
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<Stmt> q = Prepare("ListVariants", fmt::format(
+        "SELECT {} FROM variants v WHERE (?1 = '' OR EXISTS (SELECT 1 FROM evaluations e "
+        "WHERE e.bucket = ?1 AND e.variant = v.id)) AND (?2 = 0 OR v.id < ?2) "
+        "ORDER BY v.id DESC LIMIT ?3",
+        kVariantCols));
+    if (!q.ok()) return q.status();
+    q->Bind(bucket, *after, limit + 1);
+    absl::StatusOr<std::vector<VariantRecord>> rows = ReadAll<VariantRecord>(*q, ReadVariant);
+    if (!rows.ok()) return rows.status();
+    return MakePage(*std::move(rows), limit,
+                    [](const VariantRecord& v) { return NumberToken('v', v.id); });
+  }
+
+  absl::StatusOr<std::vector<EvaluationRecord>> ListEvaluations(
+      const std::string& variant_id) override {
+    std::optional<int64_t> n = ParseId('v', variant_id);
+    if (!n) return NotFound("variant", variant_id);
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<bool> exists = Exists("ListEvaluations", "variants", *n);
+    if (!exists.ok()) return exists.status();
+    if (!*exists) return NotFound("variant", variant_id);
+    absl::StatusOr<Stmt> q = Prepare("ListEvaluations", fmt::format(
+        "SELECT {} FROM evaluations WHERE variant = ? ORDER BY id", kEvaluationCols));
+    if (!q.ok()) return q.status();
+    q->Bind(*n);
+    return ReadAll<EvaluationRecord>(*q, ReadEvaluation);
+  }
+
+  absl::Status PutCubin(const std::string& hash, const std::string& bytes) override {
+    if (hash.empty()) return absl::InvalidArgumentError("cubin: hash is empty");
+    return Write("PutCubin", [&]() -> absl::Status {
+      absl::StatusOr<Stmt> ins =
+          Prepare("PutCubin", "INSERT INTO cubins (hash, bytes) VALUES (?, ?) "
+                              "ON CONFLICT (hash) DO NOTHING");
+      if (!ins.ok()) return ins.status();
+      return ins->Bind(hash, Blob{bytes}).Run();
+    });
+  }
+
+  absl::StatusOr<std::string> GetCubin(const std::string& hash) override {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<Stmt> q = Prepare("GetCubin", "SELECT bytes FROM cubins WHERE hash = ?");
+    if (!q.ok()) return q.status();
+    q->Bind(hash);
+    absl::StatusOr<std::optional<std::string>> row =
+        ReadOne<std::string>(*q, [](Stmt& s) { return s.BlobAt(0); });
+    if (!row.ok()) return row.status();
+    if (!*row) return NotFound("cubin", hash);
+    return **std::move(row);
+  }
+
+  absl::StatusOr<BestRecord> GetBest(const std::string& bucket,
+                                     const std::string& arch) override {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<Stmt> q = Prepare("GetBest", fmt::format(
+        "SELECT {} FROM best WHERE bucket = ? AND arch = ?", kBestCols));
+    if (!q.ok()) return q.status();
+    q->Bind(bucket, arch);
+    absl::StatusOr<std::optional<BestRecord>> row = ReadOne<BestRecord>(*q, ReadBest);
+    if (!row.ok()) return row.status();
+    if (!*row) return NotFound("best", fmt::format("{} {}", bucket, arch));
+    return **std::move(row);
+  }
+
+  absl::StatusOr<PageOf<BestRecord>> ListBest(const std::string& arch,
+                                              const Page& page) override {
+    absl::StatusOr<std::pair<std::string, std::string>> after = ParseBestToken(page.token);
+    if (!after.ok()) return after.status();
+    const int32_t limit = PageLimit(page);
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<Stmt> q = Prepare("ListBest", fmt::format(
+        "SELECT {} FROM best WHERE (?1 = '' OR arch = ?1) "
+        "AND (?2 = 0 OR (bucket, arch) > (?3, ?4)) ORDER BY bucket, arch LIMIT ?5",
+        kBestCols));
+    if (!q.ok()) return q.status();
+    q->Bind(arch, !page.token.empty(), after->first, after->second, limit + 1);
+    absl::StatusOr<std::vector<BestRecord>> rows = ReadAll<BestRecord>(*q, ReadBest);
+    if (!rows.ok()) return rows.status();
+    return MakePage(*std::move(rows), limit, &BestToken);
+  }
+
+  absl::StatusOr<bool> CompleteTask(const std::string& task_id, const std::string& worker_id,
+                                    EvaluationRecord eval,
+                                    std::optional<BestRecord> new_best) override {
+    std::optional<int64_t> task_n = ParseId('t', task_id);
+    if (!task_n) return NotFound("task", task_id);
+    const int64_t now = NowUnixMs();
+    bool completed = false;
+    absl::Status s = Write("CompleteTask", [&]() -> absl::Status {
+      absl::StatusOr<std::optional<TaskRecord>> task = GetTaskLocked(*task_n);
+      if (!task.ok()) return task.status();
+      if (!*task) return NotFound("task", task_id);
+      if ((*task)->state != TaskState::kLeased || (*task)->worker_id != worker_id)
+        return absl::OkStatus();  // a stale or foreign lease: refused, nothing written
+      PrepareEvaluation(**task, worker_id, now, eval);
+      if (eval.variant_id.empty())
+        return absl::InvalidArgumentError("evaluation: variant_id is empty");
+      std::optional<int64_t> variant = ParseId('v', eval.variant_id);
+      absl::StatusOr<bool> exists =
+          variant ? Exists("CompleteTask", "variants", *variant) : false;
+      if (!exists.ok()) return exists.status();
+      if (!*exists) return NotFound("variant", eval.variant_id);
+      if (absl::Status s = InsertEvaluation(*variant, eval); !s.ok()) return s;
+      if (new_best) {
+        PrepareBest(eval, now, *new_best);
+        if (absl::Status s = ReplaceBest(*new_best); !s.ok()) return s;
+      }
+      absl::StatusOr<Stmt> done =
+          Prepare("CompleteTask", "UPDATE tasks SET state = 'done' WHERE id = ?");
+      if (!done.ok()) return done.status();
+      if (absl::Status s = done->Bind(*task_n).Run(); !s.ok()) return s;
+      completed = true;
+      return absl::OkStatus();
+    });
+    if (!s.ok()) return s;
+    return completed;
+  }
+
+  absl::StatusOr<std::string> CreateJob(JobRecord job) override {
+    if (absl::Status s = PrepareJob(job, NowUnixMs()); !s.ok()) return s;
+    std::string id;
+    absl::Status s = Write("CreateJob", [&]() -> absl::Status {
+      MaybeInt given;
+      if (!job.id.empty()) {
+        given = ParseId('j', job.id);
+        if (absl::Status s = CheckFree("CreateJob", "jobs", *given, job.id); !s.ok()) return s;
+      }
+      absl::StatusOr<Stmt> ins = Prepare("CreateJob", fmt::format(
+          "INSERT INTO jobs ({}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", kJobCols));
+      if (!ins.ok()) return ins.status();
+      ins->Bind(given, job.name, JobStateName(job.state), job.proposer, job.spec_json,
+                job.progress_json, job.tokens_used, job.seed, job.message, job.created_unix_ms,
+                job.updated_unix_ms);
+      if (absl::Status s = ins->Run(); !s.ok()) return s;
+      id = FormatId('j', sqlite3_last_insert_rowid(db_));
+      return absl::OkStatus();
+    });
+    if (!s.ok()) return s;
+    return id;
+  }
+
+  absl::StatusOr<JobRecord> GetJob(const std::string& id) override {
+    std::optional<int64_t> n = ParseId('j', id);
+    if (!n) return NotFound("job", id);
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<Stmt> q =
+        Prepare("GetJob", fmt::format("SELECT {} FROM jobs WHERE id = ?", kJobCols));
+    if (!q.ok()) return q.status();
+    q->Bind(*n);
+    absl::StatusOr<std::optional<JobRecord>> row = ReadOne<JobRecord>(*q, ReadJob);
+    if (!row.ok()) return row.status();
+    if (!*row) return NotFound("job", id);
+    return **std::move(row);
+  }
+
+  absl::Status UpdateJob(const JobRecord& job) override {
+    std::optional<int64_t> n = ParseId('j', job.id);
+    if (!n) return NotFound("job", job.id);
+    const int64_t now = NowUnixMs();
+    return Write("UpdateJob", [&]() -> absl::Status {
+      absl::StatusOr<Stmt> upd = Prepare(
+          "UpdateJob",
+          "UPDATE jobs SET name = ?, state = ?, proposer = ?, spec = ?, progress = ?, "
+          "tokens_used = ?, seed = ?, message = ?, updated = ? WHERE id = ?");
+      if (!upd.ok()) return upd.status();
+      upd->Bind(job.name, JobStateName(job.state), job.proposer, job.spec_json,
+                job.progress_json, job.tokens_used, job.seed, job.message, now, *n);
+      if (absl::Status s = upd->Run(); !s.ok()) return s;
+      if (sqlite3_changes(db_) == 0) return NotFound("job", job.id);
+      return absl::OkStatus();
+    });
+  }
+
+  absl::StatusOr<PageOf<JobRecord>> ListJobs(const Page& page) override {
+    absl::StatusOr<int64_t> after = ParsePageToken(page.token);
+    if (!after.ok()) return after.status();
+    const int32_t limit = PageLimit(page);
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<Stmt> q = Prepare("ListJobs", fmt::format(
+        "SELECT {} FROM jobs WHERE (?1 = 0 OR id < ?1) ORDER BY id DESC LIMIT ?2", kJobCols));
+    if (!q.ok()) return q.status();
+    q->Bind(*after, limit + 1);
+    absl::StatusOr<std::vector<JobRecord>> rows = ReadAll<JobRecord>(*q, ReadJob);
+    if (!rows.ok()) return rows.status();
+    return MakePage(*std::move(rows), limit,
+                    [](const JobRecord& j) { return NumberToken('j', j.id); });
+  }
+
+  absl::StatusOr<std::vector<JobRecord>> ListActiveJobs() override {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<Stmt> q = Prepare("ListActiveJobs", fmt::format(
+        "SELECT {} FROM jobs WHERE state IN ('queued', 'running') ORDER BY id", kJobCols));
+    if (!q.ok()) return q.status();
+    return ReadAll<JobRecord>(*q, ReadJob);
+  }
+
+  absl::StatusOr<std::vector<std::string>> EnqueueTasks(
+      std::vector<TaskRecord> tasks) override {
+    const int64_t now = NowUnixMs();
+    for (TaskRecord& t : tasks)
+      if (absl::Status s = PrepareTask(t, now); !s.ok()) return s;
+    std::vector<std::string> ids;
+    absl::Status s = Write("EnqueueTasks", [&]() -> absl::Status {
+      ids.clear();
+      for (const TaskRecord& t : tasks) {
+        std::optional<int64_t> job = ParseId('j', t.job_id);
+        absl::StatusOr<bool> exists = job ? Exists("EnqueueTasks", "jobs", *job) : false;
+        if (!exists.ok()) return exists.status();
+        if (!*exists) return NotFound("job", t.job_id);
+        MaybeInt given;
+        if (!t.id.empty()) {
+          given = ParseId('t', t.id);
+          if (absl::Status s = CheckFree("EnqueueTasks", "tasks", *given, t.id); !s.ok())
+            return s;
+        }
+        absl::StatusOr<Stmt> ins = Prepare("EnqueueTasks", fmt::format(
+            "INSERT INTO tasks ({}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            kTaskCols));
+        if (!ins.ok()) return ins.status();
+        ins->Bind(given, *job, TaskKindName(t.kind), t.variant_id, t.incumbent_variant_id,
+                  t.bucket, t.arch, t.shape_json, t.seed, TaskStateName(t.state), t.worker_id,
+                  t.lease_expires_unix_ms, t.attempts, t.created_unix_ms);
+        if (absl::Status s = ins->Run(); !s.ok()) return s;
+        ids.push_back(FormatId('t', sqlite3_last_insert_rowid(db_)));
+      }
+      return absl::OkStatus();
+    });
+    if (!s.ok()) return s;
+    return ids;
+  }
+
+  absl::StatusOr<TaskRecord> GetTask(const std::string& id) override {
+    std::optional<int64_t> n = ParseId('t', id);
+    if (!n) return NotFound("task", id);
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<std::optional<TaskRecord>> row = GetTaskLocked(*n);
+    if (!row.ok()) return row.status();
+    if (!*row) return NotFound("task", id);
+    return **std::move(row);
+  }
+
+  absl::StatusOr<std::vector<TaskRecord>> ListTasks(const std::string& job_id) override {
+    std::optional<int64_t> n = ParseId('j', job_id);
+    if (!n) return NotFound("job", job_id);
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<bool> exists = Exists("ListTasks", "jobs", *n);
+    if (!exists.ok()) return exists.status();
+    if (!*exists) return NotFound("job", job_id);
+    absl::StatusOr<Stmt> q = Prepare("ListTasks", fmt::format(
+        "SELECT {} FROM tasks WHERE job = ? ORDER BY id", kTaskCols));
+    if (!q.ok()) return q.status();
+    q->Bind(*n);
+    return ReadAll<TaskRecord>(*q, ReadTask);
+  }
+
+  absl::StatusOr<std::optional<TaskRecord>> LeaseTask(const std::string& worker_id,
+                                                      const std::string& arch,
+                                                      bool compile_only, int64_t now_unix_ms,
+                                                      int64_t ttl_ms) override {
+    if (worker_id.empty()) return absl::InvalidArgumentError("lease: worker_id is empty");
+    if (ttl_ms <= 0) return absl::InvalidArgumentError("lease: ttl_ms must be positive");
+    std::optional<TaskRecord> leased;
+    absl::Status s = Write("LeaseTask", [&]() -> absl::Status {
+      leased.reset();
+      // Ordering by the job's turn first and the task's age second gives
+      // the oldest eligible task of the job that has waited longest.
+      absl::StatusOr<Stmt> pick = Prepare(
+          "LeaseTask",
+          "SELECT t.id, t.job FROM tasks t JOIN jobs j ON j.id = t.job "
+          "WHERE t.state = 'queued' AND t.arch = ?1 AND (?2 = 0 OR t.kind = 'compile') "
+          "ORDER BY j.lease_seq, t.id LIMIT 1");
+      if (!pick.ok()) return pick.status();
+      pick->Bind(arch, compile_only);
+      absl::StatusOr<std::optional<std::pair<int64_t, int64_t>>> row =
+          ReadOne<std::pair<int64_t, int64_t>>(
+              *pick, [](Stmt& s) { return std::make_pair(s.Int(0), s.Int(1)); });
+      if (!row.ok()) return row.status();
+      if (!*row) return absl::OkStatus();
+      const auto [task, job] = **row;
+      absl::StatusOr<Stmt> lease = Prepare(
+          "LeaseTask",
+          "UPDATE tasks SET state = 'leased', worker = ?, lease_expires = ?, "
+          "attempts = attempts + 1 WHERE id = ?");
+      if (!lease.ok()) return lease.status();
+      if (absl::Status s = lease->Bind(worker_id, now_unix_ms + ttl_ms, task).Run(); !s.ok())
+        return s;
+      absl::StatusOr<Stmt> turn = Prepare(
+          "LeaseTask",
+          "UPDATE jobs SET lease_seq = (SELECT MAX(lease_seq) FROM jobs) + 1 WHERE id = ?");
+      if (!turn.ok()) return turn.status();
+      if (absl::Status s = turn->Bind(job).Run(); !s.ok()) return s;
+      absl::StatusOr<std::optional<TaskRecord>> record = GetTaskLocked(task);
+      if (!record.ok()) return record.status();
+      leased = **std::move(record);
+      return absl::OkStatus();
+    });
+    if (!s.ok()) return s;
+    return leased;
+  }
+
+  absl::Status RenewLeases(const std::string& worker_id, const std::vector<std::string>& task_ids,
+                           int64_t now_unix_ms, int64_t ttl_ms) override {
+    if (ttl_ms <= 0) return absl::InvalidArgumentError("renew: ttl_ms must be positive");
+    return Write("RenewLeases", [&]() -> absl::Status {
+      for (const std::string& id : task_ids) {
+        std::optional<int64_t> n = ParseId('t', id);
+        if (!n) continue;
+        absl::StatusOr<Stmt> upd = Prepare(
+            "RenewLeases",
+            "UPDATE tasks SET lease_expires = ? WHERE id = ? AND state = 'leased' AND worker = ?");
+        if (!upd.ok()) return upd.status();
+        if (absl::Status s = upd->Bind(now_unix_ms + ttl_ms, *n, worker_id).Run(); !s.ok())
+          return s;
+      }
+      return absl::OkStatus();
+    });
+  }
+
+  absl::StatusOr<int> RequeueExpired(int64_t now_unix_ms) override {
+    int count = 0;
+    absl::Status s = Write("RequeueExpired", [&]() -> absl::Status {
+      absl::StatusOr<Stmt> upd = Prepare(
+          "RequeueExpired",
+          "UPDATE tasks SET state = 'queued', worker = '', lease_expires = 0 "
+          "WHERE state = 'leased' AND lease_expires < ?");
+      if (!upd.ok()) return upd.status();
+      if (absl::Status s = upd->Bind(now_unix_ms).Run(); !s.ok()) return s;
+      count = sqlite3_changes(db_);
+      return absl::OkStatus();
+    });
+    if (!s.ok()) return s;
+    return count;
+  }
+
+  absl::StatusOr<std::vector<std::string>> CancelTasks(const std::string& job_id) override {
+    std::optional<int64_t> n = ParseId('j', job_id);
+    if (!n) return NotFound("job", job_id);
+    std::vector<std::string> ids;
+    absl::Status s = Write("CancelTasks", [&]() -> absl::Status {
+      absl::StatusOr<bool> exists = Exists("CancelTasks", "jobs", *n);
+      if (!exists.ok()) return exists.status();
+      if (!*exists) return NotFound("job", job_id);
+      absl::StatusOr<Stmt> q = Prepare(
+          "CancelTasks",
+          "SELECT id FROM tasks WHERE job = ? AND state IN ('queued', 'leased') ORDER BY id");
+      if (!q.ok()) return q.status();
+      q->Bind(*n);
+      absl::StatusOr<std::vector<std::string>> rows =
+          ReadAll<std::string>(*q, [](Stmt& s) { return FormatId('t', s.Int(0)); });
+      if (!rows.ok()) return rows.status();
+      ids = *std::move(rows);
+      absl::StatusOr<Stmt> upd = Prepare(
+          "CancelTasks",
+          "UPDATE tasks SET state = 'cancelled' WHERE job = ? AND state IN ('queued', 'leased')");
+      if (!upd.ok()) return upd.status();
+      return upd->Bind(*n).Run();
+    });
+    if (!s.ok()) return s;
+    return ids;
+  }
+
+  absl::StatusOr<std::string> UpsertWorker(WorkerRecord w) override {
+    if (absl::Status s = PrepareWorker(w, NowUnixMs()); !s.ok()) return s;
+    std::string id;
+    absl::Status s = Write("UpsertWorker", [&]() -> absl::Status {
+      absl::StatusOr<std::optional<int64_t>> same_name =
+          w.name.empty() ? std::optional<int64_t>()
+                         : QueryInt("UpsertWorker", "SELECT id FROM workers WHERE name = ?",
+                                    w.name);
+      if (!same_name.ok()) return same_name.status();
+      std::optional<int64_t> n;
+      if (!w.id.empty()) {
+        n = ParseId('w', w.id);
+        absl::StatusOr<bool> exists = n ? Exists("UpsertWorker", "workers", *n) : false;
+        if (!exists.ok()) return exists.status();
+        if (!*exists) return NotFound("worker", w.id);
+        if (*same_name && **same_name != *n)
+          return absl::AlreadyExistsError(
+              fmt::format("worker name '{}' belongs to w{}", w.name, **same_name));
+      } else {
+        n = *same_name;
+      }
+      absl::StatusOr<Stmt> up = Prepare("UpsertWorker", fmt::format(
+          "INSERT INTO workers ({}) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
+          "name = excluded.name, arch = excluded.arch, compile_only = excluded.compile_only, "
+          "gpu = excluded.gpu, last_seen = excluded.last_seen",
+          kWorkerCols));
+      if (!up.ok()) return up.status();
+      up->Bind(MaybeInt(n), w.name, w.arch, w.compile_only, w.gpu_json, w.last_seen_unix_ms);
+      if (absl::Status s = up->Run(); !s.ok()) return s;
+      id = FormatId('w', n ? *n : sqlite3_last_insert_rowid(db_));
+      return absl::OkStatus();
+    });
+    if (!s.ok()) return s;
+    return id;
+  }
+
+  absl::StatusOr<std::vector<WorkerRecord>> ListWorkers() override {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<Stmt> q =
+        Prepare("ListWorkers", fmt::format("SELECT {} FROM workers ORDER BY id", kWorkerCols));
+    if (!q.ok()) return q.status();
+    return ReadAll<WorkerRecord>(*q, ReadWorker);
+  }
+
+  absl::StatusOr<std::string> IntegrityCheck() override {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<Stmt> q = Prepare("IntegrityCheck", "PRAGMA integrity_check");
+    if (!q.ok()) return q.status();
+    absl::StatusOr<std::vector<std::string>> lines =
+        ReadAll<std::string>(*q, [](Stmt& s) { return s.Text(0); });
+    if (!lines.ok()) return lines.status();
+    return fmt::format("{}", fmt::join(*lines, "\n"));
+  }
+
+ private:
+  // A statement from the cache (prepared on first use).
+  absl::StatusOr<Stmt> Prepare(std::string_view op, std::string_view sql)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = cache_.find(sql);
+    if (it == cache_.end()) {
+      sqlite3_stmt* stmt = nullptr;
+      int rc = sqlite3_prepare_v3(db_, sql.data(), static_cast<int>(sql.size()),
+                                  SQLITE_PREPARE_PERSISTENT, &stmt, nullptr);
+      if (rc != SQLITE_OK) return SqlError(db_, rc, op);
+      it = cache_.emplace(std::string(sql), stmt).first;
+    }
+    return Stmt(db_, it->second, op);
+  }
+
+  // Runs `body` in one write transaction: committed when it returns OK,
+  // rolled back (leaving no trace) otherwise.
+  absl::Status Write(std::string_view op, absl::FunctionRef<absl::Status()> body)
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    return WriteLocked(op, body);
+  }
+
+  absl::Status WriteLocked(std::string_view op, absl::FunctionRef<absl::Status()> body)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    int rc = sqlite3_exec(db_, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr);
+    if (rc != SQLITE_OK) return SqlError(db_, rc, fmt::format("{}: begin", op));
+    absl::Status s = body();
+    if (s.ok()) {
+      rc = sqlite3_exec(db_, "COMMIT", nullptr, nullptr, nullptr);
+      if (rc == SQLITE_OK) return absl::OkStatus();
+      s = SqlError(db_, rc, fmt::format("{}: commit", op));
+    }
+    // A failed statement may already have ended the transaction; a failed
+    // rollback then changes nothing and is not worth reporting over `s`.
+    if (!sqlite3_get_autocommit(db_)) sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+    return s;
+  }
+
+  // The first column of the first row, if there is a row.
+  template <typename... Args>
+  absl::StatusOr<std::optional<int64_t>> QueryInt(std::string_view op, std::string_view sql,
+                                                  const Args&... args)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    absl::StatusOr<Stmt> q = Prepare(op, sql);
+    if (!q.ok()) return q.status();
+    q->Bind(args...);
+    return ReadOne<int64_t>(*q, [](Stmt& s) { return s.Int(0); });
+  }
+
+  // `table` is one of this file's literals, never caller input.
+  absl::StatusOr<bool> Exists(std::string_view op, std::string_view table, int64_t id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    absl::StatusOr<std::optional<int64_t>> row =
+        QueryInt(op, fmt::format("SELECT 1 FROM {} WHERE id = ?", table), id);
+    if (!row.ok()) return row.status();
+    return row->has_value();
+  }
+
+  // ALREADY_EXISTS when a caller-chosen id is taken.
+  absl::Status CheckFree(std::string_view op, std::string_view table, int64_t n,
+                         const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    absl::StatusOr<bool> exists = Exists(op, table, n);
+    if (!exists.ok()) return exists.status();
+    if (*exists) return absl::AlreadyExistsError(fmt::format("'{}' already exists", id));
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::optional<VariantRecord>> GetVariantLocked(int64_t n)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    absl::StatusOr<Stmt> q =
+        Prepare("GetVariant", fmt::format("SELECT {} FROM variants WHERE id = ?", kVariantCols));
+    if (!q.ok()) return q.status();
+    q->Bind(n);
+    return ReadOne<VariantRecord>(*q, ReadVariant);
+  }
+
+  absl::StatusOr<std::optional<TaskRecord>> GetTaskLocked(int64_t n)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    absl::StatusOr<Stmt> q =
+        Prepare("GetTask", fmt::format("SELECT {} FROM tasks WHERE id = ?", kTaskCols));
+    if (!q.ok()) return q.status();
+    q->Bind(n);
+    return ReadOne<TaskRecord>(*q, ReadTask);
+  }
+
+  // Inserts `eval` and sets its id.
+  absl::Status InsertEvaluation(int64_t variant, EvaluationRecord& eval)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    absl::StatusOr<Stmt> ins = Prepare("CompleteTask", fmt::format(
+        "INSERT INTO evaluations ({}) VALUES (NULL, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
+        "?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        kEvaluationCols));
+    if (!ins.ok()) return ins.status();
+    ins->Bind(variant, eval.bucket, eval.arch, eval.job_id, eval.task_id, eval.worker_id,
+              eval.gpu_name, eval.compute_capability, eval.driver_version, eval.nvrtc_version,
+              eval.compile_options, eval.reference_version, OutcomeName(eval.outcome),
+              eval.message, eval.compile_ms, eval.registers, eval.spill_bytes,
+              eval.static_smem_bytes, eval.dynamic_smem_bytes, eval.max_abs_error,
+              eval.rel_l2_error, eval.timing.median_us, eval.timing.min_us, eval.timing.max_us,
+              eval.timing.samples, eval.cubin_hash, eval.created_unix_ms);
+    if (absl::Status s = ins->Run(); !s.ok()) return s;
+    eval.id = sqlite3_last_insert_rowid(db_);
+    return absl::OkStatus();
+  }
+
+  absl::Status ReplaceBest(const BestRecord& best) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (best.bucket.empty() || best.arch.empty())
+      return absl::InvalidArgumentError("best: bucket and arch must be set");
+    // The evaluation must exist and be of the best's variant; checked here
+    // rather than left to the foreign keys so the error says which.
+    absl::StatusOr<std::optional<int64_t>> eval_variant = QueryInt(
+        "CompleteTask", "SELECT variant FROM evaluations WHERE id = ?", best.evaluation_id);
+    if (!eval_variant.ok()) return eval_variant.status();
+    if (!*eval_variant) return NotFound("evaluation", fmt::format("{}", best.evaluation_id));
+    if (FormatId('v', **eval_variant) != best.variant_id)
+      return absl::InvalidArgumentError("best: evaluation is of another variant");
+    absl::StatusOr<Stmt> up = Prepare("CompleteTask", fmt::format(
+        "INSERT INTO best ({}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+        "ON CONFLICT (bucket, arch) DO UPDATE SET variant = excluded.variant, "
+        "evaluation = excluded.evaluation, median_us = excluded.median_us, "
+        "min_us = excluded.min_us, max_us = excluded.max_us, samples = excluded.samples, "
+        "updated = excluded.updated",
+        kBestCols));
+    if (!up.ok()) return up.status();
+    return up->Bind(best.bucket, best.arch, **eval_variant, best.evaluation_id,
+                    best.timing.median_us, best.timing.min_us, best.timing.max_us,
+                    best.timing.samples, best.updated_unix_ms)
+        .Run();
+  }
+
+  // One connection, one mutex around it. A connection must not run two
+  // statements from two threads at once, and a transaction here spans
+  // several statements that must not interleave with another call's.
+  // SQLite allows one writer at a time anyway, so serialising calls costs
+  // little; WAL still lets other processes (the CLI, a backup) read while
+  // this one writes. Simple and correct beats a connection pool here.
+  absl::Mutex mu_;
+  sqlite3* db_ ABSL_GUARDED_BY(mu_);
+  // Prepared statements by SQL text, finalized with the connection.
+  std::map<std::string, sqlite3_stmt*, std::less<>> cache_ ABSL_GUARDED_BY(mu_);
+};
+
+absl::Status SqliteStore::Configure(int busy_timeout_ms, bool in_memory) {
+  absl::MutexLock lock(&mu_);
+  int rc = sqlite3_busy_timeout(db_, busy_timeout_ms);
+  if (rc != SQLITE_OK) return SqlError(db_, rc, "open: busy_timeout");
+  // Each pragma returns the value now in force; read it back, because a
+  // pragma SQLite cannot honour is ignored without an error.
+  struct Setting {
+    std::string_view sql;
+    std::string_view want;
+  };
+  const Setting settings[] = {
+      {"PRAGMA journal_mode = WAL", in_memory ? "memory" : "wal"},
+      {"PRAGMA synchronous = FULL", ""},
+      {"PRAGMA synchronous", "2"},
+      {"PRAGMA foreign_keys = ON", ""},
+      {"PRAGMA foreign_keys", "1"},
+  };
+  for (const Setting& setting : settings) {
+    absl::StatusOr<Stmt> q = Prepare("open", setting.sql);
+    if (!q.ok()) return q.status();
+    absl::StatusOr<std::vector<std::string>> rows =
+        ReadAll<std::string>(*q, [](Stmt& s) { return s.Text(0); });
+    if (!rows.ok()) return rows.status();
+    if (!setting.want.empty() && (rows->empty() || rows->front() != setting.want)) {
+      return absl::FailedPreconditionError(
+          fmt::format("open: '{}' gave '{}', want '{}'", setting.sql,
+                      rows->empty() ? "" : rows->front(), setting.want));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SqliteStore::Migrate(std::span<const Migration> migrations) {
+  for (size_t i = 0; i < migrations.size(); ++i) {
+    if (migrations[i].version != static_cast<int>(i) + 1)
+      return absl::InvalidArgumentError(fmt::format(
+          "migrations: entry {} has version {}, want {}", i, migrations[i].version, i + 1));
+  }
+  const int latest = static_cast<int>(migrations.size());
+  absl::MutexLock lock(&mu_);
+  // The version table itself is created outside any migration, so that a
+  // new, empty file and a file from before the first migration look alike
+  // (version 0).
+  absl::Status s = WriteLocked("migrate", [&]() -> absl::Status {
+    int rc = sqlite3_exec(db_,
+                          "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);"
+                          "INSERT INTO schema_version (version) SELECT 0 "
+                          "WHERE NOT EXISTS (SELECT 1 FROM schema_version);",
+                          nullptr, nullptr, nullptr);
+    if (rc != SQLITE_OK) return SqlError(db_, rc, "migrate: schema_version");
+    return absl::OkStatus();
+  });
+  if (!s.ok()) return s;
+  // One transaction per migration, each re-reading the version inside it:
+  // another process opening the same file at the same time may have
+  // migrated already, and a failed migration leaves the previous version
+  // intact.
+  for (const Migration& m : migrations) {
+    s = WriteLocked("migrate", [&]() -> absl::Status {
+      absl::StatusOr<std::optional<int64_t>> version =
+          QueryInt("migrate", "SELECT version FROM schema_version");
+      if (!version.ok()) return version.status();
+      const int64_t current = version->value_or(0);
+      if (current >= m.version) return absl::OkStatus();
+      int rc = sqlite3_exec(db_, std::string(m.sql).c_str(), nullptr, nullptr, nullptr);
+      if (rc != SQLITE_OK)
+        return SqlError(db_, rc, fmt::format("migrate to version {} ({})", m.version, m.what));
+      absl::StatusOr<Stmt> bump = Prepare("migrate", "UPDATE schema_version SET version = ?");
+      if (!bump.ok()) return bump.status();
+      return bump->Bind(static_cast<int64_t>(m.version)).Run();
+    });
+    if (!s.ok()) return s;
+  }
+  absl::StatusOr<std::optional<int64_t>> version =
+      QueryInt("migrate", "SELECT version FROM schema_version");
+  if (!version.ok()) return version.status();
+  if (version->value_or(0) > latest) {
+    return absl::FailedPreconditionError(fmt::format(
+        "database schema version {} is newer than this binary's {}; upgrade kforge",
+        version->value_or(0), latest));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::span<const Migration> SqliteMigrations() { return kMigrations; }
+
+absl::StatusOr<std::unique_ptr<Store>> OpenSqliteStore(const std::string& path,
+                                                       const SqliteOptions& options) {
+  sqlite3* db = nullptr;
+  // NOMUTEX: SqliteStore serialises every use of the connection itself.
+  int rc = sqlite3_open_v2(path.c_str(), &db,
+                           SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
+                           nullptr);
+  if (rc != SQLITE_OK) {
+    absl::Status s = SqlError(db, rc, fmt::format("open {}", path));
+    sqlite3_close(db);  // a handle is returned even on failure
+    return s;
+  }
+  auto store = std::make_unique<SqliteStore>(db);
+  if (absl::Status s = store->Configure(options.busy_timeout_ms, path == ":memory:"); !s.ok())
+    return s;
+  if (absl::Status s = store->Migrate(options.migrations); !s.ok()) return s;
+  return store;
+}
+
+absl::StatusOr<std::unique_ptr<Store>> OpenSqliteStore(const std::string& path) {
+  return OpenSqliteStore(path, SqliteOptions{});
+}
+
+}  // namespace kforge

@@ -1,0 +1,354 @@
+// What only the SQLite store has: a file that outlives the process, schema
+// migrations, several connections on one file, and crash safety.
+#include "storage/sqlite_store.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sqlite3.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <set>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "storage/test_util.h"
+
+namespace kforge {
+namespace {
+
+using testing_util::TempDir;
+
+// A raw connection, to look at (or forge) what the store cannot show.
+class RawDb {
+ public:
+  explicit RawDb(const std::string& path) {
+    EXPECT_EQ(sqlite3_open(path.c_str(), &db_), SQLITE_OK);
+  }
+  ~RawDb() { sqlite3_close(db_); }
+  RawDb(const RawDb&) = delete;
+  RawDb& operator=(const RawDb&) = delete;
+
+  void Exec(const std::string& sql) {
+    char* err = nullptr;
+    EXPECT_EQ(sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &err), SQLITE_OK)
+        << sql << ": " << (err ? err : "");
+    sqlite3_free(err);
+  }
+
+  // The first column of the first row as text; "" when there is no row.
+  std::string One(const std::string& sql) {
+    sqlite3_stmt* stmt = nullptr;
+    EXPECT_EQ(sqlite3_prepare_v2(db_, sql.c_str(), -1, &stmt, nullptr), SQLITE_OK) << sql;
+    std::string out;
+    if (stmt != nullptr && sqlite3_step(stmt) == SQLITE_ROW) {
+      const unsigned char* text = sqlite3_column_text(stmt, 0);
+      if (text != nullptr) out = reinterpret_cast<const char*>(text);
+    }
+    sqlite3_finalize(stmt);
+    return out;
+  }
+
+ private:
+  sqlite3* db_ = nullptr;
+};
+
+std::unique_ptr<Store> MustOpen(const std::string& path, const SqliteOptions& options = {}) {
+  absl::StatusOr<std::unique_ptr<Store>> store = OpenSqliteStore(path, options);
+  EXPECT_TRUE(store.ok()) << store.status();
+  return store.ok() ? *std::move(store) : nullptr;
+}
+
+VariantRecord Variant(const std::string& source) {
+  VariantRecord v;
+  v.source = source;
+  v.origin = "template";
+  return v;
+}
+
+TaskRecord Task(const std::string& job, const std::string& variant) {
+  TaskRecord t;
+  t.job_id = job;
+  t.variant_id = variant;
+  t.arch = "sm_90a";
+  t.bucket = "fwd.bf16.d128.h4.kv4.causal.self.sm_90a.b128.mq4096.aq4096.mk4096.ak4096";
+  return t;
+}
+
+EvaluationRecord Verified(double median_us) {
+  EvaluationRecord e;
+  e.outcome = Outcome::kVerified;
+  e.timing = {median_us, median_us, median_us, 10};
+  return e;
+}
+
+TEST(SqliteStore, OpensInWalModeAtTheLatestVersion) {
+  TempDir dir;
+  const std::string path = dir.File("k.db");
+  ASSERT_NE(MustOpen(path), nullptr);
+  RawDb raw(path);
+  EXPECT_EQ(raw.One("PRAGMA journal_mode"), "wal");
+  EXPECT_EQ(raw.One("SELECT version FROM schema_version"),
+            std::to_string(SqliteMigrations().size()));
+  EXPECT_EQ(raw.One("SELECT count(*) FROM schema_version"), "1");
+}
+
+TEST(SqliteStore, ReopeningKeepsEverything) {
+  TempDir dir;
+  const std::string path = dir.File("k.db");
+  std::string variant, job, task, worker;
+  {
+    std::unique_ptr<Store> store = MustOpen(path);
+    ASSERT_NE(store, nullptr);
+    ASSERT_OK_AND_ASSIGN(variant, store->PutVariant(Variant("src")));
+    JobRecord j;
+    j.name = "hstu";
+    j.state = JobState::kRunning;
+    ASSERT_OK_AND_ASSIGN(job, store->CreateJob(j));
+    ASSERT_OK_AND_ASSIGN(std::vector<std::string> ids,
+                         store->EnqueueTasks({Task(job, variant), Task(job, variant)}));
+    task = ids[0];
+    ASSERT_OK_AND_ASSIGN(std::optional<TaskRecord> leased,
+                         store->LeaseTask("w1", "sm_90a", false, 1000, 100));
+    ASSERT_TRUE(leased.has_value());
+    ASSERT_OK_AND_ASSIGN(bool done, store->CompleteTask(task, "w1", Verified(4), BestRecord{}));
+    ASSERT_TRUE(done);
+    ASSERT_OK(store->PutCubin("h", "bytes"));
+    WorkerRecord w;
+    w.name = "gpu0";
+    w.arch = "sm_90a";
+    ASSERT_OK_AND_ASSIGN(worker, store->UpsertWorker(w));
+  }
+  std::unique_ptr<Store> store = MustOpen(path);
+  ASSERT_NE(store, nullptr);
+  ASSERT_OK_AND_ASSIGN(VariantRecord v, store->GetVariant(variant));
+  EXPECT_EQ(v.source, "src");
+  ASSERT_OK_AND_ASSIGN(JobRecord j, store->GetJob(job));
+  EXPECT_EQ(j.state, JobState::kRunning);
+  ASSERT_OK_AND_ASSIGN(std::vector<TaskRecord> tasks, store->ListTasks(job));
+  ASSERT_EQ(tasks.size(), 2u);
+  EXPECT_EQ(tasks[0].state, TaskState::kDone);
+  EXPECT_EQ(tasks[1].state, TaskState::kQueued);
+  ASSERT_OK_AND_ASSIGN(std::vector<EvaluationRecord> evals, store->ListEvaluations(variant));
+  EXPECT_EQ(evals.size(), 1u);
+  ASSERT_OK_AND_ASSIGN(BestRecord best, store->GetBest(Task(job, "").bucket, "sm_90a"));
+  EXPECT_EQ(best.variant_id, variant);
+  ASSERT_OK_AND_ASSIGN(std::string cubin, store->GetCubin("h"));
+  EXPECT_EQ(cubin, "bytes");
+  ASSERT_OK_AND_ASSIGN(std::vector<WorkerRecord> workers, store->ListWorkers());
+  ASSERT_EQ(workers.size(), 1u);
+  EXPECT_EQ(workers[0].id, worker);
+  // Numbering continues after the reopen rather than reusing ids.
+  ASSERT_OK_AND_ASSIGN(std::string next, store->PutVariant(Variant("src2")));
+  EXPECT_EQ(next, "v2");
+}
+
+constexpr std::string_view kAddTags =
+    "CREATE TABLE tags (variant INTEGER NOT NULL REFERENCES variants(id), tag TEXT NOT NULL);";
+
+TEST(SqliteStore, MigratesAnOldVersionFile) {
+  TempDir dir;
+  const std::string path = dir.File("k.db");
+  const std::vector<Migration> v1(SqliteMigrations().begin(), SqliteMigrations().begin() + 1);
+  std::string variant;
+  {
+    SqliteOptions old;
+    old.migrations = v1;
+    std::unique_ptr<Store> store = MustOpen(path, old);
+    ASSERT_NE(store, nullptr);
+    ASSERT_OK_AND_ASSIGN(variant, store->PutVariant(Variant("src")));
+  }
+  EXPECT_EQ(RawDb(path).One("SELECT version FROM schema_version"), "1");
+
+  std::vector<Migration> v2 = v1;
+  v2.push_back({2, "variant tags", kAddTags});
+  SqliteOptions next;
+  next.migrations = v2;
+  for (int open = 0; open < 2; ++open) {  // the second open has nothing to do
+    std::unique_ptr<Store> store = MustOpen(path, next);
+    ASSERT_NE(store, nullptr);
+    ASSERT_OK_AND_ASSIGN(VariantRecord v, store->GetVariant(variant));
+    EXPECT_EQ(v.source, "src");
+    RawDb raw(path);
+    EXPECT_EQ(raw.One("SELECT version FROM schema_version"), "2");
+    EXPECT_EQ(raw.One("SELECT count(*) FROM sqlite_master WHERE name = 'tags'"), "1");
+  }
+}
+
+TEST(SqliteStore, MigratesAFileFromBeforeTheFirstMigration) {
+  TempDir dir;
+  const std::string path = dir.File("k.db");
+  RawDb(path).Exec(
+      "CREATE TABLE schema_version (version INTEGER NOT NULL);"
+      "INSERT INTO schema_version VALUES (0);");
+  std::unique_ptr<Store> store = MustOpen(path);
+  ASSERT_NE(store, nullptr);
+  EXPECT_OK(store->PutVariant(Variant("src")));
+  EXPECT_EQ(RawDb(path).One("SELECT version FROM schema_version"),
+            std::to_string(SqliteMigrations().size()));
+}
+
+TEST(SqliteStore, RefusesASchemaNewerThanItKnows) {
+  TempDir dir;
+  const std::string path = dir.File("k.db");
+  ASSERT_NE(MustOpen(path), nullptr);
+  RawDb(path).Exec("UPDATE schema_version SET version = 99");
+  EXPECT_CODE(OpenSqliteStore(path), kFailedPrecondition);
+}
+
+TEST(SqliteStore, AFailedMigrationLeavesThePreviousVersion) {
+  TempDir dir;
+  const std::string path = dir.File("k.db");
+  std::vector<Migration> broken(SqliteMigrations().begin(), SqliteMigrations().end());
+  const int next = static_cast<int>(broken.size()) + 1;
+  broken.push_back({next, "half done", "CREATE TABLE half (x); CREATE TABLE broken (;"});
+  SqliteOptions options;
+  options.migrations = broken;
+  EXPECT_CODE(OpenSqliteStore(path, options), kInternal);
+  RawDb raw(path);
+  EXPECT_EQ(raw.One("SELECT version FROM schema_version"), std::to_string(next - 1));
+  EXPECT_EQ(raw.One("SELECT count(*) FROM sqlite_master WHERE name = 'half'"), "0");
+  EXPECT_NE(MustOpen(path), nullptr);  // the good history still opens it
+}
+
+TEST(SqliteStore, RejectsAHistoryWithGaps) {
+  TempDir dir;
+  std::vector<Migration> gapped(SqliteMigrations().begin(), SqliteMigrations().end());
+  gapped.push_back({static_cast<int>(gapped.size()) + 2, "skips one", kAddTags});
+  SqliteOptions options;
+  options.migrations = gapped;
+  EXPECT_CODE(OpenSqliteStore(dir.File("k.db"), options), kInvalidArgument);
+}
+
+TEST(SqliteStore, TwoConnectionsOnOneFileNeverLeaseATaskTwice) {
+  TempDir dir;
+  const std::string path = dir.File("k.db");
+  std::unique_ptr<Store> a = MustOpen(path);
+  std::unique_ptr<Store> b = MustOpen(path);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  ASSERT_OK_AND_ASSIGN(std::string job, a->CreateJob(JobRecord{}));
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> ids,
+                       a->EnqueueTasks(std::vector<TaskRecord>(30, Task(job, ""))));
+  std::vector<std::string> got_a, got_b;
+  auto drain = [](Store* store, std::string worker, std::vector<std::string>* got) {
+    while (true) {
+      absl::StatusOr<std::optional<TaskRecord>> t =
+          store->LeaseTask(worker, "sm_90a", false, 1000, 60000);
+      ASSERT_TRUE(t.ok()) << t.status();
+      if (!t->has_value()) return;
+      got->push_back((*t)->id);
+    }
+  };
+  std::thread ta(drain, a.get(), "wa", &got_a);
+  std::thread tb(drain, b.get(), "wb", &got_b);
+  ta.join();
+  tb.join();
+  std::multiset<std::string> all(got_a.begin(), got_a.end());
+  all.insert(got_b.begin(), got_b.end());
+  EXPECT_EQ(all, std::multiset<std::string>(ids.begin(), ids.end()));
+}
+
+// The child's side of the crash test: writes in a loop and, after each
+// write is acknowledged, reports its ids on `fd`. Never returns.
+[[noreturn]] void WriteUntilKilled(const std::string& path, const std::string& job, int fd) {
+  auto fail = [fd](const absl::Status& s) {
+    std::string line = fmt::format("error {}\n", s.ToString());
+    (void)!write(fd, line.data(), line.size());
+    _exit(2);
+  };
+  absl::StatusOr<std::unique_ptr<Store>> opened = OpenSqliteStore(path);
+  if (!opened.ok()) fail(opened.status());
+  Store& store = **opened;
+  for (int i = 0; i < 1000000; ++i) {
+    absl::StatusOr<std::string> variant = store.PutVariant(Variant(fmt::format("src {}", i)));
+    if (!variant.ok()) fail(variant.status());
+    absl::StatusOr<std::vector<std::string>> tasks = store.EnqueueTasks({Task(job, *variant)});
+    if (!tasks.ok()) fail(tasks.status());
+    absl::StatusOr<std::optional<TaskRecord>> leased =
+        store.LeaseTask("child", "sm_90a", false, 1000, 600000);
+    if (!leased.ok()) fail(leased.status());
+    if (!leased->has_value() || (*leased)->id != tasks->front())
+      fail(absl::InternalError("leased the wrong task"));
+    absl::StatusOr<bool> done =
+        store.CompleteTask(tasks->front(), "child", Verified(100.0 - i * 1e-3), BestRecord{});
+    if (!done.ok()) fail(done.status());
+    if (!*done) fail(absl::InternalError("completion refused"));
+    // One write() of less than PIPE_BUF bytes: the line arrives whole or not at all.
+    std::string line = fmt::format("{} {}\n", *variant, tasks->front());
+    if (write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size())) _exit(3);
+  }
+  _exit(0);
+}
+
+TEST(SqliteStoreCrash, AcknowledgedWritesSurviveSigkill) {
+  TempDir dir;
+  const std::string path = dir.File("k.db");
+  std::string job;
+  {
+    std::unique_ptr<Store> store = MustOpen(path);
+    ASSERT_NE(store, nullptr);
+    ASSERT_OK_AND_ASSIGN(job, store->CreateJob(JobRecord{}));
+  }
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    close(fds[0]);
+    WriteUntilKilled(path, job, fds[1]);
+  }
+  close(fds[1]);
+
+  // Let the child get well into its loop, then kill it wherever it is.
+  constexpr int kAcksBeforeKill = 40;
+  std::string received;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+  auto lines = [&] { return std::count(received.begin(), received.end(), '\n'); };
+  while (lines() < kAcksBeforeKill && std::chrono::steady_clock::now() < deadline &&
+         received.find("error") == std::string::npos) {
+    pollfd p{fds[0], POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;
+    char buf[4096];
+    ssize_t n = read(fds[0], buf, sizeof buf);
+    if (n <= 0) break;
+    received.append(buf, static_cast<size_t>(n));
+  }
+  kill(child, SIGKILL);
+  int status = 0;
+  waitpid(child, &status, 0);
+  // Whatever the child wrote before it died was acknowledged too.
+  char buf[4096];
+  for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) > 0;) received.append(buf, n);
+  close(fds[0]);
+  ASSERT_EQ(received.find("error"), std::string::npos) << received;
+  ASSERT_TRUE(WIFSIGNALED(status)) << "the child ended on its own: " << received;
+  ASSERT_GE(lines(), kAcksBeforeKill) << "the child was too slow";
+
+  std::unique_ptr<Store> store = MustOpen(path);
+  ASSERT_NE(store, nullptr);
+  ASSERT_OK_AND_ASSIGN(std::string check, store->IntegrityCheck());
+  EXPECT_EQ(check, "ok");
+  std::istringstream acks(received);
+  std::string variant, task;
+  int checked = 0;
+  while (acks >> variant >> task) {
+    ASSERT_OK(store->GetVariant(variant));
+    ASSERT_OK_AND_ASSIGN(TaskRecord t, store->GetTask(task));
+    EXPECT_EQ(t.state, TaskState::kDone) << task;
+    ASSERT_OK_AND_ASSIGN(std::vector<EvaluationRecord> evals, store->ListEvaluations(variant));
+    ASSERT_EQ(evals.size(), 1u) << variant;
+    EXPECT_EQ(evals[0].task_id, task);
+    ++checked;
+  }
+  EXPECT_EQ(checked, lines());
+  EXPECT_OK(store->GetBest(Task(job, "").bucket, "sm_90a"));
+}
+
+}  // namespace
+}  // namespace kforge

@@ -1,0 +1,131 @@
+#include "storage/store_internal.h"
+
+#include <fmt/format.h>
+
+#include <charconv>
+#include <chrono>
+
+#include "storage/hash.h"
+
+namespace kforge::storage_internal {
+namespace {
+
+std::optional<int64_t> ParsePositive(std::string_view digits) {
+  int64_t n = 0;
+  const char* end = digits.data() + digits.size();
+  auto [ptr, ec] = std::from_chars(digits.data(), end, n);
+  if (digits.empty() || ec != std::errc() || ptr != end || n <= 0) return std::nullopt;
+  // from_chars accepts a leading '-' only; a leading '+' or zero would give
+  // two spellings of one id, so they are rejected too.
+  if (digits[0] == '0') return std::nullopt;
+  return n;
+}
+
+}  // namespace
+
+int64_t NowUnixMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string FormatId(char prefix, int64_t n) { return fmt::format("{}{}", prefix, n); }
+
+std::optional<int64_t> ParseId(char prefix, std::string_view id) {
+  if (id.size() < 2 || id[0] != prefix) return std::nullopt;
+  return ParsePositive(id.substr(1));
+}
+
+absl::Status NotFound(std::string_view what, std::string_view id) {
+  return absl::NotFoundError(fmt::format("{} '{}' not found", what, id));
+}
+
+absl::StatusOr<int64_t> ParsePageToken(std::string_view token) {
+  if (token.empty()) return 0;
+  std::optional<int64_t> n = ParsePositive(token);
+  if (!n) return absl::InvalidArgumentError(fmt::format("page token '{}' is malformed", token));
+  return *n;
+}
+
+std::string BestToken(const BestRecord& best) {
+  return fmt::format("{}|{}", best.bucket, best.arch);
+}
+
+absl::StatusOr<std::pair<std::string, std::string>> ParseBestToken(std::string_view token) {
+  if (token.empty()) return std::pair<std::string, std::string>();
+  size_t bar = token.rfind('|');
+  if (bar == std::string_view::npos || bar == 0 || bar + 1 == token.size())
+    return absl::InvalidArgumentError(fmt::format("page token '{}' is malformed", token));
+  return std::pair<std::string, std::string>(token.substr(0, bar), token.substr(bar + 1));
+}
+
+int32_t PageLimit(const Page& page) {
+  if (page.limit <= 0) return kDefaultPageLimit;
+  return page.limit > kMaxPageLimit ? kMaxPageLimit : page.limit;
+}
+
+absl::Status PrepareVariant(VariantRecord& v, int64_t now_ms) {
+  if (v.source.empty()) return absl::InvalidArgumentError("variant: source is empty");
+  std::string hash = Sha256Hex(v.source);
+  if (v.source_hash.empty()) {
+    v.source_hash = std::move(hash);
+  } else if (v.source_hash != hash) {
+    // A wrong hash would defeat dedupe and let two rows claim one source.
+    return absl::InvalidArgumentError(
+        fmt::format("variant: source_hash {} is not the sha256 of the source", v.source_hash));
+  }
+  if (!v.id.empty() && !ParseId('v', v.id))
+    return absl::InvalidArgumentError(fmt::format("variant: id '{}' is malformed", v.id));
+  if (v.created_unix_ms == 0) v.created_unix_ms = now_ms;
+  return absl::OkStatus();
+}
+
+absl::Status PrepareJob(JobRecord& job, int64_t now_ms) {
+  if (!job.id.empty() && !ParseId('j', job.id))
+    return absl::InvalidArgumentError(fmt::format("job: id '{}' is malformed", job.id));
+  if (job.created_unix_ms == 0) job.created_unix_ms = now_ms;
+  if (job.updated_unix_ms == 0) job.updated_unix_ms = job.created_unix_ms;
+  return absl::OkStatus();
+}
+
+absl::Status PrepareTask(TaskRecord& task, int64_t now_ms) {
+  if (!task.id.empty() && !ParseId('t', task.id))
+    return absl::InvalidArgumentError(fmt::format("task: id '{}' is malformed", task.id));
+  if (task.job_id.empty()) return absl::InvalidArgumentError("task: job_id is empty");
+  // Leasing matches the arch exactly; a task without one could never run.
+  if (task.arch.empty()) return absl::InvalidArgumentError("task: arch is empty");
+  task.state = TaskState::kQueued;
+  task.worker_id.clear();
+  task.lease_expires_unix_ms = 0;
+  task.attempts = 0;
+  if (task.created_unix_ms == 0) task.created_unix_ms = now_ms;
+  return absl::OkStatus();
+}
+
+absl::Status PrepareWorker(WorkerRecord& w, int64_t now_ms) {
+  if (w.last_seen_unix_ms == 0) w.last_seen_unix_ms = now_ms;
+  return absl::OkStatus();
+}
+
+void PrepareEvaluation(const TaskRecord& task, const std::string& worker_id, int64_t now_ms,
+                       EvaluationRecord& eval) {
+  eval.id = 0;
+  eval.task_id = task.id;
+  eval.job_id = task.job_id;
+  eval.worker_id = worker_id;
+  if (eval.variant_id.empty()) eval.variant_id = task.variant_id;
+  if (eval.bucket.empty()) eval.bucket = task.bucket;
+  if (eval.arch.empty()) eval.arch = task.arch;
+  if (eval.created_unix_ms == 0) eval.created_unix_ms = now_ms;
+}
+
+void PrepareBest(const EvaluationRecord& eval, int64_t now_ms, BestRecord& best) {
+  if (best.bucket.empty()) best.bucket = eval.bucket;
+  if (best.arch.empty()) best.arch = eval.arch;
+  if (best.variant_id.empty()) best.variant_id = eval.variant_id;
+  if (best.evaluation_id == 0) best.evaluation_id = eval.id;
+  if (best.timing.samples == 0 && best.timing.median_us == 0) best.timing = eval.timing;
+  if (best.updated_unix_ms == 0) best.updated_unix_ms = now_ms;
+}
+
+}  // namespace kforge::storage_internal

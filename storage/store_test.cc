@@ -1,0 +1,742 @@
+// The Store contract, run against every implementation: MemoryStore and
+// SqliteStore (on a real file). A behaviour that differs between the two is
+// a bug in one of them.
+#include "storage/store.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "storage/hash.h"
+#include "storage/test_util.h"
+
+namespace kforge {
+namespace {
+
+using testing_util::TempDir;
+
+struct MemoryStoreFactory {
+  static absl::StatusOr<std::unique_ptr<Store>> Open(const TempDir&) { return NewMemoryStore(); }
+};
+struct SqliteStoreFactory {
+  static absl::StatusOr<std::unique_ptr<Store>> Open(const TempDir& dir) {
+    return OpenSqliteStore(dir.File("kforge.db"));
+  }
+};
+
+template <typename Factory>
+class StoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<Store>> store = Factory::Open(dir_);
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = *std::move(store);
+  }
+
+  Store& store() { return *store_; }
+
+  std::string NewVariant(const std::string& source) {
+    VariantRecord v;
+    v.source = source;
+    v.origin = "template";
+    v.template_name = "fa2";
+    absl::StatusOr<std::string> id = store_->PutVariant(v);
+    EXPECT_TRUE(id.ok()) << id.status();
+    return id.value_or("");
+  }
+
+  std::string NewJob(const std::string& name, JobState state = JobState::kQueued) {
+    JobRecord j;
+    j.name = name;
+    j.state = state;
+    j.proposer = "builtin";
+    absl::StatusOr<std::string> id = store_->CreateJob(j);
+    EXPECT_TRUE(id.ok()) << id.status();
+    return id.value_or("");
+  }
+
+  static TaskRecord Task(const std::string& job_id, const std::string& variant_id = "",
+                         const std::string& arch = "sm_90a",
+                         TaskKind kind = TaskKind::kEvaluate) {
+    TaskRecord t;
+    t.job_id = job_id;
+    t.variant_id = variant_id;
+    t.kind = kind;
+    t.arch = arch;
+    t.bucket = "fwd.bf16.d128.h4.kv4.causal.self.sm_90a.b128.mq4096.aq4096.mk4096.ak4096";
+    t.shape_json = R"({"batch":128})";
+    t.seed = 7;
+    return t;
+  }
+
+  std::vector<std::string> Enqueue(std::vector<TaskRecord> tasks) {
+    absl::StatusOr<std::vector<std::string>> ids = store_->EnqueueTasks(std::move(tasks));
+    EXPECT_TRUE(ids.ok()) << ids.status();
+    return ids.value_or(std::vector<std::string>{});
+  }
+
+  // The id of the task `worker` leases now, or "" when none.
+  std::string Lease(const std::string& worker, const std::string& arch = "sm_90a",
+                    bool compile_only = false, int64_t now = 1000, int64_t ttl = 60000) {
+    absl::StatusOr<std::optional<TaskRecord>> t =
+        store_->LeaseTask(worker, arch, compile_only, now, ttl);
+    EXPECT_TRUE(t.ok()) << t.status();
+    if (!t.ok() || !t->has_value()) return "";
+    return (*t)->id;
+  }
+
+  static EvaluationRecord Verified(double median_us) {
+    EvaluationRecord e;
+    e.outcome = Outcome::kVerified;
+    e.gpu_name = "NVIDIA H200";
+    e.compute_capability = "9.0";
+    e.timing = {median_us, median_us - 1, median_us + 1, 20};
+    return e;
+  }
+
+  // A variant evaluated through a task of `job`, completed by `worker`.
+  // Returns the variant id.
+  std::string Evaluate(const std::string& job, const std::string& source, double median_us,
+                       bool best, const std::string& bucket = "") {
+    std::string v = NewVariant(source);
+    TaskRecord t = Task(job, v);
+    if (!bucket.empty()) t.bucket = bucket;
+    std::string task = Enqueue({t})[0];
+    EXPECT_EQ(Lease("w-eval"), task);
+    std::optional<BestRecord> new_best;
+    if (best) new_best = BestRecord{};
+    absl::StatusOr<bool> done =
+        store_->CompleteTask(task, "w-eval", Verified(median_us), new_best);
+    EXPECT_TRUE(done.ok() && *done) << done.status();
+    return v;
+  }
+
+  TempDir dir_;
+  std::unique_ptr<Store> store_;
+};
+
+using Implementations = ::testing::Types<MemoryStoreFactory, SqliteStoreFactory>;
+class ImplementationNames {
+ public:
+  template <typename T>
+  static std::string GetName(int) {
+    return std::is_same_v<T, MemoryStoreFactory> ? "Memory" : "Sqlite";
+  }
+};
+TYPED_TEST_SUITE(StoreTest, Implementations, ImplementationNames);
+
+// ---------------------------------------------------------------- variants
+
+TYPED_TEST(StoreTest, PutVariantDedupesBySourceHash) {
+  VariantRecord v;
+  v.source = "__global__ void k() {}";
+  v.origin = "model";
+  ASSERT_OK_AND_ASSIGN(std::string first, this->store().PutVariant(v));
+  v.manifest_json = R"({"block":128})";  // same source, other metadata: still the same variant
+  ASSERT_OK_AND_ASSIGN(std::string again, this->store().PutVariant(v));
+  EXPECT_EQ(first, again);
+  v.source += "\n";
+  ASSERT_OK_AND_ASSIGN(std::string other, this->store().PutVariant(v));
+  EXPECT_NE(first, other);
+  EXPECT_EQ(first[0], 'v');
+}
+
+TYPED_TEST(StoreTest, VariantFieldsRoundTrip) {
+  VariantRecord v;
+  v.source = "src";
+  v.manifest_json = "{}";
+  v.origin = "model";
+  v.template_name = "fa3";
+  v.knobs_json = R"({"tile":64})";
+  v.model = "qwen";
+  v.prompt_hash = "ph";
+  v.prompt = "write a kernel";
+  v.answer = "```cuda src```";
+  v.parent_id = "v1";
+  v.job_id = "j1";
+  v.created_unix_ms = 1234;
+  ASSERT_OK_AND_ASSIGN(std::string id, this->store().PutVariant(v));
+  ASSERT_OK_AND_ASSIGN(VariantRecord got, this->store().GetVariant(id));
+  EXPECT_EQ(got.id, id);
+  EXPECT_EQ(got.source_hash, Sha256Hex("src"));
+  EXPECT_EQ(got.manifest_json, v.manifest_json);
+  EXPECT_EQ(got.origin, v.origin);
+  EXPECT_EQ(got.template_name, v.template_name);
+  EXPECT_EQ(got.knobs_json, v.knobs_json);
+  EXPECT_EQ(got.model, v.model);
+  EXPECT_EQ(got.prompt_hash, v.prompt_hash);
+  EXPECT_EQ(got.prompt, v.prompt);
+  EXPECT_EQ(got.answer, v.answer);
+  EXPECT_EQ(got.parent_id, v.parent_id);
+  EXPECT_EQ(got.job_id, v.job_id);
+  EXPECT_EQ(got.created_unix_ms, 1234);
+}
+
+TYPED_TEST(StoreTest, MalformedVariantsAreInvalidArgument) {
+  VariantRecord empty;
+  EXPECT_CODE(this->store().PutVariant(empty), kInvalidArgument);
+  VariantRecord wrong_hash;
+  wrong_hash.source = "src";
+  wrong_hash.source_hash = Sha256Hex("other");
+  EXPECT_CODE(this->store().PutVariant(wrong_hash), kInvalidArgument);
+}
+
+TYPED_TEST(StoreTest, UnknownIdsAreNotFound) {
+  Store& s = this->store();
+  for (std::string id : {"v999", "garbage", "", "v", "v0", "v-1", "j1"})
+    EXPECT_CODE(s.GetVariant(id), kNotFound) << id;
+  EXPECT_CODE(s.ListEvaluations("v5"), kNotFound);
+  EXPECT_CODE(s.GetCubin("nohash"), kNotFound);
+  EXPECT_CODE(s.GetBest("bucket", "sm_90a"), kNotFound);
+  EXPECT_CODE(s.GetJob("j5"), kNotFound);
+  JobRecord ghost;
+  ghost.id = "j5";
+  EXPECT_CODE(s.UpdateJob(ghost), kNotFound);
+  EXPECT_CODE(s.GetTask("t5"), kNotFound);
+  EXPECT_CODE(s.ListTasks("j5"), kNotFound);
+  EXPECT_CODE(s.CancelTasks("j5"), kNotFound);
+  EXPECT_CODE(s.EnqueueTasks({this->Task("j5")}), kNotFound);
+  EXPECT_CODE(s.CompleteTask("t5", "w", this->Verified(1), std::nullopt), kNotFound);
+  WorkerRecord w;
+  w.id = "w5";
+  EXPECT_CODE(s.UpsertWorker(w), kNotFound);
+}
+
+TYPED_TEST(StoreTest, CubinsAreStoredOnceByHash) {
+  const std::string bytes("\x7f" "ELF\0\0binary", 12);
+  ASSERT_OK(this->store().PutCubin("h1", bytes));
+  ASSERT_OK(this->store().PutCubin("h1", bytes));
+  ASSERT_OK_AND_ASSIGN(std::string got, this->store().GetCubin("h1"));
+  EXPECT_EQ(got, bytes);
+  EXPECT_CODE(this->store().PutCubin("", bytes), kInvalidArgument);
+}
+
+// ------------------------------------------------------ evaluations, best
+
+TYPED_TEST(StoreTest, CompleteTaskRecordsTheEvaluation) {
+  std::string job = this->NewJob("tune");
+  std::string v = this->NewVariant("src");
+  std::string task = this->Enqueue({this->Task(job, v)})[0];
+  ASSERT_EQ(this->Lease("w1"), task);
+  EvaluationRecord e = this->Verified(12.5);
+  e.registers = 96;
+  e.message = "ok";
+  e.cubin_hash = "cub";
+  ASSERT_OK_AND_ASSIGN(bool done, this->store().CompleteTask(task, "w1", e, std::nullopt));
+  EXPECT_TRUE(done);
+
+  ASSERT_OK_AND_ASSIGN(std::vector<EvaluationRecord> evals, this->store().ListEvaluations(v));
+  ASSERT_EQ(evals.size(), 1u);
+  const EvaluationRecord& got = evals[0];
+  EXPECT_GT(got.id, 0);
+  EXPECT_EQ(got.variant_id, v);  // filled from the task
+  EXPECT_EQ(got.task_id, task);
+  EXPECT_EQ(got.job_id, job);
+  EXPECT_EQ(got.worker_id, "w1");
+  EXPECT_EQ(got.arch, "sm_90a");
+  EXPECT_EQ(got.bucket, this->Task(job).bucket);
+  EXPECT_EQ(got.outcome, Outcome::kVerified);
+  EXPECT_EQ(got.registers, 96);
+  EXPECT_EQ(got.message, "ok");
+  EXPECT_EQ(got.cubin_hash, "cub");
+  EXPECT_EQ(got.gpu_name, "NVIDIA H200");
+  EXPECT_DOUBLE_EQ(got.timing.median_us, 12.5);
+  EXPECT_EQ(got.timing.samples, 20);
+  EXPECT_GT(got.created_unix_ms, 0);
+
+  ASSERT_OK_AND_ASSIGN(TaskRecord t, this->store().GetTask(task));
+  EXPECT_EQ(t.state, TaskState::kDone);
+  // Completing again is refused: the task is no longer leased.
+  ASSERT_OK_AND_ASSIGN(bool twice, this->store().CompleteTask(task, "w1", e, std::nullopt));
+  EXPECT_FALSE(twice);
+  ASSERT_OK_AND_ASSIGN(evals, this->store().ListEvaluations(v));
+  EXPECT_EQ(evals.size(), 1u);
+}
+
+TYPED_TEST(StoreTest, CompleteTaskReplacesTheBest) {
+  std::string job = this->NewJob("tune");
+  const std::string bucket = this->Task(job).bucket;
+  std::string slow = this->Evaluate(job, "slow", 20.0, /*best=*/true);
+  ASSERT_OK_AND_ASSIGN(BestRecord best, this->store().GetBest(bucket, "sm_90a"));
+  EXPECT_EQ(best.variant_id, slow);
+  EXPECT_DOUBLE_EQ(best.timing.median_us, 20.0);
+  ASSERT_OK_AND_ASSIGN(std::vector<EvaluationRecord> evals,
+                       this->store().ListEvaluations(slow));
+  EXPECT_EQ(best.evaluation_id, evals.at(0).id);
+
+  std::string fast = this->Evaluate(job, "fast", 10.0, /*best=*/true);
+  ASSERT_OK_AND_ASSIGN(best, this->store().GetBest(bucket, "sm_90a"));
+  EXPECT_EQ(best.variant_id, fast);
+  EXPECT_DOUBLE_EQ(best.timing.median_us, 10.0);
+
+  this->Evaluate(job, "slower", 30.0, /*best=*/false);
+  ASSERT_OK_AND_ASSIGN(best, this->store().GetBest(bucket, "sm_90a"));
+  EXPECT_EQ(best.variant_id, fast);
+  EXPECT_CODE(this->store().GetBest(bucket, "sm_100a"), kNotFound);
+}
+
+TYPED_TEST(StoreTest, CompleteTaskWithABadBestChangesNothing) {
+  std::string job = this->NewJob("tune");
+  std::string first = this->Evaluate(job, "first", 20.0, /*best=*/true);
+  std::string v = this->NewVariant("second");
+  std::string task = this->Enqueue({this->Task(job, v)})[0];
+  ASSERT_EQ(this->Lease("w1"), task);
+  // Names the first variant's evaluation for the second variant.
+  ASSERT_OK_AND_ASSIGN(std::vector<EvaluationRecord> evals,
+                       this->store().ListEvaluations(first));
+  BestRecord bad;
+  bad.variant_id = v;
+  bad.evaluation_id = evals.at(0).id;
+  EXPECT_CODE(this->store().CompleteTask(task, "w1", this->Verified(5), bad), kInvalidArgument);
+
+  ASSERT_OK_AND_ASSIGN(TaskRecord t, this->store().GetTask(task));
+  EXPECT_EQ(t.state, TaskState::kLeased);
+  ASSERT_OK_AND_ASSIGN(evals, this->store().ListEvaluations(v));
+  EXPECT_TRUE(evals.empty());
+  ASSERT_OK_AND_ASSIGN(BestRecord best, this->store().GetBest(t.bucket, "sm_90a"));
+  EXPECT_EQ(best.variant_id, first);
+}
+
+TYPED_TEST(StoreTest, CompleteTaskForAnUnknownVariantIsNotFound) {
+  std::string job = this->NewJob("tune");
+  std::string task = this->Enqueue({this->Task(job, "v77")})[0];
+  ASSERT_EQ(this->Lease("w1"), task);
+  EXPECT_CODE(this->store().CompleteTask(task, "w1", this->Verified(5), std::nullopt),
+              kNotFound);
+  ASSERT_OK_AND_ASSIGN(TaskRecord t, this->store().GetTask(task));
+  EXPECT_EQ(t.state, TaskState::kLeased);
+}
+
+// ------------------------------------------------------------------ paging
+
+TYPED_TEST(StoreTest, ListVariantsPagesNewestFirst) {
+  std::vector<std::string> ids;
+  for (int i = 0; i < 5; ++i) ids.push_back(this->NewVariant(fmt::format("src{}", i)));
+  Page page;
+  page.limit = 2;
+  std::vector<std::vector<std::string>> pages;
+  for (int guard = 0; guard < 10; ++guard) {
+    ASSERT_OK_AND_ASSIGN(PageOf<VariantRecord> got, this->store().ListVariants("", page));
+    pages.emplace_back();
+    for (const VariantRecord& v : got.items) pages.back().push_back(v.id);
+    if (got.next_token.empty()) break;
+    page.token = got.next_token;
+  }
+  std::vector<std::vector<std::string>> want = {{ids[4], ids[3]}, {ids[2], ids[1]}, {ids[0]}};
+  EXPECT_EQ(pages, want);
+}
+
+TYPED_TEST(StoreTest, ExactPagesEndWithoutAnEmptyPage) {
+  for (int i = 0; i < 4; ++i) this->NewVariant(fmt::format("src{}", i));
+  Page page;
+  page.limit = 2;
+  ASSERT_OK_AND_ASSIGN(PageOf<VariantRecord> first, this->store().ListVariants("", page));
+  ASSERT_FALSE(first.next_token.empty());
+  page.token = first.next_token;
+  ASSERT_OK_AND_ASSIGN(PageOf<VariantRecord> second, this->store().ListVariants("", page));
+  EXPECT_EQ(second.items.size(), 2u);
+  EXPECT_EQ(second.next_token, "");
+}
+
+TYPED_TEST(StoreTest, ListVariantsFiltersByEvaluatedBucket) {
+  std::string job = this->NewJob("tune");
+  std::string a = this->Evaluate(job, "a", 10, false, "bucketA");
+  this->Evaluate(job, "b", 10, false, "bucketB");
+  std::string c = this->Evaluate(job, "c", 10, false, "bucketA");
+  this->NewVariant("never evaluated");
+  ASSERT_OK_AND_ASSIGN(PageOf<VariantRecord> got, this->store().ListVariants("bucketA", {}));
+  ASSERT_EQ(got.items.size(), 2u);
+  EXPECT_EQ(got.items[0].id, c);
+  EXPECT_EQ(got.items[1].id, a);
+  EXPECT_EQ(got.next_token, "");
+  ASSERT_OK_AND_ASSIGN(got, this->store().ListVariants("", {}));
+  EXPECT_EQ(got.items.size(), 4u);
+}
+
+TYPED_TEST(StoreTest, ListJobsPagesNewestFirst) {
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i) ids.push_back(this->NewJob(fmt::format("job{}", i)));
+  Page page;
+  page.limit = 1;
+  std::vector<std::string> seen;
+  for (int guard = 0; guard < 10; ++guard) {
+    ASSERT_OK_AND_ASSIGN(PageOf<JobRecord> got, this->store().ListJobs(page));
+    ASSERT_EQ(got.items.size(), 1u);
+    seen.push_back(got.items[0].id);
+    if (got.next_token.empty()) break;
+    page.token = got.next_token;
+  }
+  EXPECT_EQ(seen, (std::vector<std::string>{ids[2], ids[1], ids[0]}));
+}
+
+TYPED_TEST(StoreTest, ListBestPagesByBucketAndFiltersByArch) {
+  std::string job = this->NewJob("tune");
+  this->Evaluate(job, "c", 10, true, "c-bucket");
+  this->Evaluate(job, "a", 10, true, "a-bucket");
+  this->Evaluate(job, "b", 10, true, "b-bucket");
+  std::string v = this->NewVariant("blackwell");
+  std::string task = this->Enqueue({this->Task(job, v, "sm_100a", TaskKind::kCompile)})[0];
+  ASSERT_EQ(this->Lease("w2", "sm_100a"), task);
+  ASSERT_OK(this->store().CompleteTask(task, "w2", this->Verified(3), BestRecord{}));
+
+  Page page;
+  page.limit = 2;
+  ASSERT_OK_AND_ASSIGN(PageOf<BestRecord> first, this->store().ListBest("sm_90a", page));
+  ASSERT_EQ(first.items.size(), 2u);
+  EXPECT_EQ(first.items[0].bucket, "a-bucket");
+  EXPECT_EQ(first.items[1].bucket, "b-bucket");
+  page.token = first.next_token;
+  ASSERT_OK_AND_ASSIGN(PageOf<BestRecord> second, this->store().ListBest("sm_90a", page));
+  ASSERT_EQ(second.items.size(), 1u);
+  EXPECT_EQ(second.items[0].bucket, "c-bucket");
+  EXPECT_EQ(second.next_token, "");
+
+  ASSERT_OK_AND_ASSIGN(PageOf<BestRecord> all, this->store().ListBest("", Page{}));
+  EXPECT_EQ(all.items.size(), 4u);
+  ASSERT_OK_AND_ASSIGN(PageOf<BestRecord> blackwell, this->store().ListBest("sm_100a", Page{}));
+  ASSERT_EQ(blackwell.items.size(), 1u);
+  EXPECT_EQ(blackwell.items[0].variant_id, v);
+}
+
+TYPED_TEST(StoreTest, MalformedPageTokensAreInvalidArgument) {
+  Page page;
+  page.token = "not-a-token";
+  EXPECT_CODE(this->store().ListVariants("", page), kInvalidArgument);
+  EXPECT_CODE(this->store().ListJobs(page), kInvalidArgument);
+  EXPECT_CODE(this->store().ListBest("", page), kInvalidArgument);
+}
+
+// ------------------------------------------------------------------- jobs
+
+TYPED_TEST(StoreTest, JobsRoundTripAndUpdate) {
+  JobRecord j;
+  j.name = "hstu";
+  j.proposer = "model";
+  j.spec_json = R"({"shapes":[]})";
+  j.seed = ~uint64_t{0};  // the full 64 bits survive
+  j.created_unix_ms = 500;
+  ASSERT_OK_AND_ASSIGN(std::string id, this->store().CreateJob(j));
+  ASSERT_OK_AND_ASSIGN(JobRecord got, this->store().GetJob(id));
+  EXPECT_EQ(got.name, "hstu");
+  EXPECT_EQ(got.state, JobState::kQueued);
+  EXPECT_EQ(got.seed, ~uint64_t{0});
+  EXPECT_EQ(got.created_unix_ms, 500);
+
+  got.state = JobState::kRunning;
+  got.progress_json = R"({"done":1})";
+  got.tokens_used = 4096;
+  got.message = "halfway";
+  got.created_unix_ms = 1;  // ignored: creation time is fixed
+  ASSERT_OK(this->store().UpdateJob(got));
+  ASSERT_OK_AND_ASSIGN(JobRecord after, this->store().GetJob(id));
+  EXPECT_EQ(after.state, JobState::kRunning);
+  EXPECT_EQ(after.progress_json, R"({"done":1})");
+  EXPECT_EQ(after.tokens_used, 4096);
+  EXPECT_EQ(after.message, "halfway");
+  EXPECT_EQ(after.created_unix_ms, 500);
+  EXPECT_GT(after.updated_unix_ms, 500);
+}
+
+TYPED_TEST(StoreTest, ListActiveJobsOldestFirst) {
+  std::string queued = this->NewJob("a", JobState::kQueued);
+  this->NewJob("b", JobState::kSucceeded);
+  std::string running = this->NewJob("c", JobState::kRunning);
+  this->NewJob("d", JobState::kFailed);
+  std::string later = this->NewJob("e", JobState::kCancelled);
+  ASSERT_OK_AND_ASSIGN(std::vector<JobRecord> active, this->store().ListActiveJobs());
+  std::vector<std::string> ids;
+  for (const JobRecord& j : active) ids.push_back(j.id);
+  EXPECT_EQ(ids, (std::vector<std::string>{queued, running}));
+
+  ASSERT_OK_AND_ASSIGN(JobRecord j, this->store().GetJob(later));
+  j.state = JobState::kRunning;
+  ASSERT_OK(this->store().UpdateJob(j));
+  ASSERT_OK_AND_ASSIGN(active, this->store().ListActiveJobs());
+  EXPECT_EQ(active.size(), 3u);
+}
+
+// ------------------------------------------------------------------ tasks
+
+TYPED_TEST(StoreTest, EnqueuedTasksStartQueued) {
+  std::string job = this->NewJob("tune");
+  TaskRecord t = this->Task(job, "v1");
+  t.state = TaskState::kDone;  // ignored: new tasks are always queued
+  t.worker_id = "w9";
+  t.attempts = 5;
+  t.incumbent_variant_id = "v0";
+  std::vector<std::string> ids = this->Enqueue({t, this->Task(job)});
+  ASSERT_EQ(ids.size(), 2u);
+  ASSERT_OK_AND_ASSIGN(std::vector<TaskRecord> tasks, this->store().ListTasks(job));
+  ASSERT_EQ(tasks.size(), 2u);
+  EXPECT_EQ(tasks[0].id, ids[0]);
+  EXPECT_EQ(tasks[0].state, TaskState::kQueued);
+  EXPECT_EQ(tasks[0].worker_id, "");
+  EXPECT_EQ(tasks[0].attempts, 0);
+  EXPECT_EQ(tasks[0].variant_id, "v1");
+  EXPECT_EQ(tasks[0].incumbent_variant_id, "v0");
+  EXPECT_EQ(tasks[0].shape_json, t.shape_json);
+  EXPECT_EQ(tasks[0].seed, 7u);
+  EXPECT_GT(tasks[0].created_unix_ms, 0);
+}
+
+TYPED_TEST(StoreTest, EnqueueTasksIsAllOrNothing) {
+  std::string job = this->NewJob("tune");
+  EXPECT_CODE(this->store().EnqueueTasks({this->Task(job), this->Task("j404")}), kNotFound);
+  TaskRecord no_arch = this->Task(job);
+  no_arch.arch = "";
+  EXPECT_CODE(this->store().EnqueueTasks({this->Task(job), no_arch}), kInvalidArgument);
+  ASSERT_OK_AND_ASSIGN(std::vector<TaskRecord> tasks, this->store().ListTasks(job));
+  EXPECT_TRUE(tasks.empty());
+}
+
+TYPED_TEST(StoreTest, LeaseSetsTheLeaseFields) {
+  std::string job = this->NewJob("tune");
+  std::string task = this->Enqueue({this->Task(job)})[0];
+  ASSERT_OK_AND_ASSIGN(std::optional<TaskRecord> leased,
+                       this->store().LeaseTask("w1", "sm_90a", false, 1000, 500));
+  ASSERT_TRUE(leased.has_value());
+  EXPECT_EQ(leased->id, task);
+  EXPECT_EQ(leased->state, TaskState::kLeased);
+  EXPECT_EQ(leased->worker_id, "w1");
+  EXPECT_EQ(leased->lease_expires_unix_ms, 1500);
+  EXPECT_EQ(leased->attempts, 1);
+  ASSERT_OK_AND_ASSIGN(TaskRecord stored, this->store().GetTask(task));
+  EXPECT_EQ(stored.state, TaskState::kLeased);
+  EXPECT_EQ(stored.lease_expires_unix_ms, 1500);
+  EXPECT_CODE(this->store().LeaseTask("", "sm_90a", false, 1000, 500), kInvalidArgument);
+  EXPECT_CODE(this->store().LeaseTask("w1", "sm_90a", false, 1000, 0), kInvalidArgument);
+}
+
+TYPED_TEST(StoreTest, LeasesOldestTaskFirst) {
+  std::string job = this->NewJob("tune");
+  std::vector<std::string> ids = this->Enqueue({this->Task(job), this->Task(job)});
+  std::vector<std::string> more = this->Enqueue({this->Task(job)});
+  EXPECT_EQ(this->Lease("w1"), ids[0]);
+  EXPECT_EQ(this->Lease("w1"), ids[1]);
+  EXPECT_EQ(this->Lease("w2"), more[0]);
+  EXPECT_EQ(this->Lease("w2"), "");
+}
+
+TYPED_TEST(StoreTest, JobsTakeTurnsLeastRecentlyLeasedFirst) {
+  std::string a = this->NewJob("a");
+  std::string b = this->NewJob("b");
+  std::vector<std::string> ta = this->Enqueue({this->Task(a), this->Task(a), this->Task(a)});
+  std::vector<std::string> tb = this->Enqueue({this->Task(b), this->Task(b)});
+  EXPECT_EQ(this->Lease("w"), ta[0]);
+  EXPECT_EQ(this->Lease("w"), tb[0]);
+  // A job that has never had a lease goes before both.
+  std::string c = this->NewJob("c");
+  std::vector<std::string> tc = this->Enqueue({this->Task(c)});
+  EXPECT_EQ(this->Lease("w"), tc[0]);
+  EXPECT_EQ(this->Lease("w"), ta[1]);
+  EXPECT_EQ(this->Lease("w"), tb[1]);
+  EXPECT_EQ(this->Lease("w"), ta[2]);
+  EXPECT_EQ(this->Lease("w"), "");
+}
+
+TYPED_TEST(StoreTest, LeaseMatchesArchAndCompileOnlyWorkersGetCompileTasks) {
+  std::string job = this->NewJob("tune");
+  std::vector<std::string> ids = this->Enqueue({
+      this->Task(job, "", "sm_100a", TaskKind::kEvaluate),
+      this->Task(job, "", "sm_100a", TaskKind::kCompile),
+      this->Task(job, "", "sm_90a", TaskKind::kRetime),
+  });
+  EXPECT_EQ(this->Lease("w80", "sm_80"), "");
+  EXPECT_EQ(this->Lease("cc", "sm_100a", /*compile_only=*/true), ids[1]);
+  EXPECT_EQ(this->Lease("cc", "sm_100a", /*compile_only=*/true), "");
+  EXPECT_EQ(this->Lease("cc", "sm_90a", /*compile_only=*/true), "");
+  EXPECT_EQ(this->Lease("b200", "sm_100a"), ids[0]);
+  EXPECT_EQ(this->Lease("h200", "sm_90a"), ids[2]);
+}
+
+TYPED_TEST(StoreTest, GpuWorkersAlsoRunCompileTasks) {
+  std::string job = this->NewJob("tune");
+  std::string task = this->Enqueue({this->Task(job, "", "sm_90a", TaskKind::kCompile)})[0];
+  EXPECT_EQ(this->Lease("h200", "sm_90a"), task);
+}
+
+TYPED_TEST(StoreTest, RenewLeasesExtendsOnlyTheWorkersOwnLeases) {
+  std::string job = this->NewJob("tune");
+  std::vector<std::string> ids = this->Enqueue({this->Task(job), this->Task(job)});
+  ASSERT_EQ(this->Lease("w1", "sm_90a", false, 1000, 100), ids[0]);
+  ASSERT_EQ(this->Lease("w2", "sm_90a", false, 1000, 100), ids[1]);
+  ASSERT_OK(this->store().RenewLeases("w1", {ids[0], ids[1], "t999", "junk"}, 2000, 500));
+  ASSERT_OK_AND_ASSIGN(TaskRecord mine, this->store().GetTask(ids[0]));
+  ASSERT_OK_AND_ASSIGN(TaskRecord theirs, this->store().GetTask(ids[1]));
+  EXPECT_EQ(mine.lease_expires_unix_ms, 2500);
+  EXPECT_EQ(theirs.lease_expires_unix_ms, 1100);
+  // A renewed lease outlives the original expiry.
+  ASSERT_OK_AND_ASSIGN(int requeued, this->store().RequeueExpired(2000));
+  EXPECT_EQ(requeued, 1);
+  ASSERT_OK_AND_ASSIGN(mine, this->store().GetTask(ids[0]));
+  EXPECT_EQ(mine.state, TaskState::kLeased);
+}
+
+TYPED_TEST(StoreTest, RequeueExpiredReturnsExpiredLeasesToTheQueue) {
+  std::string job = this->NewJob("tune");
+  std::string task = this->Enqueue({this->Task(job)})[0];
+  ASSERT_EQ(this->Lease("w1", "sm_90a", false, 1000, 100), task);
+  ASSERT_OK_AND_ASSIGN(int n, this->store().RequeueExpired(1100));  // ends at 1100: not before
+  EXPECT_EQ(n, 0);
+  ASSERT_OK_AND_ASSIGN(n, this->store().RequeueExpired(1101));
+  EXPECT_EQ(n, 1);
+  ASSERT_OK_AND_ASSIGN(TaskRecord t, this->store().GetTask(task));
+  EXPECT_EQ(t.state, TaskState::kQueued);
+  EXPECT_EQ(t.worker_id, "");
+  ASSERT_OK_AND_ASSIGN(std::optional<TaskRecord> again,
+                       this->store().LeaseTask("w2", "sm_90a", false, 2000, 100));
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(again->id, task);
+  EXPECT_EQ(again->attempts, 2);
+}
+
+TYPED_TEST(StoreTest, CompleteTaskRefusesAStaleLease) {
+  std::string job = this->NewJob("tune");
+  std::string v = this->NewVariant("src");
+  std::string task = this->Enqueue({this->Task(job, v)})[0];
+  ASSERT_EQ(this->Lease("w1", "sm_90a", false, 1000, 100), task);
+  ASSERT_OK(this->store().RequeueExpired(5000));
+  // Expired and back in the queue: the old holder cannot complete it.
+  ASSERT_OK_AND_ASSIGN(bool done, this->store().CompleteTask(task, "w1", this->Verified(1),
+                                                             BestRecord{}));
+  EXPECT_FALSE(done);
+  ASSERT_EQ(this->Lease("w2", "sm_90a", false, 5000, 100), task);
+  // Leased to another worker now: still refused.
+  ASSERT_OK_AND_ASSIGN(done, this->store().CompleteTask(task, "w1", this->Verified(1),
+                                                        BestRecord{}));
+  EXPECT_FALSE(done);
+  ASSERT_OK_AND_ASSIGN(std::vector<EvaluationRecord> evals, this->store().ListEvaluations(v));
+  EXPECT_TRUE(evals.empty());
+  EXPECT_CODE(this->store().GetBest(this->Task(job).bucket, "sm_90a"), kNotFound);
+  ASSERT_OK_AND_ASSIGN(TaskRecord t, this->store().GetTask(task));
+  EXPECT_EQ(t.state, TaskState::kLeased);
+  EXPECT_EQ(t.worker_id, "w2");
+  // The current holder can.
+  ASSERT_OK_AND_ASSIGN(done, this->store().CompleteTask(task, "w2", this->Verified(1),
+                                                        std::nullopt));
+  EXPECT_TRUE(done);
+}
+
+TYPED_TEST(StoreTest, CancelTasksCancelsQueuedAndLeasedOnly) {
+  std::string job = this->NewJob("tune");
+  std::string other = this->NewJob("other");
+  std::string v = this->NewVariant("src");
+  std::vector<std::string> ids =
+      this->Enqueue({this->Task(job, v), this->Task(job, v), this->Task(job, v)});
+  std::string untouched = this->Enqueue({this->Task(other, v)})[0];
+  ASSERT_EQ(this->Lease("w1"), ids[0]);
+  ASSERT_OK_AND_ASSIGN(bool done,
+                       this->store().CompleteTask(ids[0], "w1", this->Verified(1), std::nullopt));
+  ASSERT_TRUE(done);
+  ASSERT_EQ(this->Lease("w1"), untouched);  // `other` never had a turn: it goes first
+  ASSERT_EQ(this->Lease("w1"), ids[1]);
+
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> cancelled, this->store().CancelTasks(job));
+  EXPECT_EQ(cancelled, (std::vector<std::string>{ids[1], ids[2]}));
+  ASSERT_OK_AND_ASSIGN(TaskRecord t0, this->store().GetTask(ids[0]));
+  EXPECT_EQ(t0.state, TaskState::kDone);
+  ASSERT_OK_AND_ASSIGN(TaskRecord t2, this->store().GetTask(ids[2]));
+  EXPECT_EQ(t2.state, TaskState::kCancelled);
+  ASSERT_OK_AND_ASSIGN(TaskRecord u, this->store().GetTask(untouched));
+  EXPECT_EQ(u.state, TaskState::kLeased);
+
+  // The cancelled lease cannot be completed, and nothing is left to lease.
+  ASSERT_OK_AND_ASSIGN(done,
+                       this->store().CompleteTask(ids[1], "w1", this->Verified(1), std::nullopt));
+  EXPECT_FALSE(done);
+  EXPECT_EQ(this->Lease("w1"), "");
+  ASSERT_OK_AND_ASSIGN(cancelled, this->store().CancelTasks(job));
+  EXPECT_TRUE(cancelled.empty());
+}
+
+TYPED_TEST(StoreTest, ConcurrentLeasesHandOutEachTaskOnce) {
+  std::string job = this->NewJob("tune");
+  std::vector<TaskRecord> batch(40, this->Task(job));
+  std::vector<std::string> ids = this->Enqueue(batch);
+  std::vector<std::vector<std::string>> got(4);
+  std::vector<std::thread> workers;
+  for (int w = 0; w < 4; ++w) {
+    workers.emplace_back([&, w] {
+      const std::string name = fmt::format("w{}", w);
+      while (true) {
+        absl::StatusOr<std::optional<TaskRecord>> t =
+            this->store().LeaseTask(name, "sm_90a", false, 1000, 60000);
+        if (!t.ok() || !t->has_value()) return;
+        got[w].push_back((*t)->id);
+      }
+    });
+  }
+  for (std::thread& t : workers) t.join();
+  std::multiset<std::string> all;
+  for (const auto& g : got) all.insert(g.begin(), g.end());
+  EXPECT_EQ(all, std::multiset<std::string>(ids.begin(), ids.end()));
+}
+
+// ---------------------------------------------------------------- workers
+
+TYPED_TEST(StoreTest, UpsertWorkerKeepsTheIdOfANameAndUpdates) {
+  WorkerRecord w;
+  w.name = "host-a/gpu0";
+  w.arch = "sm_90a";
+  w.gpu_json = R"({"name":"H200"})";
+  w.last_seen_unix_ms = 100;
+  ASSERT_OK_AND_ASSIGN(std::string id, this->store().UpsertWorker(w));
+  EXPECT_EQ(id[0], 'w');
+  w.last_seen_unix_ms = 200;
+  w.compile_only = true;
+  ASSERT_OK_AND_ASSIGN(std::string again, this->store().UpsertWorker(w));  // restarted
+  EXPECT_EQ(again, id);
+
+  WorkerRecord other;
+  other.name = "host-b/gpu0";
+  other.arch = "sm_100a";
+  ASSERT_OK_AND_ASSIGN(std::string other_id, this->store().UpsertWorker(other));
+  EXPECT_NE(other_id, id);
+
+  ASSERT_OK_AND_ASSIGN(std::vector<WorkerRecord> all, this->store().ListWorkers());
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all[0].id, id);
+  EXPECT_EQ(all[0].last_seen_unix_ms, 200);
+  EXPECT_TRUE(all[0].compile_only);
+  EXPECT_EQ(all[0].gpu_json, w.gpu_json);
+  EXPECT_EQ(all[1].id, other_id);
+  EXPECT_EQ(all[1].arch, "sm_100a");
+  EXPECT_GT(all[1].last_seen_unix_ms, 0);  // the store's clock when not given
+
+  // By id: a rename is fine, taking another worker's name is not.
+  other.id = other_id;
+  other.name = "host-b/gpu1";
+  ASSERT_OK_AND_ASSIGN(std::string renamed, this->store().UpsertWorker(other));
+  EXPECT_EQ(renamed, other_id);
+  other.name = w.name;
+  EXPECT_CODE(this->store().UpsertWorker(other), kAlreadyExists);
+}
+
+TYPED_TEST(StoreTest, IntegrityCheckIsOk) {
+  this->NewVariant("src");
+  ASSERT_OK_AND_ASSIGN(std::string check, this->store().IntegrityCheck());
+  EXPECT_EQ(check, "ok");
+}
+
+TEST(StoreNames, EnumNames) {
+  EXPECT_EQ(JobStateName(JobState::kQueued), "queued");
+  EXPECT_EQ(JobStateName(JobState::kRunning), "running");
+  EXPECT_EQ(JobStateName(JobState::kSucceeded), "succeeded");
+  EXPECT_EQ(JobStateName(JobState::kFailed), "failed");
+  EXPECT_EQ(JobStateName(JobState::kCancelled), "cancelled");
+  EXPECT_EQ(TaskStateName(TaskState::kQueued), "queued");
+  EXPECT_EQ(TaskStateName(TaskState::kLeased), "leased");
+  EXPECT_EQ(TaskStateName(TaskState::kDone), "done");
+  EXPECT_EQ(TaskStateName(TaskState::kCancelled), "cancelled");
+  EXPECT_EQ(TaskKindName(TaskKind::kEvaluate), "evaluate");
+  EXPECT_EQ(TaskKindName(TaskKind::kRetime), "retime");
+  EXPECT_EQ(TaskKindName(TaskKind::kCompile), "compile");
+}
+
+}  // namespace
+}  // namespace kforge
