@@ -1,0 +1,229 @@
+// kforge-worker: one per GPU. Registers with the server, leases evaluation
+// tasks, compiles them with NVRTC, verifies and times them in a sandboxed
+// child (this same binary, `--eval-child`), and reports the results.
+//
+//   kforge-worker --server HOST:PORT [--token T | $KFORGE_WORKER_TOKEN]
+//                 [--gpu N] [--name NAME] [--cache-dir DIR] [--compile-threads N]
+//
+// Without a CUDA driver it serves compile-only tasks.
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "gpu/compile.h"
+#include "gpu/compile_cache.h"
+#include "gpu/gpu.h"
+#include "worker/child.h"
+#include "worker/rpc_client.h"
+#include "worker/sandbox.h"
+#include "worker/task_runner.h"
+#include "worker/worker.h"
+
+namespace {
+
+using namespace kforge::worker;
+
+std::string DefaultName(int gpu) {
+  char host[256] = {};
+  if (gethostname(host, sizeof host - 1) != 0) std::snprintf(host, sizeof host, "worker");
+  return fmt::format("{}-gpu{}", host, gpu);
+}
+
+std::filesystem::path DefaultCacheDir() {
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) {
+    return std::filesystem::path(xdg) / "kforge";
+  }
+  if (const char* home = std::getenv("HOME"); home && *home) {
+    return std::filesystem::path(home) / ".cache" / "kforge";
+  }
+  return std::filesystem::temp_directory_path() / "kforge-cache";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"kforge-worker: compiles, verifies and times kernel variants for a kforge server"};
+  std::string server = "127.0.0.1:50051";
+  std::string token;
+  int gpu_ordinal = 0;
+  std::string name;
+  std::string cache_dir;
+  int compile_threads = 2;
+  bool force_compile_only = false;
+  int lease_wait_ms = 20000;
+  double eval_setup_limit_s = 120;
+  double eval_min_limit_s = 5;
+  double eval_absolute_limit_s = 600;
+  double eval_reference_factor = 50;
+  std::vector<std::string> nvrtc_options;
+  std::string log_level = "info";
+  // Hidden: the sandboxed evaluator child.
+  bool eval_child = false;
+  std::string request_dir;
+  int result_fd = kChildResultFd;
+
+  app.add_option("--server", server, "kforge server address (host:port)")->capture_default_str();
+  app.add_option("--token", token, "worker token (default: $KFORGE_WORKER_TOKEN)");
+  app.add_option("--gpu", gpu_ordinal, "CUDA device ordinal")->capture_default_str();
+  app.add_option("--name", name, "worker name shown by the server (default: HOST-gpuN)");
+  app.add_option("--cache-dir", cache_dir,
+                 "compile cache and scratch folder (default: $XDG_CACHE_HOME/kforge or ~/.cache/kforge)");
+  app.add_option("--compile-threads", compile_threads, "parallel NVRTC compiles")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
+  app.add_flag("--compile-only", force_compile_only, "serve compile tasks only, even with a GPU");
+  app.add_option("--lease-wait-ms", lease_wait_ms, "long-poll wait for a task")->capture_default_str();
+  app.add_option("--nvrtc-option", nvrtc_options, "extra NVRTC option before each variant's own (repeatable)");
+  app.add_option("--eval-setup-limit-s", eval_setup_limit_s,
+                 "watchdog: seconds until the reference must have run")
+      ->capture_default_str();
+  app.add_option("--eval-min-limit-s", eval_min_limit_s,
+                 "watchdog: least time allowed for the candidate's runs")
+      ->capture_default_str();
+  app.add_option("--eval-reference-factor", eval_reference_factor,
+                 "watchdog: candidate runs may take this many times the reference")
+      ->capture_default_str();
+  app.add_option("--eval-absolute-limit-s", eval_absolute_limit_s,
+                 "watchdog: hard cap on one evaluation")
+      ->capture_default_str();
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error")->capture_default_str();
+  app.add_flag("--eval-child", eval_child)->group("");
+  app.add_option("--request-dir", request_dir)->group("");
+  app.add_option("--result-fd", result_fd)->group("");
+  CLI11_PARSE(app, argc, argv);
+
+  spdlog::set_level(spdlog::level::from_str(log_level));
+  if (eval_child) {
+    spdlog::set_pattern("[eval-child %P] %v");
+    if (request_dir.empty()) {
+      fmt::print(stderr, "--eval-child needs --request-dir\n");
+      return 2;
+    }
+    return RunEvalChild(request_dir, result_fd);
+  }
+  spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%^%l%$] %v");
+  // SIGINT/SIGTERM stop the worker; every thread started from here on (compile pool, gRPC)
+  // inherits the blocked mask, so only the waiter below sees them.
+  signal(SIGPIPE, SIG_IGN);
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  if (token.empty()) {
+    if (const char* t = std::getenv("KFORGE_WORKER_TOKEN")) token = t;
+  }
+  if (name.empty()) name = DefaultName(gpu_ordinal);
+  const std::filesystem::path cache =
+      cache_dir.empty() ? DefaultCacheDir() : std::filesystem::path(cache_dir);
+  std::error_code ec;
+  std::filesystem::create_directories(cache / "cubins", ec);
+  if (ec) {
+    spdlog::error("cannot create cache dir {}: {}", cache.string(), ec.message());
+    return 2;
+  }
+
+  // The GPU, if any. The parent never opens a context: each evaluation's
+  // child opens its own and takes it down with it.
+  Registration registration;
+  registration.worker_name = name;
+  registration.gpu.nvrtc_version = kforge::gpu::NvrtcVersion();
+  std::unique_ptr<kforge::gpu::Driver> driver;
+  absl::StatusOr<std::unique_ptr<kforge::gpu::Driver>> loaded = kforge::gpu::Driver::Load();
+  if (!loaded.ok()) {
+    spdlog::warn("no CUDA driver: serving compile-only tasks ({})", std::string(loaded.status().message()));
+    registration.compile_only = true;
+  } else {
+    driver = *std::move(loaded);
+    absl::StatusOr<int> count = driver->DeviceCount();
+    if (!count.ok() || gpu_ordinal < 0 || gpu_ordinal >= *count) {
+      spdlog::error("--gpu {}: {}", gpu_ordinal,
+                    count.ok() ? fmt::format("this machine has {} CUDA device(s)", *count)
+                               : std::string(count.status().message()));
+      return 2;
+    }
+    absl::StatusOr<kforge::gpu::DeviceInfo> info = driver->GetDeviceInfo(gpu_ordinal);
+    if (!info.ok()) {
+      spdlog::error("GPU {}: {}", gpu_ordinal, std::string(info.status().message()));
+      return 2;
+    }
+    registration.gpu.name = info->name;
+    registration.gpu.compute_capability = info->ComputeCapability();
+    registration.gpu.arch = info->arch;
+    registration.gpu.sm_count = info->sm_count;
+    registration.gpu.memory_bytes = info->memory_bytes;
+    registration.gpu.driver_version = info->DriverVersionString();
+    registration.compile_only = force_compile_only;
+    spdlog::info("GPU {}: {} (cc {}, {}, {} SMs, {:.0f} GiB), driver {}, NVRTC {}{}", gpu_ordinal,
+                 info->name, registration.gpu.compute_capability, info->arch, info->sm_count,
+                 static_cast<double>(info->memory_bytes) / (1 << 30),
+                 registration.gpu.driver_version, registration.gpu.nvrtc_version,
+                 force_compile_only ? "; compile-only by request" : "");
+  }
+
+  kforge::gpu::CompileCache compile_cache(cache / "cubins");
+  kforge::gpu::CompilePool compile_pool(compile_threads, &compile_cache);
+
+  std::unique_ptr<Sandbox> sandbox;
+  if (!registration.compile_only) {
+    SandboxOptions so;
+    so.scratch_dir = cache / "sandbox";
+    auto ms = [](double s) { return std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); };
+    so.setup_limit = ms(eval_setup_limit_s);
+    so.min_run_limit = ms(eval_min_limit_s);
+    so.absolute_limit = ms(eval_absolute_limit_s);
+    so.reference_factor = eval_reference_factor;
+    sandbox = std::make_unique<Sandbox>(so);
+  }
+
+  RunnerOptions ro;
+  ro.gpu = registration.gpu;
+  ro.compile_only = registration.compile_only;
+  ro.gpu_ordinal = gpu_ordinal;
+  ro.extra_compile_options = nvrtc_options;
+  LocalTaskRunner runner(&compile_pool, sandbox.get(), ro);
+
+  GrpcClientOptions co;
+  co.target = server;
+  co.token = token;
+  std::unique_ptr<ServerClient> client = MakeGrpcServerClient(co);
+
+  WorkerOptions wo;
+  wo.registration = registration;
+  wo.lease_wait = std::chrono::milliseconds(lease_wait_ms);
+  Worker worker(client.get(), &runner, wo);
+
+  std::atomic<bool> done{false};
+  std::thread signal_waiter([&] {
+    timespec tick{0, 200 * 1000 * 1000};
+    while (!done.load()) {
+      int sig = sigtimedwait(&stop_signals, nullptr, &tick);
+      if (sig > 0) {
+        spdlog::info("{} received: stopping", sig == SIGINT ? "SIGINT" : "SIGTERM");
+        worker.Stop();
+        return;
+      }
+    }
+  });
+
+  spdlog::info("kforge-worker {} serving {} ({}), cache {}", name, server,
+               registration.compile_only ? "compile-only" : registration.gpu.arch, cache.string());
+  worker.Run();
+  done.store(true);
+  signal_waiter.join();
+  WorkerStats s = worker.stats();
+  spdlog::info("stopped: {} tasks, {} results accepted, {} rejected, {} dropped", s.tasks_leased,
+               s.results_accepted, s.results_rejected, s.results_dropped);
+  return 0;
+}

@@ -1,0 +1,70 @@
+// The worker's side of kforge.v1.WorkerService.
+//
+// ServerClient is the interface the worker loop talks to, in plain structs
+// (task.h). GrpcServerClient is its one implementation over gRPC and the only
+// code in worker/ that sees a protobuf message; tests may substitute a fake.
+//
+// Errors: every failed RPC becomes an absl::Status with the gRPC code mapped
+// one-to-one (UNAVAILABLE when the server is down or restarting,
+// DEADLINE_EXCEEDED, UNAUTHENTICATED for a bad token, NOT_FOUND or
+// FAILED_PRECONDITION when the server no longer knows this worker). The
+// message names the call: "LeaseTask: failed to connect to all addresses".
+// Retrying and re-registering is the caller's business (worker.h).
+//
+// Thread-safety: all methods may be called from several threads at once
+// (the heartbeat thread and the task loop share one client).
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/task.h"
+
+namespace kforge::worker {
+
+class ServerClient {
+ public:
+  virtual ~ServerClient() = default;
+
+  virtual absl::StatusOr<Session> Register(const Registration& registration) = 0;
+
+  // Renews the leases of `task_ids`; returns the ids the server wants stopped
+  // (their job was cancelled).
+  virtual absl::StatusOr<std::vector<std::string>> Heartbeat(
+      const std::string& worker_id, const std::vector<std::string>& task_ids) = 0;
+
+  // Long poll: waits up to `wait` for a task; nullopt when none came.
+  virtual absl::StatusOr<std::optional<TaskSpec>> LeaseTask(const std::string& worker_id,
+                                                            std::chrono::milliseconds wait) = 0;
+
+  // True when the server accepted the result; false when the lease had
+  // expired and the task went back to the queue (not an error).
+  virtual absl::StatusOr<bool> ReportResult(const std::string& worker_id,
+                                            const std::string& task_id,
+                                            const TaskResult& result) = 0;
+
+  // Cancels the calls in flight (a blocked long poll returns CANCELLED) and
+  // makes later calls fail at once. For shutdown; not reversible.
+  virtual void Shutdown() = 0;
+};
+
+struct GrpcClientOptions {
+  std::string target;  // "host:port"
+  std::string token;   // sent as "authorization: Bearer <token>"; empty: none
+  std::chrono::milliseconds call_timeout{10000};  // every call but the long poll
+  // The long poll's deadline is its wait plus this much.
+  std::chrono::milliseconds long_poll_slack{10000};
+  // How soon the channel retries a dropped connection; kept short so a
+  // restarted server is found again within seconds.
+  std::chrono::milliseconds max_reconnect_backoff{2000};
+};
+
+// Creates the channel lazily: constructing never fails or blocks, even when
+// the server is down.
+std::unique_ptr<ServerClient> MakeGrpcServerClient(const GrpcClientOptions& options);
+
+}  // namespace kforge::worker

@@ -1,0 +1,119 @@
+// The worker's plain domain types: what a task asks for and what the worker
+// reports. These are the only types the worker's logic sees; the gRPC adapter
+// (rpc_client.cc) is the one place that converts them to and from protobuf,
+// and child_protocol.cc the one place that converts them to and from the JSON
+// spoken with the sandboxed evaluator child.
+//
+// Thread-safety: plain values; copy freely.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/outcome.h"
+#include "core/shape.h"
+
+namespace kforge::worker {
+
+// What this worker runs on. On a compile-only worker (no CUDA driver) only
+// `arch` (empty: compile for whatever the task's shape names) and
+// `nvrtc_version` are set.
+struct GpuDescription {
+  std::string name;                // "NVIDIA H200"
+  std::string compute_capability;  // "9.0"
+  std::string arch;                // NVRTC target: "sm_90a"
+  int sm_count = 0;
+  int64_t memory_bytes = 0;
+  std::string driver_version;      // "13.0"
+  std::string nvrtc_version;       // "13.0"
+};
+
+struct Registration {
+  std::string worker_name;
+  GpuDescription gpu;
+  bool compile_only = false;
+};
+
+// What the server answered to Register.
+struct Session {
+  std::string worker_id;
+  int heartbeat_interval_ms = 5000;
+  int lease_ttl_ms = 30000;
+};
+
+enum class TaskKind {
+  kEvaluate,  // compile, verify, time one variant (sandboxed)
+  kRetime,    // time candidate and incumbent interleaved in one child
+  kCompile,   // compile only
+};
+
+struct VariantSpec {
+  std::string variant_id;
+  std::string source;
+  std::string manifest_json;
+  std::string compile_options;  // extra NVRTC options, space-separated
+};
+
+// The workload to verify and time on: the shape key plus, when the server
+// sent them, the exact jagged offsets (B+1 prefix sums). Without offsets the
+// evaluator draws lengths matching the key's statistics.
+struct ShapeSpec {
+  ShapeKey key;
+  std::vector<int32_t> cu_seqlens_q;
+  std::vector<int32_t> cu_seqlens_k;  // cross-attention only
+};
+
+struct TaskSpec {
+  std::string task_id;
+  TaskKind kind = TaskKind::kEvaluate;
+  std::string job_id;
+  ShapeSpec shape;
+  VariantSpec variant;
+  std::optional<VariantSpec> incumbent;  // RETIME only
+  int64_t lease_expires_unix_ms = 0;
+  uint64_t seed = 0;
+};
+
+struct CompileStats {
+  double compile_ms = 0;
+  int registers = 0;
+  int spill_stores_bytes = 0;
+  int spill_loads_bytes = 0;
+  int static_smem_bytes = 0;
+  int dynamic_smem_bytes = 0;  // what the manifest asks for
+  int local_bytes = 0;         // stack frame per thread
+  std::string log;
+  std::string cubin;  // bytes; empty on a compile error
+  std::string options;
+};
+
+struct ErrorStats {
+  double max_abs_error = 0;
+  double rel_l2_error = 0;
+  std::string worst_output;  // "O", "LSE", ...
+  std::string detail;        // where and why, for the proposer's feedback
+};
+
+struct TimingStats {
+  double median_us = 0;
+  double min_us = 0;
+  double max_us = 0;
+  int samples = 0;
+};
+
+struct TaskResult {
+  Outcome outcome = Outcome::kCrashed;
+  CompileStats compile;
+  std::optional<ErrorStats> errors;
+  std::optional<TimingStats> timing;
+  std::optional<TimingStats> incumbent_timing;  // RETIME only
+  GpuDescription gpu;
+  std::string message;  // one line: why it failed, or a summary
+  std::string reference_version;
+};
+
+std::string_view TaskKindName(TaskKind kind);  // "evaluate" | "retime" | "compile"
+
+}  // namespace kforge::worker

@@ -1,0 +1,212 @@
+#include "worker/task_runner.h"
+
+#include <chrono>
+#include <future>
+#include <utility>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "gpu/compile_cache.h"
+#include "worker/sandbox.h"
+
+namespace kforge::worker {
+namespace {
+
+// The dynamic shared memory a manifest asks for; 0 when it does not say (or
+// is not JSON: the evaluator, not the compile step, rejects bad manifests).
+int ManifestDynamicSmem(const std::string& manifest_json) {
+  nlohmann::json j = nlohmann::json::parse(manifest_json, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return 0;
+  auto it = j.find("dynamic_smem_bytes");
+  if (it == j.end() || !it->is_number_integer()) return 0;
+  return it->get<int>();
+}
+
+struct Compiled {
+  bool ok = false;
+  CompileStats stats;
+  std::string error;  // why it did not compile (first line of the log or the status)
+};
+
+std::string FirstErrorLine(const std::string& log) {
+  size_t at = log.find("error");
+  if (at == std::string::npos) return "";
+  size_t begin = log.rfind('\n', at);
+  begin = begin == std::string::npos ? 0 : begin + 1;
+  size_t end = log.find('\n', at);
+  std::string line = log.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+  if (line.size() > 300) line.resize(300);
+  return line;
+}
+
+}  // namespace
+
+std::vector<std::string> SplitOptions(std::string_view options) {
+  std::vector<std::string> out;
+  size_t i = 0;
+  while (i < options.size()) {
+    while (i < options.size() && std::isspace(static_cast<unsigned char>(options[i]))) ++i;
+    size_t j = i;
+    while (j < options.size() && !std::isspace(static_cast<unsigned char>(options[j]))) ++j;
+    if (j > i) out.emplace_back(options.substr(i, j - i));
+    i = j;
+  }
+  return out;
+}
+
+LocalTaskRunner::LocalTaskRunner(gpu::CompilePool* pool, Sandbox* sandbox, RunnerOptions options)
+    : pool_(pool), sandbox_(sandbox), options_(std::move(options)) {}
+
+std::string LocalTaskRunner::TargetArch(const TaskSpec& task) const {
+  if (task.kind == TaskKind::kCompile && !task.shape.key.arch.empty()) return task.shape.key.arch;
+  if (!options_.gpu.arch.empty()) return options_.gpu.arch;
+  return task.shape.key.arch;
+}
+
+std::optional<TaskResult> LocalTaskRunner::Run(const TaskSpec& task,
+                                               const std::atomic<bool>& cancel) {
+  TaskResult result;
+  result.gpu = options_.gpu;
+  const std::string arch = TargetArch(task);
+
+  // Starts a compile on the pool; the variant's own options follow ours.
+  auto submit = [&](const VariantSpec& v, std::string name) {
+    gpu::CompileRequest req;
+    req.source = v.source;
+    req.arch = arch;
+    req.extra_options = options_.extra_compile_options;
+    for (std::string& o : SplitOptions(v.compile_options)) req.extra_options.push_back(std::move(o));
+    req.name = std::move(name);
+    return pool_->Submit(std::move(req));
+  };
+  // Waits for a compile, polling `cancel`; nullopt when cancelled.
+  auto wait = [&](std::future<absl::StatusOr<gpu::CompileResult>>& f,
+                  const VariantSpec& v) -> std::optional<Compiled> {
+    while (f.wait_for(std::chrono::milliseconds(50)) != std::future_status::ready) {
+      if (cancel.load()) return std::nullopt;
+    }
+    absl::StatusOr<gpu::CompileResult> r = f.get();
+    Compiled c;
+    c.stats.dynamic_smem_bytes = ManifestDynamicSmem(v.manifest_json);
+    if (!r.ok()) {
+      // NVRTC itself failed (not the source): still a result, named as ours.
+      c.error = fmt::format("worker compile failure: {}", std::string(r.status().message()));
+      c.stats.log = c.error;
+      return c;
+    }
+    c.ok = r->ok;
+    c.stats.compile_ms = r->compile_ms;
+    c.stats.registers = r->total.registers;
+    c.stats.spill_stores_bytes = r->total.spill_stores_bytes;
+    c.stats.spill_loads_bytes = r->total.spill_loads_bytes;
+    c.stats.static_smem_bytes = r->total.static_smem_bytes;
+    c.stats.local_bytes = r->total.stack_frame_bytes;
+    c.stats.log = r->log;
+    c.stats.options = r->options;
+    if (r->ok) {
+      c.stats.cubin = r->cubin;
+    } else {
+      c.error = FirstErrorLine(r->log);
+      if (c.error.empty()) c.error = "NVRTC rejected the source";
+    }
+    return c;
+  };
+
+  if (arch.empty()) {
+    result.outcome = Outcome::kCompileError;
+    result.message = "no target architecture: the task's shape names none and this worker has no GPU";
+    return result;
+  }
+
+  auto candidate_future = submit(task.variant, task.variant.variant_id + ".cu");
+  std::optional<std::future<absl::StatusOr<gpu::CompileResult>>> incumbent_future;
+  if (task.kind == TaskKind::kRetime && task.incumbent) {
+    incumbent_future = submit(*task.incumbent, task.incumbent->variant_id + ".cu");
+  }
+  std::optional<Compiled> candidate = wait(candidate_future, task.variant);
+  if (!candidate) return std::nullopt;
+  result.compile = candidate->stats;
+  if (!candidate->ok) {
+    result.outcome = Outcome::kCompileError;
+    result.message = candidate->error;
+    return result;
+  }
+  if (task.kind == TaskKind::kCompile) {
+    result.outcome = Outcome::kCompiled;
+    result.message = fmt::format("compiled for {} in {:.0f} ms: {} registers, {} B spilled", arch,
+                                 candidate->stats.compile_ms, candidate->stats.registers,
+                                 candidate->stats.spill_stores_bytes);
+    return result;
+  }
+
+  if (options_.compile_only || sandbox_ == nullptr) {
+    // Not the candidate's fault, but the server asked for something this
+    // worker cannot do; say so plainly.
+    result.outcome = Outcome::kCrashed;
+    result.message = fmt::format("worker has no GPU: cannot run a {} task (compiled fine)",
+                                 TaskKindName(task.kind));
+    return result;
+  }
+
+  ChildRequest request;
+  request.mode =
+      task.kind == TaskKind::kRetime ? ChildRequest::Mode::kRetime : ChildRequest::Mode::kEvaluate;
+  request.gpu_ordinal = options_.gpu_ordinal;
+  request.shape = task.shape;
+  request.seed = task.seed;
+  request.candidate = ChildKernel{.variant_id = task.variant.variant_id,
+                                  .manifest_json = task.variant.manifest_json,
+                                  .cubin = candidate->stats.cubin};
+  if (task.kind == TaskKind::kRetime) {
+    if (!incumbent_future) {
+      result.outcome = Outcome::kCrashed;
+      result.message = "RETIME task without an incumbent";
+      return result;
+    }
+    std::optional<Compiled> incumbent = wait(*incumbent_future, *task.incumbent);
+    if (!incumbent) return std::nullopt;
+    if (!incumbent->ok) {
+      result.outcome = Outcome::kCompileError;
+      result.message = fmt::format("incumbent {} does not compile: {}", task.incumbent->variant_id,
+                                   incumbent->error);
+      return result;
+    }
+    request.incumbent = ChildKernel{.variant_id = task.incumbent->variant_id,
+                                    .manifest_json = task.incumbent->manifest_json,
+                                    .cubin = incumbent->stats.cubin};
+  }
+
+  absl::StatusOr<SandboxRun> run = sandbox_->Run(request, &cancel);
+  if (!run.ok()) {
+    result.outcome = Outcome::kCrashed;
+    result.message = fmt::format("worker sandbox failure: {}", std::string(run.status().message()));
+    return result;
+  }
+  if (run->cancelled) return std::nullopt;
+  if (run->protocol_error || run->report.outcome == Outcome::kCrashed ||
+      run->report.outcome == Outcome::kTimeout) {
+    spdlog::info("task {}: {} after {:.0f} ms: {}{}", task.task_id,
+                 OutcomeName(run->report.outcome), run->wall_ms, run->report.message,
+                 run->stderr_tail.empty() ? "" : "\n  child output tail: " + run->stderr_tail);
+  }
+  result.outcome = run->report.outcome;
+  result.message = run->report.message;
+  result.reference_version = run->report.reference_version;
+  result.errors = run->report.errors;
+  result.timing = run->report.timing;
+  result.incumbent_timing = run->report.incumbent_timing;
+  return result;
+}
+
+std::string_view TaskKindName(TaskKind kind) {
+  switch (kind) {
+    case TaskKind::kEvaluate: return "evaluate";
+    case TaskKind::kRetime: return "retime";
+    case TaskKind::kCompile: return "compile";
+  }
+  return "unknown";
+}
+
+}  // namespace kforge::worker

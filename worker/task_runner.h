@@ -1,0 +1,68 @@
+// TaskRunner: turns one leased task into the result to report.
+//
+//   COMPILE  → compile (CompilePool) → kCompiled | kCompileError
+//   EVALUATE → compile → sandboxed child verifies and times it
+//              → kCompileError | kVerified | kWrong | kCrashed | kTimeout
+//   RETIME   → compile both → one child times candidate and incumbent
+//              interleaved → the same outcomes, plus incumbent timing
+//
+// Every failure of the candidate is a result. The runner returns nullopt
+// only when the task was cancelled (the server no longer wants a result).
+// A compile-only runner (no CUDA driver) answers EVALUATE and RETIME with a
+// kCrashed result saying so; the server should not send it those.
+//
+// Thread-safety: Run() may be called from several threads at once.
+#pragma once
+
+#include <atomic>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "worker/task.h"
+
+namespace kforge::gpu {
+class CompilePool;
+}
+
+namespace kforge::worker {
+
+class Sandbox;
+
+class TaskRunner {
+ public:
+  virtual ~TaskRunner() = default;
+  // Runs `task` to its result; polls `cancel` while it runs.
+  virtual std::optional<TaskResult> Run(const TaskSpec& task, const std::atomic<bool>& cancel) = 0;
+};
+
+struct RunnerOptions {
+  GpuDescription gpu;   // copied into every result; gpu.arch is the target
+  bool compile_only = false;
+  int gpu_ordinal = 0;  // passed to the child
+  // NVRTC options added before each variant's own (e.g. include paths).
+  std::vector<std::string> extra_compile_options;
+};
+
+class LocalTaskRunner final : public TaskRunner {
+ public:
+  // `pool` must outlive the runner; `sandbox` too, and may be null when
+  // options.compile_only.
+  LocalTaskRunner(gpu::CompilePool* pool, Sandbox* sandbox, RunnerOptions options);
+
+  std::optional<TaskResult> Run(const TaskSpec& task, const std::atomic<bool>& cancel) override;
+
+ private:
+  // The NVRTC target for `task`: the GPU's own for work that runs, the
+  // shape's for compile checks (sm_100a checks run everywhere).
+  std::string TargetArch(const TaskSpec& task) const;
+
+  gpu::CompilePool* const pool_;  // must outlive this
+  Sandbox* const sandbox_;        // must outlive this; null when compile-only
+  const RunnerOptions options_;
+};
+
+// Splits NVRTC options at whitespace ("-O3  --use_fast_math" → two options).
+std::vector<std::string> SplitOptions(std::string_view options);
+
+}  // namespace kforge::worker

@@ -1,0 +1,258 @@
+#include "worker/worker.h"
+
+#include <utility>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+
+namespace kforge::worker {
+
+Worker::Worker(ServerClient* client, TaskRunner* runner, WorkerOptions options)
+    : client_(client), runner_(runner), options_(std::move(options)) {}
+
+Worker::~Worker() {
+  Stop();
+  if (heartbeat_.joinable()) heartbeat_.join();
+}
+
+void Worker::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    stopping_ = true;
+    if (current_cancel_ != nullptr) current_cancel_->store(true);
+  }
+  cv_.notify_all();
+  client_->Shutdown();  // wakes a blocked long poll
+}
+
+WorkerStats Worker::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+Worker::CallFailure Worker::Classify(const absl::Status& status) const {
+  switch (status.code()) {
+    // The server is down or was restarted (and may have forgotten us), or it
+    // says it does not know this worker: register again.
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kUnauthenticated:
+    case absl::StatusCode::kPermissionDenied:
+      return CallFailure::kSessionLost;
+    default:
+      return CallFailure::kRetry;
+  }
+}
+
+bool Worker::SleepFor(std::chrono::milliseconds d) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, d, [&] { return stopping_; });
+  return !stopping_;
+}
+
+std::chrono::milliseconds Worker::NextBackoff() {
+  backoff_ = backoff_.count() == 0 ? options_.backoff_initial
+                                   : std::min(options_.backoff_max, backoff_ * 2);
+  // Jitter in [backoff/2, backoff] so a fleet of workers does not reconnect
+  // in lockstep after a server restart.
+  std::uniform_int_distribution<int64_t> jitter(backoff_.count() / 2, backoff_.count());
+  return std::chrono::milliseconds(jitter(rng_));
+}
+
+void Worker::ResetBackoff() { backoff_ = std::chrono::milliseconds(0); }
+
+void Worker::DropSession(const std::string& worker_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (session_ && session_->worker_id == worker_id) {
+    session_.reset();
+    stats_.worker_id.clear();
+  }
+}
+
+bool Worker::EnsureSession() {
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return false;
+      if (session_) return true;
+    }
+    absl::StatusOr<Session> session = client_->Register(options_.registration);
+    if (session.ok()) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        session_ = *session;
+        ++stats_.registrations;
+        stats_.worker_id = session->worker_id;
+      }
+      cv_.notify_all();  // the heartbeat thread starts on the new session
+      spdlog::info("registered as worker {}{} (heartbeat every {} ms, lease ttl {} ms)",
+                   session->worker_id, options_.registration.compile_only ? ", compile-only" : "",
+                   session->heartbeat_interval_ms, session->lease_ttl_ms);
+      ResetBackoff();
+      return true;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.connection_errors;
+      if (stopping_) return false;
+    }
+    const std::chrono::milliseconds wait = NextBackoff();
+    spdlog::warn("cannot register with the server: {}; retrying in {} ms",
+                 std::string(session.status().message()), wait.count());
+    if (!SleepFor(wait)) return false;
+  }
+}
+
+void Worker::Run() {
+  if (!heartbeat_.joinable()) heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+  while (EnsureSession()) {
+    Session session;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!session_) continue;
+      session = *session_;
+    }
+    absl::StatusOr<std::optional<TaskSpec>> lease =
+        client_->LeaseTask(session.worker_id, options_.lease_wait);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) break;
+    }
+    if (!lease.ok()) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++stats_.connection_errors;
+      }
+      const bool lost = Classify(lease.status()) == CallFailure::kSessionLost;
+      if (lost) DropSession(session.worker_id);
+      const std::chrono::milliseconds wait = NextBackoff();
+      spdlog::warn("lease failed: {}; {} in {} ms", std::string(lease.status().message()),
+                   lost ? "registering again" : "retrying", wait.count());
+      if (!SleepFor(wait)) break;
+      continue;
+    }
+    ResetBackoff();
+    if (!lease->has_value()) continue;  // long poll ended without work
+
+    const TaskSpec task = **lease;
+    std::atomic<bool> cancel{false};
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.tasks_leased;
+      current_task_id_ = task.task_id;
+      current_cancel_ = &cancel;
+      if (stopping_) cancel.store(true);
+    }
+    spdlog::info("task {}: {} variant {} (job {})", task.task_id, TaskKindName(task.kind),
+                 task.variant.variant_id, task.job_id);
+    std::optional<TaskResult> result = runner_->Run(task, cancel);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      current_task_id_.clear();
+      current_cancel_ = nullptr;
+      if (!result) ++stats_.tasks_cancelled;
+    }
+    if (!result) {
+      spdlog::info("task {}: cancelled, not reported", task.task_id);
+      continue;
+    }
+    spdlog::info("task {}: {}{}{}", task.task_id, OutcomeName(result->outcome),
+                 result->message.empty() ? "" : ": ", result->message);
+    Report(session, task, *result);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (heartbeat_.joinable()) heartbeat_.join();
+}
+
+void Worker::Report(const Session& session, const TaskSpec& task, const TaskResult& result) {
+  for (int attempt = 1; attempt <= options_.max_report_attempts; ++attempt) {
+    absl::StatusOr<bool> accepted = client_->ReportResult(session.worker_id, task.task_id, result);
+    if (accepted.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (*accepted) {
+        ++stats_.results_accepted;
+      } else {
+        ++stats_.results_rejected;
+        spdlog::warn("task {}: result not accepted (the lease had expired)", task.task_id);
+      }
+      ResetBackoff();
+      return;
+    }
+    const absl::StatusCode code = accepted.status().code();
+    const bool refused = code == absl::StatusCode::kNotFound ||
+                         code == absl::StatusCode::kFailedPrecondition ||
+                         code == absl::StatusCode::kPermissionDenied ||
+                         code == absl::StatusCode::kInvalidArgument ||
+                         code == absl::StatusCode::kUnauthenticated;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.connection_errors;
+    }
+    if (refused) {
+      spdlog::warn("task {}: server refused the result: {}", task.task_id,
+                   std::string(accepted.status().message()));
+      if (code != absl::StatusCode::kInvalidArgument) DropSession(session.worker_id);
+      break;
+    }
+    const std::chrono::milliseconds wait = NextBackoff();
+    spdlog::warn("task {}: report failed (attempt {}/{}): {}; retrying in {} ms", task.task_id,
+                 attempt, options_.max_report_attempts, std::string(accepted.status().message()), wait.count());
+    if (!SleepFor(wait)) break;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  ++stats_.results_dropped;
+  spdlog::warn("task {}: result dropped; the server re-queues the task when its lease expires",
+               task.task_id);
+}
+
+void Worker::HeartbeatLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    if (!session_) {
+      cv_.wait_for(lock, std::chrono::milliseconds(200), [&] { return stopping_ || session_; });
+      continue;
+    }
+    const std::chrono::milliseconds interval(session_->heartbeat_interval_ms);
+    const std::string worker_id = session_->worker_id;
+    // Wait one interval; a new session (re-registration) restarts the wait.
+    if (cv_.wait_for(lock, interval, [&] {
+          return stopping_ || !session_ || session_->worker_id != worker_id;
+        })) {
+      continue;
+    }
+    std::vector<std::string> tasks;
+    if (!current_task_id_.empty()) tasks.push_back(current_task_id_);
+    lock.unlock();
+    absl::StatusOr<std::vector<std::string>> cancelled = client_->Heartbeat(worker_id, tasks);
+    lock.lock();
+    if (!cancelled.ok()) {
+      ++stats_.heartbeats_failed;
+      const absl::StatusCode code = cancelled.status().code();
+      spdlog::warn("heartbeat failed: {}", std::string(cancelled.status().message()));
+      // The task loop notices an unreachable server by itself; a server that
+      // answers but does not know us any more means: register again.
+      if (code != absl::StatusCode::kUnavailable && code != absl::StatusCode::kCancelled &&
+          Classify(cancelled.status()) == CallFailure::kSessionLost && session_ &&
+          session_->worker_id == worker_id) {
+        session_.reset();
+        stats_.worker_id.clear();
+      }
+      continue;
+    }
+    ++stats_.heartbeats_ok;
+    for (const std::string& id : *cancelled) {
+      if (id == current_task_id_ && current_cancel_ != nullptr) {
+        spdlog::info("task {}: cancelled by the server", id);
+        current_cancel_->store(true);
+      }
+    }
+  }
+}
+
+}  // namespace kforge::worker
