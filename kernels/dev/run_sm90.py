@@ -37,7 +37,8 @@ class Kernel:
         self.mod = ctypes.c_void_p(); ck(cu.cuModuleLoadData(ctypes.byref(self.mod), cubin), "load")
         self.fn = ctypes.c_void_p(); ck(cu.cuModuleGetFunction(ctypes.byref(self.fn), self.mod, b"kf_attn_fwd"), "getfn")
         D, BN, S = knobs["HEAD_DIM"], knobs["BLOCK_N"], knobs.get("STAGES", 2)
-        self.smem = 2 * 64 * D * 2 + 2 * S * BN * D * 2 + 4 * S * 8 + 1024
+        QB = knobs.get("Q_BUFS", 2)
+        self.smem = QB * 2 * 64 * D * 2 + 2 * S * BN * D * 2 + 4 * S * 8 + 2 * QB * 8 + 1024
         ck(cu.cuFuncSetAttribute(self.fn, 8, self.smem), "smem attr")
         regs = ctypes.c_int(); cu.cuFuncGetAttribute(ctypes.byref(regs), 4, self.fn)
         loc = ctypes.c_int(); cu.cuFuncGetAttribute(ctypes.byref(loc), 3, self.fn)
@@ -60,7 +61,13 @@ class Kernel:
                 n_end = lk if not causal else min(lk, min(mb * BM + BM, lq) + lk - lq)
                 w = max(n_end, 0) + 1
                 for h in range(heads): tl.append((w, b, h, mb))
-        tl.sort(key=lambda x: -x[0])
+        if os.environ.get("ORDER", "group") == "group":
+            # group tiles by (b, h): groups by total work desc, m-blocks by work desc
+            gw = {}
+            for (w, b, h, mb) in tl: gw[(b, h)] = gw.get((b, h), 0) + w
+            tl.sort(key=lambda x: (-gw[(x[1], x[2])], x[1], x[2], -x[0]))
+        else:
+            tl.sort(key=lambda x: -x[0])
         tiles = torch.tensor([[b, h, mb, 0] for (_, b, h, mb) in tl] or [[0, 0, 0, 0]], dtype=torch.int32, device=dev)
         counter = torch.zeros(1, dtype=torch.int32, device=dev)
         p = P()
@@ -189,8 +196,12 @@ def main():
     for cfg in cfgs.split(";"):
         knobs = {"HEAD_DIM": 128, "BLOCK_N": 128, "STAGES": 2, "PERSISTENT": 1}
         if os.environ.get("WAIT_LIMIT"): knobs["WAIT_LIMIT"] = int(os.environ["WAIT_LIMIT"])
+        os.environ["ORDER"] = "group"; only_cfg = None
         for kv in cfg.split(","):
-            a, b = kv.split("="); knobs[a] = int(b)
+            a, b = kv.split("=")
+            if a == "ORDER": os.environ["ORDER"] = b
+            elif a == "ONLY": only_cfg = b.split("|")
+            else: knobs[a] = int(b)
         kern = Kernel(knobs)
         D = knobs["HEAD_DIM"]
         if not os.environ.get("SKIP_CHECK"):
@@ -206,14 +217,15 @@ def main():
                     lk = lk if lk is not None else lq
                     ok, eo, el = check(kern, lq, lk, causal, H, KH, D, seed=len(lq) + causal)
                     print(f"  check D={D} causal={causal} {name:10s} {'OK ' if ok else 'BAD'} max|dO|={eo:.3g} max|dLSE|={el:.3g}", flush=True)
-                    table.append((str(knobs), f"check {name} c{causal}", "OK" if ok else "BAD", f"{eo:.2g}"))
+                    if not ok: table.append((str(knobs), f"check {name} c{causal}", "BAD", f"{eo:.2g}"))
         for s in shapes:
             if s["D"] != D: continue
             if only and s["name"] not in only.split(","): continue
+            if only_cfg and s["name"] not in only_cfg: continue
             try:
                 t, tf, err = bench_shape(kern, s)
                 print(f"  bench {s['name']:18s} {t*1e3:9.1f} us {tf:7.1f} TFLOP/s  spot-err {err:.3g}", flush=True)
-                table.append((str(knobs), s["name"], f"{tf:.1f} TF/s", f"{t*1e3:.0f}us err {err:.2g}"))
+                table.append((str(knobs) + " " + os.environ["ORDER"], s["name"], f"{tf:.1f} TF/s", f"{t*1e3:.0f}us err {err:.2g}"))
             except Exception as e:
                 print("  bench", s["name"], "FAILED", repr(e)[:300], flush=True)
                 table.append((str(knobs), s["name"], "FAILED", ""))
