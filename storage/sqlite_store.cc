@@ -178,22 +178,36 @@ struct Blob {
   std::string_view bytes;
 };
 
+// A prepared statement and whether a Stmt is using it: one statement cannot
+// serve two uses at once (the second would rebind the first's parameters).
+struct CachedStmt {
+  sqlite3_stmt* stmt = nullptr;
+  bool in_use = false;
+};
+
 // A cached prepared statement in use. Binds parameters 1..N in order;
 // resets the statement when it goes out of scope, so the cache can hand it
 // out again. Must not outlive the connection it came from.
 class Stmt {
  public:
-  Stmt(sqlite3* db, sqlite3_stmt* stmt, std::string_view op) : db_(db), stmt_(stmt), op_(op) {}
+  Stmt(sqlite3* db, CachedStmt* cached, std::string_view op)
+      : db_(db), cached_(cached), stmt_(cached->stmt), op_(op) {
+    cached_->in_use = true;
+  }
   Stmt(const Stmt&) = delete;
   Stmt& operator=(const Stmt&) = delete;
-  Stmt(Stmt&& o) noexcept : db_(o.db_), stmt_(std::exchange(o.stmt_, nullptr)), op_(o.op_) {
-    status_ = std::move(o.status_);
-    next_param_ = o.next_param_;
-  }
+  Stmt(Stmt&& o) noexcept
+      : db_(o.db_),
+        cached_(std::exchange(o.cached_, nullptr)),
+        stmt_(std::exchange(o.stmt_, nullptr)),
+        op_(o.op_),
+        status_(std::move(o.status_)),
+        next_param_(o.next_param_) {}
   ~Stmt() {
     if (stmt_ != nullptr) {
       sqlite3_reset(stmt_);
       sqlite3_clear_bindings(stmt_);
+      cached_->in_use = false;
     }
   }
 
@@ -262,6 +276,7 @@ class Stmt {
   }
 
   sqlite3* db_;
+  CachedStmt* cached_;
   sqlite3_stmt* stmt_;
   std::string_view op_;
   absl::Status status_;
@@ -491,7 +506,7 @@ class SqliteStore final : public Store {
   explicit SqliteStore(sqlite3* db) : db_(db) {}
   ~SqliteStore() override {
     absl::MutexLock lock(&mu_);
-    for (auto& [sql, stmt] : cache_) sqlite3_finalize(stmt);
+    for (auto& [sql, cached] : cache_) sqlite3_finalize(cached.stmt);
     // Closing the last connection checkpoints the WAL into the main file.
     sqlite3_close(db_);
   }
@@ -972,9 +987,11 @@ class SqliteStore final : public Store {
       int rc = sqlite3_prepare_v3(db_, sql.data(), static_cast<int>(sql.size()),
                                   SQLITE_PREPARE_PERSISTENT, &stmt, nullptr);
       if (rc != SQLITE_OK) return SqlError(db_, rc, op);
-      it = cache_.emplace(std::string(sql), stmt).first;
+      it = cache_.emplace(std::string(sql), CachedStmt{stmt, false}).first;
     }
-    return Stmt(db_, it->second, op);
+    if (it->second.in_use)
+      return absl::InternalError(fmt::format("{}: statement already in use: {}", op, sql));
+    return Stmt(db_, &it->second, op);
   }
 
   // Runs `body` in one write transaction: committed when it returns OK,
@@ -1102,7 +1119,7 @@ class SqliteStore final : public Store {
   absl::Mutex mu_;
   sqlite3* db_ ABSL_GUARDED_BY(mu_);
   // Prepared statements by SQL text, finalized with the connection.
-  std::map<std::string, sqlite3_stmt*, std::less<>> cache_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, CachedStmt, std::less<>> cache_ ABSL_GUARDED_BY(mu_);
 };
 
 absl::Status SqliteStore::Configure(int busy_timeout_ms, bool in_memory) {

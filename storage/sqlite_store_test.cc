@@ -98,6 +98,16 @@ TEST(SqliteStore, OpensInWalModeAtTheLatestVersion) {
   EXPECT_EQ(raw.One("SELECT count(*) FROM schema_version"), "1");
 }
 
+TEST(SqliteStore, OpensAPrivateInMemoryDatabase) {
+  std::unique_ptr<Store> store = MustOpen(":memory:");
+  ASSERT_NE(store, nullptr);
+  ASSERT_OK_AND_ASSIGN(std::string id, store->PutVariant(Variant("src")));
+  EXPECT_OK(store->GetVariant(id));
+  std::unique_ptr<Store> other = MustOpen(":memory:");
+  ASSERT_NE(other, nullptr);
+  EXPECT_CODE(other->GetVariant(id), kNotFound);
+}
+
 TEST(SqliteStore, ReopeningKeepsEverything) {
   TempDir dir;
   const std::string path = dir.File("k.db");

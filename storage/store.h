@@ -8,6 +8,18 @@
 // Thread-safe: every method may be called from any thread.
 // Errors: NOT_FOUND for unknown ids, INVALID_ARGUMENT for malformed records,
 // INTERNAL/UNAVAILABLE for database failures (the message names the operation).
+// A call that fails changes nothing.
+//
+// Ids are a kind letter and a number ("v12", "j3", "t40", "w2"); an id that
+// is not well formed names nothing, so looking it up is NOT_FOUND too. A
+// record's id is assigned when empty; a caller may choose one instead
+// (ALREADY_EXISTS when taken). Timestamps are unix ms: a method that takes
+// `now` uses it; otherwise a zero timestamp in a record is filled from the
+// store's clock.
+//
+// Paging: up to `limit` items (<= 0: 50; at most 1000). Pass `next_token`
+// back for the next page; it is "" on the last page (never an empty page
+// after a full one). Tokens are opaque; a malformed one is INVALID_ARGUMENT.
 #pragma once
 
 #include <cstdint>
@@ -143,20 +155,24 @@ class Store {
   virtual ~Store() = default;
 
   // Variants. PutVariant dedupes by source hash: storing a source that is
-  // already there returns the existing id.
+  // already there returns the existing id. INVALID_ARGUMENT when the source is
+  // empty or a given source_hash is not its sha256.
   virtual absl::StatusOr<std::string> PutVariant(VariantRecord v) = 0;
   virtual absl::StatusOr<VariantRecord> GetVariant(const std::string& id) = 0;
   // Variants evaluated on `bucket` (all when empty), newest first.
   virtual absl::StatusOr<PageOf<VariantRecord>> ListVariants(const std::string& bucket,
                                                              const Page& page) = 0;
+  // Oldest first.
   virtual absl::StatusOr<std::vector<EvaluationRecord>> ListEvaluations(
       const std::string& variant_id) = 0;
 
-  // Stores a compiled binary by content hash (idempotent).
+  // Stores a compiled binary by content hash (idempotent; the first bytes
+  // stored under a hash are kept). The store does not recompute the hash.
   virtual absl::Status PutCubin(const std::string& hash, const std::string& bytes) = 0;
   virtual absl::StatusOr<std::string> GetCubin(const std::string& hash) = 0;
 
-  // Best verified variant per (bucket, arch).
+  // Best verified variant per (bucket, arch). ListBest pages in (bucket,
+  // arch) order; an empty `arch` lists every arch.
   virtual absl::StatusOr<BestRecord> GetBest(const std::string& bucket,
                                              const std::string& arch) = 0;
   virtual absl::StatusOr<PageOf<BestRecord>> ListBest(const std::string& arch,
@@ -166,7 +182,15 @@ class Store {
   // the evaluation, marks the task done, and, when `new_best` is set, replaces
   // the bucket's best. Returns false (and changes nothing) when the task is
   // not currently leased to `worker_id` (its lease expired and it went back
-  // to the queue, or it was cancelled).
+  // to the queue, or it was cancelled). NOT_FOUND for an unknown task.
+  //
+  // The task is authoritative: eval's task, job and worker ids are set from
+  // it; its variant, bucket and arch default to the task's. Fields of
+  // `new_best` left empty default to the evaluation being recorded (its id,
+  // variant, bucket, arch, timing); a given evaluation_id must be an
+  // evaluation of the best's variant (INVALID_ARGUMENT otherwise). The
+  // replacement is unconditional: deciding that it is faster is the caller's
+  // job (and two callers deciding at once must serialise themselves).
   virtual absl::StatusOr<bool> CompleteTask(const std::string& task_id,
                                             const std::string& worker_id,
                                             EvaluationRecord eval,
@@ -175,31 +199,43 @@ class Store {
   // Jobs.
   virtual absl::StatusOr<std::string> CreateJob(JobRecord job) = 0;
   virtual absl::StatusOr<JobRecord> GetJob(const std::string& id) = 0;
+  // Writes every field but id and created_unix_ms; updated_unix_ms is set
+  // from the store's clock.
   virtual absl::Status UpdateJob(const JobRecord& job) = 0;
   virtual absl::StatusOr<PageOf<JobRecord>> ListJobs(const Page& page) = 0;  // newest first
   // Jobs in kQueued or kRunning, oldest first (for resuming after a restart).
   virtual absl::StatusOr<std::vector<JobRecord>> ListActiveJobs() = 0;
 
-  // Tasks.
+  // Tasks. EnqueueTasks stores all or none, returns the ids in order; each
+  // task's job must exist (NOT_FOUND) and its arch be set (INVALID_ARGUMENT).
+  // New tasks are queued: state and lease fields given are ignored.
   virtual absl::StatusOr<std::vector<std::string>> EnqueueTasks(
       std::vector<TaskRecord> tasks) = 0;
   virtual absl::StatusOr<TaskRecord> GetTask(const std::string& id) = 0;
-  virtual absl::StatusOr<std::vector<TaskRecord>> ListTasks(const std::string& job_id) = 0;
+  virtual absl::StatusOr<std::vector<TaskRecord>> ListTasks(
+      const std::string& job_id) = 0;  // oldest first
   // Leases the oldest queued task this worker can run (arch match; a
   // compile-only worker only gets kCompile tasks). Jobs take turns: among
-  // jobs with queued tasks, the one leased least recently goes first.
+  // jobs with queued tasks, the one leased least recently goes first (a job
+  // never leased from goes before all others). The lease ends at now + ttl;
+  // attempts counts up. nullopt when nothing fits. INVALID_ARGUMENT for an
+  // empty worker id or ttl <= 0.
   virtual absl::StatusOr<std::optional<TaskRecord>> LeaseTask(const std::string& worker_id,
                                                               const std::string& arch,
                                                               bool compile_only,
                                                               int64_t now_unix_ms,
                                                               int64_t ttl_ms) = 0;
-  // Extends the leases of `task_ids` held by `worker_id`.
+  // Extends the leases of `task_ids` held by `worker_id` to now + ttl. Ids
+  // not leased to that worker (unknown, requeued, cancelled, done) are
+  // skipped: the worker learns of a lost lease from GetTask or CompleteTask.
   virtual absl::Status RenewLeases(const std::string& worker_id,
                                    const std::vector<std::string>& task_ids,
                                    int64_t now_unix_ms, int64_t ttl_ms) = 0;
-  // Returns every leased task whose lease ended before `now` to the queue.
+  // Returns every leased task whose lease ended before `now` to the queue;
+  // returns how many.
   virtual absl::StatusOr<int> RequeueExpired(int64_t now_unix_ms) = 0;
-  // Cancels the queued and leased tasks of a job; returns the ids cancelled.
+  // Cancels the queued and leased tasks of a job; returns the ids cancelled,
+  // oldest first. The job's own state is the caller's to update.
   virtual absl::StatusOr<std::vector<std::string>> CancelTasks(const std::string& job_id) = 0;
 
   // Workers. UpsertWorker updates the worker named by `w.id`, or, when the id
@@ -216,6 +252,8 @@ class Store {
 };
 
 // Opens (creating and migrating as needed) the SQLite database at `path`.
+// FAILED_PRECONDITION when the file's schema is newer than this binary's.
+// ":memory:" gives a private in-memory database. More in sqlite_store.h.
 absl::StatusOr<std::unique_ptr<Store>> OpenSqliteStore(const std::string& path);
 std::unique_ptr<Store> NewMemoryStore();
 
