@@ -1,0 +1,24 @@
+#include "agent/hash.h"
+
+#include <openssl/evp.h>
+
+#include <array>
+
+namespace kforge::agent {
+
+std::string Sha256Hex(std::string_view data) {
+  std::array<unsigned char, EVP_MAX_MD_SIZE> digest{};
+  unsigned int len = 0;
+  // EVP_Digest is a one-shot that cannot fail for SHA-256 on valid input.
+  EVP_Digest(data.data(), data.size(), digest.data(), &len, EVP_sha256(), nullptr);
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(len * 2);
+  for (unsigned int i = 0; i < len; ++i) {
+    out.push_back(kHex[digest[i] >> 4]);
+    out.push_back(kHex[digest[i] & 0xf]);
+  }
+  return out;
+}
+
+}  // namespace kforge::agent
