@@ -1,0 +1,267 @@
+// The worker against an in-process WorkerService (fake_server.h): register as
+// compile-only, lease COMPILE tasks, report compiled and compile_error
+// results (real NVRTC, no GPU needed), survive a server restart, heartbeat
+// the task in progress and stop a task the server cancels.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "gpu/compile.h"
+#include "gpu/compile_cache.h"
+#include "tests/worker/fake_server.h"
+#include "worker/rpc_client.h"
+#include "worker/task_runner.h"
+#include "worker/worker.h"
+
+namespace kforge::worker {
+namespace {
+
+using testing::FakeServer;
+using namespace std::chrono_literals;
+namespace pb = ::kforge::v1;
+
+constexpr char kToken[] = "test-token";
+
+constexpr char kGoodSource[] = R"(#include "kforge/attn_params.h"
+extern "C" __global__ void kf_attn_fwd(const __grid_constant__ KfAttnParams p) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < p.total_q) p.lse[i] = 0.0f;
+}
+)";
+
+constexpr char kBrokenSource[] = R"(#include "kforge/attn_params.h"
+extern "C" __global__ void kf_attn_fwd(const __grid_constant__ KfAttnParams p) {
+  p.lse[0] = undefined_thing;
+}
+)";
+
+pb::Task CompileTask(const std::string& id, const std::string& source,
+                     const std::string& arch = "sm_90a") {
+  pb::Task t;
+  t.set_task_id(id);
+  t.set_kind(pb::TASK_KIND_COMPILE);
+  t.set_job_id("job1");
+  pb::Shape* s = t.mutable_shape();
+  s->set_op(pb::OP_FORWARD);
+  s->set_dtype(pb::DTYPE_BF16);
+  s->set_head_dim(128);
+  s->set_heads(4);
+  s->set_arch(arch);
+  s->set_batch(2);
+  s->set_max_len_q(64);
+  s->set_total_q(100);
+  t.mutable_variant()->set_variant_id("v-" + id);
+  t.mutable_variant()->set_source(source);
+  t.mutable_variant()->set_manifest_json(R"({"entry_point":"kf_attn_fwd","threads":128,"dynamic_smem_bytes":4096})");
+  t.set_seed(7);
+  return t;
+}
+
+// A compile-only worker (real NVRTC) on its own thread.
+class WorkerHarness {
+ public:
+  explicit WorkerHarness(const std::string& address, std::string token = kToken,
+                         TaskRunner* runner = nullptr)
+      : pool_(1, nullptr) {
+    GrpcClientOptions co;
+    co.target = address;
+    co.token = std::move(token);
+    co.max_reconnect_backoff = 300ms;
+    client_ = MakeGrpcServerClient(co);
+    RunnerOptions ro;
+    ro.compile_only = true;
+    ro.gpu.nvrtc_version = gpu::NvrtcVersion();
+    runner_ = std::make_unique<LocalTaskRunner>(&pool_, nullptr, ro);
+    WorkerOptions wo;
+    wo.registration.worker_name = "test-worker";
+    wo.registration.compile_only = true;
+    wo.registration.gpu = ro.gpu;
+    wo.lease_wait = 300ms;
+    wo.backoff_initial = 50ms;
+    wo.backoff_max = 300ms;
+    worker_ = std::make_unique<Worker>(client_.get(), runner ? runner : runner_.get(), wo);
+    thread_ = std::thread([this] { worker_->Run(); });
+  }
+  ~WorkerHarness() {
+    worker_->Stop();
+    thread_.join();
+  }
+  Worker& worker() { return *worker_; }
+
+ private:
+  gpu::CompilePool pool_;
+  std::unique_ptr<ServerClient> client_;
+  std::unique_ptr<LocalTaskRunner> runner_;
+  std::unique_ptr<Worker> worker_;
+  std::thread thread_;
+};
+
+// Waits for a condition on the worker's stats.
+template <typename Pred>
+bool Eventually(Pred pred, std::chrono::milliseconds timeout = 30s) {
+  auto until = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < until) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(20ms);
+  }
+  return pred();
+}
+
+TEST(WorkerLoop, RegistersAsCompileOnlyWithNvrtcVersion) {
+  FakeServer server(kToken);
+  WorkerHarness h(server.address());
+  ASSERT_TRUE(server.service().WaitFor([](auto& s) { return s.workers_locked() == 1; }));
+  auto workers = server.service().workers();
+  const pb::RegisterRequest& reg = workers.begin()->second;
+  EXPECT_TRUE(reg.compile_only());
+  EXPECT_EQ(reg.worker_name(), "test-worker");
+  EXPECT_EQ(reg.gpu().nvrtc_version(), gpu::NvrtcVersion());
+  EXPECT_TRUE(reg.gpu().name().empty());
+}
+
+TEST(WorkerLoop, CompileTaskReportsCompiledWithCompileReport) {
+  FakeServer server(kToken);
+  WorkerHarness h(server.address());
+  server.service().Enqueue(CompileTask("t1", kGoodSource));
+  ASSERT_TRUE(server.service().WaitFor([](auto& s) { return s.reports_locked() == 1; }));
+  pb::ReportResultRequest r = server.service().reports()[0];
+  EXPECT_EQ(r.task_id(), "t1");
+  EXPECT_EQ(r.result().outcome(), pb::EVAL_OUTCOME_COMPILED) << r.result().message();
+  const pb::CompileReport& c = r.result().compile();
+  EXPECT_GT(c.compile_ms(), 0);
+  EXPECT_GT(c.registers(), 0);
+  EXPECT_FALSE(c.cubin().empty());
+  EXPECT_NE(c.options().find("-arch=sm_90a"), std::string::npos) << c.options();
+  EXPECT_EQ(c.dynamic_smem_bytes(), 4096);
+  EXPECT_EQ(r.result().gpu().nvrtc_version(), gpu::NvrtcVersion());
+}
+
+TEST(WorkerLoop, BrokenSourceReportsCompileErrorWithLog) {
+  FakeServer server(kToken);
+  WorkerHarness h(server.address());
+  server.service().Enqueue(CompileTask("bad", kBrokenSource));
+  server.service().Enqueue(CompileTask("good", kGoodSource));  // the worker goes on
+  ASSERT_TRUE(server.service().WaitFor([](auto& s) { return s.reports_locked() == 2; }));
+  auto reports = server.service().reports();
+  EXPECT_EQ(reports[0].task_id(), "bad");
+  EXPECT_EQ(reports[0].result().outcome(), pb::EVAL_OUTCOME_COMPILE_ERROR);
+  EXPECT_NE(reports[0].result().compile().log().find("undefined_thing"), std::string::npos)
+      << reports[0].result().compile().log();
+  EXPECT_NE(reports[0].result().message().find("undefined_thing"), std::string::npos);
+  EXPECT_TRUE(reports[0].result().compile().cubin().empty());
+  EXPECT_EQ(reports[1].result().outcome(), pb::EVAL_OUTCOME_COMPILED);
+}
+
+TEST(WorkerLoop, CompilesForBlackwellWithoutAGpu) {
+  FakeServer server(kToken);
+  WorkerHarness h(server.address());
+  server.service().Enqueue(CompileTask("b", kGoodSource, "sm_100a"));
+  ASSERT_TRUE(server.service().WaitFor([](auto& s) { return s.reports_locked() == 1; }));
+  auto r = server.service().reports()[0];
+  EXPECT_EQ(r.result().outcome(), pb::EVAL_OUTCOME_COMPILED) << r.result().compile().log();
+  EXPECT_NE(r.result().compile().options().find("sm_100a"), std::string::npos);
+}
+
+TEST(WorkerLoop, EvaluateOnACompileOnlyWorkerSaysItHasNoGpu) {
+  FakeServer server(kToken);
+  WorkerHarness h(server.address());
+  pb::Task t = CompileTask("e", kGoodSource);
+  t.set_kind(pb::TASK_KIND_EVALUATE);
+  server.service().Enqueue(t);
+  ASSERT_TRUE(server.service().WaitFor([](auto& s) { return s.reports_locked() == 1; }));
+  auto r = server.service().reports()[0];
+  EXPECT_EQ(r.result().outcome(), pb::EVAL_OUTCOME_CRASHED);
+  EXPECT_NE(r.result().message().find("no GPU"), std::string::npos) << r.result().message();
+}
+
+TEST(WorkerLoop, ReconnectsAndRegistersAgainAfterServerRestart) {
+  FakeServer server(kToken);
+  WorkerHarness h(server.address());
+  server.service().Enqueue(CompileTask("before", kGoodSource));
+  ASSERT_TRUE(server.service().WaitFor([](auto& s) { return s.reports_locked() == 1; }));
+
+  server.Shutdown();
+  std::this_thread::sleep_for(700ms);  // the worker sees the server gone
+  server.Start();                       // same port, no memory of the worker
+  ASSERT_TRUE(server.running());
+  server.service().Enqueue(CompileTask("after", kGoodSource));
+  ASSERT_TRUE(server.service().WaitFor([](auto& s) { return s.reports_locked() == 1; }))
+      << "the worker did not come back after the restart";
+  EXPECT_EQ(server.service().reports()[0].task_id(), "after");
+  EXPECT_EQ(server.service().reports()[0].result().outcome(), pb::EVAL_OUTCOME_COMPILED);
+  EXPECT_GE(h.worker().stats().registrations, 2);
+  EXPECT_GT(h.worker().stats().connection_errors, 0);
+}
+
+TEST(WorkerLoop, StartsBeforeTheServerAndKeepsTrying) {
+  // Reserve a port, then free it so nothing listens there yet.
+  int port;
+  {
+    FakeServer probe(kToken);
+    port = probe.port();
+  }
+  WorkerHarness h("127.0.0.1:" + std::to_string(port));
+  std::this_thread::sleep_for(600ms);
+  EXPECT_EQ(h.worker().stats().registrations, 0);
+  EXPECT_GT(h.worker().stats().connection_errors, 0);
+  FakeServer server(kToken, port);
+  ASSERT_TRUE(server.running());
+  ASSERT_TRUE(server.service().WaitFor([](auto& s) { return s.workers_locked() == 1; }));
+}
+
+TEST(WorkerLoop, WrongTokenIsRetriedNotFatal) {
+  FakeServer server(kToken);
+  WorkerHarness h(server.address(), "wrong-token");
+  ASSERT_TRUE(Eventually([&] { return h.worker().stats().connection_errors >= 2; }, 10s));
+  EXPECT_EQ(server.service().workers().size(), 0u);
+}
+
+// A runner that holds its task until released or cancelled.
+class BlockingRunner final : public TaskRunner {
+ public:
+  std::optional<TaskResult> Run(const TaskSpec& task, const std::atomic<bool>& cancel) override {
+    started_.store(true);
+    while (!release_.load()) {
+      if (cancel.load()) {
+        saw_cancel_.store(true);
+        return std::nullopt;
+      }
+      std::this_thread::sleep_for(10ms);
+    }
+    TaskResult r;
+    r.outcome = Outcome::kCompiled;
+    r.message = "released " + task.task_id;
+    return r;
+  }
+  std::atomic<bool> started_{false}, release_{false}, saw_cancel_{false};
+};
+
+TEST(WorkerLoop, HeartbeatsRenewTheLeaseOfTheTaskInProgress) {
+  FakeServer server(kToken);
+  BlockingRunner runner;
+  WorkerHarness h(server.address(), kToken, &runner);
+  server.service().Enqueue(CompileTask("slow", kGoodSource));
+  ASSERT_TRUE(Eventually([&] { return runner.started_.load(); }));
+  // heartbeat interval 100 ms: several renewals while the task runs
+  ASSERT_TRUE(server.service().WaitFor([](auto& s) { return s.renewals_locked("slow") >= 3; }, 10s));
+  runner.release_.store(true);
+  ASSERT_TRUE(server.service().WaitFor([](auto& s) { return s.reports_locked() == 1; }));
+  EXPECT_EQ(server.service().reports()[0].result().message(), "released slow");
+}
+
+TEST(WorkerLoop, CancelledTaskIsStoppedAndNotReported) {
+  FakeServer server(kToken);
+  BlockingRunner runner;
+  WorkerHarness h(server.address(), kToken, &runner);
+  server.service().Enqueue(CompileTask("doomed", kGoodSource));
+  ASSERT_TRUE(Eventually([&] { return runner.started_.load(); }));
+  server.service().Cancel("doomed");
+  ASSERT_TRUE(Eventually([&] { return runner.saw_cancel_.load(); }, 10s));
+  ASSERT_TRUE(Eventually([&] { return h.worker().stats().tasks_cancelled == 1; }, 5s));
+  EXPECT_EQ(server.service().reports().size(), 0u);
+}
+
+}  // namespace
+}  // namespace kforge::worker
