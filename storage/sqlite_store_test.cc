@@ -357,6 +357,14 @@ TEST(SqliteStoreCrash, AcknowledgedWritesSurviveSigkill) {
     ++checked;
   }
   EXPECT_EQ(checked, lines());
+  // CompleteTask is all or nothing even when killed inside it: a task is
+  // done exactly when its evaluation is there.
+  ASSERT_OK_AND_ASSIGN(std::vector<TaskRecord> tasks, store->ListTasks(job));
+  for (const TaskRecord& t : tasks) {
+    ASSERT_OK_AND_ASSIGN(std::vector<EvaluationRecord> evals,
+                         store->ListEvaluations(t.variant_id));
+    EXPECT_EQ(evals.size(), t.state == TaskState::kDone ? 1u : 0u) << t.id;
+  }
   EXPECT_OK(store->GetBest(Task(job, "").bucket, "sm_90a"));
 }
 
