@@ -1,0 +1,24 @@
+// The production implementations of the server's pluggable parts, built by
+// main(): proposers from agent/ and seed kernels from kernels/ + gpu/.
+// Tests use scripted proposers and fake seeds instead.
+#pragma once
+
+#include <set>
+
+#include "server/jobs.h"
+#include "server/kernel_cache.h"
+
+namespace kforge::server {
+
+// "builtin": agent::MakeBuiltinProposer. "model" is not wired yet (NOT_FOUND).
+ProposerFactory DefaultProposerFactory();
+
+// kernels::DefaultVariant(shape) compiled with NVRTC for shape.arch. When
+// compiling fails the kernel is still served, without a cubin (clients can
+// compile the source themselves); the failure is logged.
+SeedProvider DefaultSeedProvider();
+
+// Head dims some template of the kernel catalog supports.
+std::set<int> CatalogHeadDims();
+
+}  // namespace kforge::server

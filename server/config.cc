@@ -1,0 +1,138 @@
+#include "server/config.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace kforge::server {
+namespace {
+
+using nlohmann::json;
+
+std::vector<std::string> SplitList(const char* value) {
+  std::vector<std::string> out;
+  if (!value) return out;
+  std::string s(value);
+  size_t start = 0;
+  while (start <= s.size()) {
+    size_t comma = s.find(',', start);
+    std::string item = s.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (!item.empty()) out.push_back(item);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::Status ApplyConfigFile(const std::string& path, ServerConfig& cfg) {
+  auto bad = [&](std::string_view key, std::string_view why) {
+    return absl::InvalidArgumentError(fmt::format("config {}: {}: {}", path, key, why));
+  };
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(fmt::format("config {}: cannot open the file", path));
+  std::stringstream buf;
+  buf << in.rdbuf();
+  json j;
+  try {
+    j = json::parse(buf.str());
+  } catch (const json::parse_error& e) {
+    return absl::InvalidArgumentError(fmt::format("config {}: not valid JSON: {}", path, e.what()));
+  }
+  if (!j.is_object()) return absl::InvalidArgumentError(fmt::format("config {}: must be a JSON object", path));
+
+  using Setter = std::function<absl::Status(const std::string&, const json&)>;
+  auto int_key = [&](int64_t lo, int64_t hi, auto& field) -> Setter {
+    return [&, lo, hi](const std::string& key, const json& v) -> absl::Status {
+      if (!v.is_number_integer() || v.get<int64_t>() < lo || v.get<int64_t>() > hi)
+        return bad(key, fmt::format("must be an integer in [{}, {}], got {}", lo, hi, v.dump()));
+      field = static_cast<std::remove_reference_t<decltype(field)>>(v.get<int64_t>());
+      return absl::OkStatus();
+    };
+  };
+  auto string_key = [&](std::string& field) -> Setter {
+    return [&](const std::string& key, const json& v) -> absl::Status {
+      if (!v.is_string() || v.get<std::string>().empty())
+        return bad(key, fmt::format("must be a non-empty string, got {}", v.dump()));
+      field = v.get<std::string>();
+      return absl::OkStatus();
+    };
+  };
+  auto tokens_key = [&](std::vector<std::string>& field) -> Setter {
+    return [&](const std::string& key, const json& v) -> absl::Status {
+      if (!v.is_array()) return bad(key, "must be an array of strings");
+      std::vector<std::string> out;
+      for (size_t i = 0; i < v.size(); ++i) {
+        if (!v[i].is_string() || v[i].get<std::string>().empty())
+          return bad(fmt::format("{}[{}]", key, i), "must be a non-empty string");
+        if (v[i].get<std::string>().size() < 16)
+          return bad(fmt::format("{}[{}]", key, i), "is shorter than 16 characters; use a long random token");
+        out.push_back(v[i].get<std::string>());
+      }
+      field = std::move(out);
+      return absl::OkStatus();
+    };
+  };
+  constexpr int64_t kDay = 24 * 3600 * 1000;
+  std::map<std::string, Setter> keys = {
+      {"listen", string_key(cfg.server.listen_address)},
+      {"database", string_key(cfg.database)},
+      {"client_tokens", tokens_key(cfg.server.client_tokens)},
+      {"worker_tokens", tokens_key(cfg.server.worker_tokens)},
+      {"insecure_no_auth",
+       [&](const std::string& key, const json& v) -> absl::Status {
+         if (!v.is_boolean()) return bad(key, fmt::format("must be true or false, got {}", v.dump()));
+         cfg.server.insecure_no_auth = v.get<bool>();
+         return absl::OkStatus();
+       }},
+      {"lease_ttl_ms", int_key(100, kDay, cfg.server.api.lease_ttl_ms)},
+      {"heartbeat_interval_ms", int_key(10, 3600 * 1000, cfg.server.api.heartbeat_interval_ms)},
+      {"max_lease_wait_ms", int_key(0, 600 * 1000, cfg.server.api.max_lease_wait_ms)},
+      {"reaper_interval_ms", int_key(10, 3600 * 1000, cfg.server.reaper_interval_ms)},
+      {"shutdown_grace_ms", int_key(0, 600 * 1000, cfg.server.shutdown_grace_ms)},
+      {"drain_timeout_ms", int_key(0, 3600 * 1000, cfg.server.drain_timeout_ms)},
+      {"http_port", int_key(0, 65535, cfg.http_port)},
+      {"tune_max_variants", int_key(1, kMaxVariantsLimit, cfg.server.api.tune_max_variants)},
+      {"log_level",
+       [&](const std::string& key, const json& v) -> absl::Status {
+         static const std::set<std::string> kLevels = {"trace", "debug", "info", "warn", "error", "off"};
+         if (!v.is_string() || !kLevels.count(v.get<std::string>()))
+           return bad(key, fmt::format("must be one of trace, debug, info, warn, error, off; got {}", v.dump()));
+         cfg.log_level = v.get<std::string>();
+         return absl::OkStatus();
+       }},
+  };
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    auto k = keys.find(it.key());
+    if (k == keys.end()) return bad(it.key(), "unknown key");
+    if (absl::Status s = k->second(it.key(), it.value()); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+void ApplyEnvironment(ServerConfig& cfg) {
+  for (auto& t : SplitList(std::getenv("KFORGE_CLIENT_TOKEN"))) cfg.server.client_tokens.push_back(t);
+  for (auto& t : SplitList(std::getenv("KFORGE_WORKER_TOKEN"))) cfg.server.worker_tokens.push_back(t);
+}
+
+absl::Status ValidateConfig(const ServerConfig& cfg) {
+  const auto& api = cfg.server.api;
+  if (api.heartbeat_interval_ms * 2 > api.lease_ttl_ms)
+    return absl::InvalidArgumentError(fmt::format(
+        "heartbeat_interval_ms ({}) must be at most half of lease_ttl_ms ({}), or leases "
+        "expire between heartbeats",
+        api.heartbeat_interval_ms, api.lease_ttl_ms));
+  if (cfg.server.listen_address.find(':') == std::string::npos)
+    return absl::InvalidArgumentError(
+        fmt::format("listen: '{}' is not host:port", cfg.server.listen_address));
+  return CheckAuthConfig(cfg.server);
+}
+
+}  // namespace kforge::server

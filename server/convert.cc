@@ -1,0 +1,309 @@
+#include "server/convert.h"
+
+#include <ctime>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace kforge::server {
+namespace {
+
+absl::Status Invalid(std::string_view field, std::string_view why) {
+  return absl::InvalidArgumentError(fmt::format("{}: {}", field, why));
+}
+
+// Core's messages start with the field name ("head_dim: ..."); prefixing the
+// request path turns them into "shape.head_dim: ...".
+absl::Status Prefixed(std::string_view path, const absl::Status& s) {
+  if (s.ok()) return s;
+  return absl::Status(s.code(), fmt::format("{}.{}", path, std::string(s.message())));
+}
+
+constexpr int kMaxNameLength = 200;
+constexpr int kMaxShapesPerJob = 256;
+constexpr int kMaxJobSeconds = 7 * 24 * 3600;
+constexpr int32_t kMaxPageSize = 1000;
+
+}  // namespace
+
+absl::StatusOr<ShapeKey> ShapeFromProto(const v1::Shape& s, std::string_view field,
+                                        const ServedLimits& limits) {
+  ShapeKey k;
+  switch (s.op()) {
+    case v1::OP_FORWARD: k.op = Op::kForward; break;
+    case v1::OP_BACKWARD:
+      if (!limits.backward)
+        return Invalid(fmt::format("{}.op", field), "OP_BACKWARD: no backward kernels are served yet");
+      k.op = Op::kBackward;
+      break;
+    default:
+      return Invalid(fmt::format("{}.op", field),
+                     fmt::format("{} is not OP_FORWARD or OP_BACKWARD", static_cast<int>(s.op())));
+  }
+  if (s.dtype() != v1::DTYPE_BF16)
+    return Invalid(fmt::format("{}.dtype", field),
+                   fmt::format("{} is not a supported dtype (DTYPE_BF16)", static_cast<int>(s.dtype())));
+  k.dtype = DType::kBF16;
+  k.head_dim = s.head_dim();
+  k.heads = s.heads();
+  k.kv_heads = s.kv_heads() == 0 ? s.heads() : s.kv_heads();
+  k.causal = s.causal();
+  k.cross = s.cross();
+  k.arch = s.arch();
+  k.batch = s.batch();
+  k.max_len_q = s.max_len_q();
+  k.total_q = s.total_q();
+  k.max_len_k = s.max_len_k();
+  k.total_k = s.total_k();
+
+  if (!s.cu_seqlens_k().empty() && s.cu_seqlens_q().empty())
+    return Invalid(fmt::format("{}.cu_seqlens_k", field), "given without cu_seqlens_q");
+  if (!s.cu_seqlens_q().empty()) {
+    if (!s.cu_seqlens_k().empty() && !s.cross())
+      return Invalid(fmt::format("{}.cu_seqlens_k", field),
+                     "given, but cross is false (self-attention keys use cu_seqlens_q)");
+    if (s.cross() && s.cu_seqlens_k().empty())
+      return Invalid(fmt::format("{}.cu_seqlens_k", field),
+                     "cross-attention with cu_seqlens_q also needs cu_seqlens_k");
+    ShapeKey from = k;
+    std::span<const int32_t> q(s.cu_seqlens_q().data(), s.cu_seqlens_q().size());
+    std::span<const int32_t> kk(s.cu_seqlens_k().data(), s.cu_seqlens_k().size());
+    if (absl::Status st = FillLengthStats(q, kk, from); !st.ok()) return Prefixed(field, st);
+    // Offsets win, but summary fields that were also given must agree.
+    auto agree = [&](std::string_view name, int64_t given, int64_t derived,
+                     std::string_view source) -> absl::Status {
+      if (given != 0 && given != derived)
+        return Invalid(fmt::format("{}.{}", field, name),
+                       fmt::format("{} disagrees with {} (which gives {})", given, source, derived));
+      return absl::OkStatus();
+    };
+    for (const auto& st : {agree("batch", k.batch, from.batch, "cu_seqlens_q"),
+                           agree("max_len_q", k.max_len_q, from.max_len_q, "cu_seqlens_q"),
+                           agree("total_q", k.total_q, from.total_q, "cu_seqlens_q")}) {
+      if (!st.ok()) return st;
+    }
+    if (s.cross()) {
+      for (const auto& st : {agree("max_len_k", k.max_len_k, from.max_len_k, "cu_seqlens_k"),
+                             agree("total_k", k.total_k, from.total_k, "cu_seqlens_k")}) {
+        if (!st.ok()) return st;
+      }
+    }
+    k = from;
+  }
+  if (absl::Status st = ValidateShapeKey(k); !st.ok()) return Prefixed(field, st);
+  if (!k.cross) {
+    k.max_len_k = k.max_len_q;
+    k.total_k = k.total_q;
+  }
+  if (!limits.head_dims.empty() && !limits.head_dims.count(k.head_dim)) {
+    std::vector<int> dims(limits.head_dims.begin(), limits.head_dims.end());
+    return Invalid(fmt::format("{}.head_dim", field),
+                   fmt::format("{} is not supported by the served kernels (supported: {})",
+                               k.head_dim, fmt::join(dims, ", ")));
+  }
+  return k;
+}
+
+void ShapeToProto(const ShapeKey& k, v1::Shape* out) {
+  out->set_op(k.op == Op::kForward ? v1::OP_FORWARD : v1::OP_BACKWARD);
+  out->set_dtype(v1::DTYPE_BF16);
+  out->set_head_dim(k.head_dim);
+  out->set_heads(k.heads);
+  out->set_kv_heads(k.kv_heads);
+  out->set_causal(k.causal);
+  out->set_cross(k.cross);
+  out->set_arch(k.arch);
+  out->set_batch(k.batch);
+  out->set_max_len_q(k.max_len_q);
+  out->set_total_q(k.total_q);
+  if (k.cross) {
+    out->set_max_len_k(k.max_len_k);
+    out->set_total_k(k.total_k);
+  }
+}
+
+absl::StatusOr<Page> PageFromProto(int32_t page_size, const std::string& page_token) {
+  if (page_size < 0 || page_size > kMaxPageSize)
+    return Invalid("page_size", fmt::format("{} is out of range [0, {}]", page_size, kMaxPageSize));
+  // The store's tokens are row numbers; anything else cannot have come from
+  // a previous response.
+  if (page_token.size() > 20 ||
+      page_token.find_first_not_of("0123456789") != std::string::npos)
+    return Invalid("page_token", "is not a token returned by a previous call");
+  Page p;
+  if (page_size > 0) p.limit = page_size;
+  p.token = page_token;
+  return p;
+}
+
+absl::StatusOr<JobSpec> JobSpecFromProto(const v1::SubmitJobRequest& req,
+                                         const ServedLimits& limits) {
+  JobSpec spec;
+  if (req.name().size() > kMaxNameLength)
+    return Invalid("name", fmt::format("is {} bytes long; at most {}", req.name().size(),
+                                       kMaxNameLength));
+  spec.name = req.name();
+  if (req.shapes().empty()) return Invalid("shapes", "at least one shape is needed");
+  if (req.shapes().size() > kMaxShapesPerJob)
+    return Invalid("shapes", fmt::format("{} shapes; at most {} per job", req.shapes().size(),
+                                         kMaxShapesPerJob));
+  for (int i = 0; i < req.shapes().size(); ++i) {
+    auto k = ShapeFromProto(req.shapes(i), fmt::format("shapes[{}]", i), limits);
+    if (!k.ok()) return k.status();
+    spec.shapes.push_back(*std::move(k));
+  }
+  spec.proposer = req.proposer().empty() ? "builtin" : req.proposer();
+  if (spec.proposer.size() > 64 ||
+      spec.proposer.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_-") !=
+          std::string::npos)
+    return Invalid("proposer", fmt::format("'{}' is not a proposer name (builtin, model)",
+                                           spec.proposer.substr(0, 64)));
+  const auto& b = req.budget();
+  if (b.max_variants() < 0 || b.max_variants() > kMaxVariantsLimit)
+    return Invalid("budget.max_variants",
+                   fmt::format("{} is out of range [0, {}]", b.max_variants(), kMaxVariantsLimit));
+  if (b.max_seconds() < 0 || b.max_seconds() > kMaxJobSeconds)
+    return Invalid("budget.max_seconds",
+                   fmt::format("{} is out of range [0, {}]", b.max_seconds(), kMaxJobSeconds));
+  if (b.max_tokens() < 0)
+    return Invalid("budget.max_tokens", fmt::format("{} is negative", b.max_tokens()));
+  spec.max_variants = b.max_variants() == 0 ? kDefaultMaxVariants : b.max_variants();
+  spec.max_seconds = b.max_seconds();
+  spec.max_tokens = b.max_tokens();
+  spec.seed = req.seed();
+  return spec;
+}
+
+v1::JobState JobStateToProto(JobState s) {
+  switch (s) {
+    case JobState::kQueued: return v1::JOB_STATE_QUEUED;
+    case JobState::kRunning: return v1::JOB_STATE_RUNNING;
+    case JobState::kSucceeded: return v1::JOB_STATE_SUCCEEDED;
+    case JobState::kFailed: return v1::JOB_STATE_FAILED;
+    case JobState::kCancelled: return v1::JOB_STATE_CANCELLED;
+  }
+  return v1::JOB_STATE_UNSPECIFIED;
+}
+
+void TimingToProto(const TimingRecord& t, v1::Timing* out) {
+  out->set_median_us(t.median_us);
+  out->set_min_us(t.min_us);
+  out->set_max_us(t.max_us);
+  out->set_samples(t.samples);
+}
+
+TimingRecord TimingFromProto(const v1::Timing& t) {
+  return TimingRecord{t.median_us(), t.min_us(), t.max_us(), t.samples()};
+}
+
+void JobToProto(const JobView& job, v1::Job* out) {
+  out->set_id(job.record.id);
+  out->set_name(job.record.name);
+  out->set_state(JobStateToProto(job.record.state));
+  out->set_proposer(job.record.proposer);
+  out->mutable_budget()->set_max_variants(job.spec.max_variants);
+  out->mutable_budget()->set_max_seconds(job.spec.max_seconds);
+  out->mutable_budget()->set_max_tokens(job.spec.max_tokens);
+  for (const auto& s : job.spec.shapes) ShapeToProto(s, out->add_shapes());
+  for (const auto& p : job.progress) {
+    auto* jp = out->add_progress();
+    jp->set_bucket(p.bucket);
+    jp->set_proposed(p.proposed);
+    jp->set_evaluated(p.evaluated);
+    jp->set_verified(p.verified);
+    jp->set_failed(p.failed);
+    jp->set_best_variant_id(p.best_variant_id);
+    if (!p.best_variant_id.empty()) TimingToProto(p.best_timing, jp->mutable_best_timing());
+  }
+  out->set_tokens_used(job.record.tokens_used);
+  out->set_created_at(FormatUnixMs(job.record.created_unix_ms));
+  out->set_updated_at(FormatUnixMs(job.record.updated_unix_ms));
+  out->set_message(job.record.message);
+  out->set_seed(job.record.seed);
+}
+
+void ProvenanceToProto(const VariantRecord& v, v1::Provenance* out) {
+  out->set_origin(v.origin);
+  out->set_template_name(v.template_name);
+  out->set_knobs_json(v.knobs_json);
+  out->set_model(v.model);
+  out->set_prompt_hash(v.prompt_hash);
+  out->set_parent_variant_id(v.parent_id);
+  out->set_job_id(v.job_id);
+}
+
+void ManifestToProto(const std::string& manifest_json, v1::LaunchManifest* out) {
+  using nlohmann::json;
+  out->set_json(manifest_json);
+  json j = json::parse(manifest_json, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return;
+  auto int_of = [&](const json& o, const char* key) -> int64_t {
+    auto it = o.find(key);
+    return it != o.end() && it->is_number_integer() ? it->get<int64_t>() : 0;
+  };
+  auto str_of = [&](const char* key) -> std::string {
+    auto it = j.find(key);
+    return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+  };
+  out->set_entry_point(str_of("entry_point"));
+  out->set_threads_per_block(static_cast<int32_t>(int_of(j, "threads")));
+  out->set_dynamic_smem_bytes(static_cast<int32_t>(int_of(j, "dynamic_smem_bytes")));
+  const std::string grid = str_of("grid");
+  out->set_grid_policy(grid == "persistent" ? v1::GRID_POLICY_PERSISTENT
+                       : grid == "per_tile" || grid.empty() ? v1::GRID_POLICY_PER_TILE
+                                                            : v1::GRID_POLICY_UNSPECIFIED);
+  out->set_tile_m(static_cast<int32_t>(int_of(j, "tile_m")));
+  out->set_tile_n(static_cast<int32_t>(int_of(j, "tile_n")));
+  if (auto w = j.find("workspace"); w != j.end() && w->is_object()) {
+    out->set_workspace_bytes_fixed(int_of(*w, "fixed_bytes"));
+    out->set_workspace_bytes_per_tile(int_of(*w, "per_tile_bytes"));
+  }
+  auto strings = [&](const char* key, auto* field) {
+    auto it = j.find(key);
+    if (it == j.end() || !it->is_array()) return;
+    for (const auto& e : *it)
+      if (e.is_string()) field->Add(e.get<std::string>());
+  };
+  strings("archs", out->mutable_archs());
+  strings("features", out->mutable_features());
+  if (auto it = j.find("head_dims"); it != j.end() && it->is_array()) {
+    for (const auto& e : *it)
+      if (e.is_number_integer()) out->add_head_dims(e.get<int32_t>());
+  }
+}
+
+absl::StatusOr<Outcome> OutcomeFromProto(v1::EvalOutcome o) {
+  switch (o) {
+    case v1::EVAL_OUTCOME_COMPILED: return Outcome::kCompiled;
+    case v1::EVAL_OUTCOME_COMPILE_ERROR: return Outcome::kCompileError;
+    case v1::EVAL_OUTCOME_WRONG: return Outcome::kWrong;
+    case v1::EVAL_OUTCOME_CRASHED: return Outcome::kCrashed;
+    case v1::EVAL_OUTCOME_TIMEOUT: return Outcome::kTimeout;
+    case v1::EVAL_OUTCOME_VERIFIED: return Outcome::kVerified;
+    default:
+      return Invalid("result.outcome",
+                     fmt::format("{} is not a known outcome", static_cast<int>(o)));
+  }
+}
+
+v1::TaskKind TaskKindToProto(TaskKind k) {
+  switch (k) {
+    case TaskKind::kEvaluate: return v1::TASK_KIND_EVALUATE;
+    case TaskKind::kRetime: return v1::TASK_KIND_RETIME;
+    case TaskKind::kCompile: return v1::TASK_KIND_COMPILE;
+  }
+  return v1::TASK_KIND_UNSPECIFIED;
+}
+
+std::string FormatUnixMs(int64_t unix_ms) {
+  if (unix_ms <= 0) return "";
+  std::time_t secs = static_cast<std::time_t>(unix_ms / 1000);
+  std::tm tm{};
+  gmtime_r(&secs, &tm);
+  return fmt::format("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z", tm.tm_year + 1900,
+                     tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                     unix_ms % 1000);
+}
+
+}  // namespace kforge::server

@@ -1,0 +1,60 @@
+// The edge between the public API (protobuf messages) and kforge's domain
+// types: request validation, proto -> domain, domain -> proto, and the one
+// mapping of absl::Status onto grpc::Status (in status.h, which needs gRPC).
+//
+// Validation messages name the offending field with its path in the request,
+// e.g. "shape.head_dim: 100 is not a multiple of 8" or
+// "shapes[2].cu_seqlens_q: decreases at index 3 (40 -> 12)".
+//
+// Thread-safe: pure functions.
+#pragma once
+
+#include <set>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/shape.h"
+#include "kforge/v1/kforge.pb.h"
+#include "server/jobs.h"
+#include "storage/store.h"
+
+namespace kforge::server {
+
+namespace v1 = ::kforge::v1;
+
+// What the served kernels support, for rejecting shapes no kernel can run.
+// Empty sets mean "no restriction beyond core's limits".
+struct ServedLimits {
+  std::set<int> head_dims;
+  bool backward = false;  // no backward kernels yet
+};
+
+// Validates every field of `shape` and returns its key; `field` is the path
+// of the message in the request ("shape", "shapes[1]").
+absl::StatusOr<ShapeKey> ShapeFromProto(const v1::Shape& shape, std::string_view field,
+                                        const ServedLimits& limits);
+void ShapeToProto(const ShapeKey& key, v1::Shape* out);
+
+// page_size in [0, 1000]; 0 means the default.
+absl::StatusOr<Page> PageFromProto(int32_t page_size, const std::string& page_token);
+
+absl::StatusOr<JobSpec> JobSpecFromProto(const v1::SubmitJobRequest& req,
+                                         const ServedLimits& limits);
+void JobToProto(const JobView& job, v1::Job* out);
+
+v1::JobState JobStateToProto(JobState s);
+void TimingToProto(const TimingRecord& t, v1::Timing* out);
+TimingRecord TimingFromProto(const v1::Timing& t);
+void ProvenanceToProto(const VariantRecord& v, v1::Provenance* out);
+// Best-effort: the manifest JSON is the kernels component's format; fields
+// it does not have stay at their defaults, and `json` always carries it.
+void ManifestToProto(const std::string& manifest_json, v1::LaunchManifest* out);
+
+absl::StatusOr<Outcome> OutcomeFromProto(v1::EvalOutcome o);
+v1::TaskKind TaskKindToProto(TaskKind k);
+
+std::string FormatUnixMs(int64_t unix_ms);  // RFC 3339, UTC
+
+}  // namespace kforge::server

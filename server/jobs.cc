@@ -1,0 +1,747 @@
+#include "server/jobs.h"
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <future>
+#include <set>
+#include <tuple>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+namespace kforge::server {
+
+// The engine's per-bucket view of a job. Counters mirror BucketProgress.
+struct JobEngine::BucketState {
+  Bucket bucket;
+  std::string id;
+  ShapeKey shape;  // the first submitted shape of the bucket represents it
+  std::unique_ptr<agent::Proposer> proposer;
+  BucketProgress progress;
+  int outstanding = 0;  // EVALUATE tasks queued or leased
+  bool exhausted = false;
+  std::string error;  // the proposer failed; the bucket proposes no more
+  std::map<std::string, agent::Candidate> candidates;  // by variant id
+};
+
+struct JobEngine::JobState {
+  JobRecord record;
+  JobSpec spec;
+  std::vector<BucketState> buckets;
+  std::map<std::string, size_t> task_bucket;  // EVALUATE task id -> bucket index
+  std::set<std::string> retimes;              // outstanding RETIME task ids
+  int64_t deadline_ms = 0;                    // 0: none
+  uint64_t tasks_made = 0;                    // for per-task seeds
+  bool finished = false;
+};
+
+namespace {
+
+using nlohmann::json;
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// Fresh, reproducible per-task seeds from the job's seed.
+uint64_t SplitMix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// Task ids are "t<n>"; ordering them numerically is ordering them by creation.
+int64_t IdNumber(const std::string& id) {
+  int64_t n = 0;
+  if (id.size() > 1) std::from_chars(id.data() + 1, id.data() + id.size(), n);
+  return n;
+}
+
+json ShapeToJson(const ShapeKey& k) {
+  return json{{"op", std::string(OpName(k.op))},
+              {"dtype", std::string(DTypeName(k.dtype))},
+              {"head_dim", k.head_dim},
+              {"heads", k.heads},
+              {"kv_heads", k.kv_heads},
+              {"causal", k.causal},
+              {"cross", k.cross},
+              {"arch", k.arch},
+              {"batch", k.batch},
+              {"max_len_q", k.max_len_q},
+              {"total_q", k.total_q},
+              {"max_len_k", k.max_len_k},
+              {"total_k", k.total_k}};
+}
+
+absl::StatusOr<ShapeKey> ShapeFromJson(const json& j) {
+  try {
+    ShapeKey k;
+    auto op = ParseOp(j.at("op").get<std::string>());
+    auto dt = ParseDType(j.at("dtype").get<std::string>());
+    if (!op || !dt) return absl::DataLossError("stored shape has an unknown op or dtype");
+    k.op = *op;
+    k.dtype = *dt;
+    k.head_dim = j.at("head_dim").get<int>();
+    k.heads = j.at("heads").get<int>();
+    k.kv_heads = j.at("kv_heads").get<int>();
+    k.causal = j.at("causal").get<bool>();
+    k.cross = j.at("cross").get<bool>();
+    k.arch = j.at("arch").get<std::string>();
+    k.batch = j.at("batch").get<int64_t>();
+    k.max_len_q = j.at("max_len_q").get<int64_t>();
+    k.total_q = j.at("total_q").get<int64_t>();
+    k.max_len_k = j.at("max_len_k").get<int64_t>();
+    k.total_k = j.at("total_k").get<int64_t>();
+    return k;
+  } catch (const json::exception& e) {
+    return absl::DataLossError(fmt::format("stored shape is malformed: {}", e.what()));
+  }
+}
+
+json ProgressToJson(const std::vector<BucketProgress>& progress) {
+  json out = json::array();
+  for (const auto& p : progress) {
+    out.push_back(json{{"bucket", p.bucket},
+                       {"proposed", p.proposed},
+                       {"evaluated", p.evaluated},
+                       {"verified", p.verified},
+                       {"failed", p.failed},
+                       {"best_variant_id", p.best_variant_id},
+                       {"best_median_us", p.best_timing.median_us},
+                       {"best_min_us", p.best_timing.min_us},
+                       {"best_max_us", p.best_timing.max_us},
+                       {"best_samples", p.best_timing.samples}});
+  }
+  return out;
+}
+
+std::vector<BucketProgress> ProgressFromJson(const std::string& text) {
+  std::vector<BucketProgress> out;
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_array()) return out;
+  for (const auto& e : j) {
+    if (!e.is_object()) continue;
+    BucketProgress p;
+    p.bucket = e.value("bucket", "");
+    p.proposed = e.value("proposed", 0);
+    p.evaluated = e.value("evaluated", 0);
+    p.verified = e.value("verified", 0);
+    p.failed = e.value("failed", 0);
+    p.best_variant_id = e.value("best_variant_id", "");
+    p.best_timing.median_us = e.value("best_median_us", 0.0);
+    p.best_timing.min_us = e.value("best_min_us", 0.0);
+    p.best_timing.max_us = e.value("best_max_us", 0.0);
+    p.best_timing.samples = e.value("best_samples", 0);
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+agent::Candidate CandidateOf(const VariantRecord& v) {
+  agent::Candidate c;
+  c.source = v.source;
+  c.manifest_json = v.manifest_json;
+  c.origin = v.origin;
+  c.template_name = v.template_name;
+  c.knobs_json = v.knobs_json;
+  c.model = v.model;
+  c.prompt = v.prompt;
+  c.answer = v.answer;
+  c.prompt_hash = v.prompt_hash;
+  c.parent_id = v.parent_id;
+  return c;
+}
+
+agent::Feedback FeedbackOf(const std::string& variant_id, const agent::Candidate& c,
+                           const EvaluationRecord& e) {
+  agent::Feedback f;
+  f.variant_id = variant_id;
+  f.candidate = c;
+  f.outcome = e.outcome;
+  f.median_us = e.timing.median_us;
+  f.spread_us = e.timing.max_us - e.timing.min_us;
+  f.rel_l2_error = e.rel_l2_error;
+  f.max_abs_error = e.max_abs_error;
+  f.message = e.message;
+  return f;
+}
+
+bool IsFailure(Outcome o) {
+  return o == Outcome::kCompileError || o == Outcome::kWrong || o == Outcome::kCrashed ||
+         o == Outcome::kTimeout;
+}
+
+}  // namespace
+
+bool IsFinal(JobState s) {
+  return s == JobState::kSucceeded || s == JobState::kFailed || s == JobState::kCancelled;
+}
+
+std::string EncodeShapeKey(const ShapeKey& key) { return ShapeToJson(key).dump(); }
+
+absl::StatusOr<ShapeKey> DecodeShapeKey(const std::string& text) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return absl::DataLossError("stored shape is not JSON");
+  return ShapeFromJson(j);
+}
+
+std::string EncodeJobSpec(const JobSpec& spec) {
+  json shapes = json::array();
+  for (const auto& s : spec.shapes) shapes.push_back(ShapeToJson(s));
+  return json{{"name", spec.name},
+              {"proposer", spec.proposer},
+              {"max_variants", spec.max_variants},
+              {"max_seconds", spec.max_seconds},
+              {"max_tokens", spec.max_tokens},
+              {"seed", spec.seed},
+              {"shapes", shapes}}
+      .dump();
+}
+
+absl::StatusOr<JobSpec> DecodeJobSpec(const std::string& text) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return absl::DataLossError("job spec is not JSON");
+  try {
+    JobSpec s;
+    s.name = j.value("name", "");
+    s.proposer = j.value("proposer", "builtin");
+    s.max_variants = j.value("max_variants", kDefaultMaxVariants);
+    s.max_seconds = j.value("max_seconds", 0);
+    s.max_tokens = j.value("max_tokens", int64_t{0});
+    s.seed = j.value("seed", uint64_t{0});
+    for (const auto& e : j.at("shapes")) {
+      auto k = ShapeFromJson(e);
+      if (!k.ok()) return k.status();
+      s.shapes.push_back(*std::move(k));
+    }
+    return s;
+  } catch (const json::exception& e) {
+    return absl::DataLossError(fmt::format("job spec is malformed: {}", e.what()));
+  }
+}
+
+absl::StatusOr<JobView> DecodeJob(const JobRecord& record) {
+  JobView v;
+  v.record = record;
+  auto spec = DecodeJobSpec(record.spec_json);
+  if (!spec.ok()) return spec.status();
+  v.spec = *std::move(spec);
+  v.progress = ProgressFromJson(record.progress_json);
+  return v;
+}
+
+JobEngine::JobEngine(Store* store, ProposerFactory factory, JobEngineOptions options)
+    : store_(store), factory_(std::move(factory)), options_(std::move(options)) {}
+
+JobEngine::~JobEngine() { Stop(); }
+
+absl::Status JobEngine::Start() {
+  // Resume synchronously before serving so that GetJob/WatchJob see the
+  // rebuilt jobs from the first call on.
+  if (absl::Status s = ResumeAll(); !s.ok()) return s;
+  thread_ = std::thread([this] { Loop(); });
+  return absl::OkStatus();
+}
+
+void JobEngine::Stop() {
+  {
+    std::lock_guard lock(queue_mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  queue_cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  std::map<uint64_t, Watcher> watchers;
+  {
+    std::lock_guard lock(watch_mu_);
+    watchers.swap(watchers_);
+  }
+  // Watch streams end cleanly on shutdown: a last event tells them why.
+  for (auto& [id, w] : watchers) {
+    JobEvent ev;
+    ev.job.record.id = w.job_id;
+    ev.message = "server shutting down";
+    ev.final = true;
+    w.fn(ev);
+  }
+}
+
+void JobEngine::Post(std::function<void()> fn) {
+  {
+    std::lock_guard lock(queue_mu_);
+    queue_.push_back(std::move(fn));
+  }
+  queue_cv_.notify_one();
+}
+
+void JobEngine::Loop() {
+  auto next_tick = std::chrono::steady_clock::now();
+  for (;;) {
+    std::function<void()> fn;
+    {
+      std::unique_lock lock(queue_mu_);
+      queue_cv_.wait_until(lock, next_tick, [&] { return stopping_ || !queue_.empty(); });
+      if (stopping_) return;
+      if (!queue_.empty()) {
+        fn = std::move(queue_.front());
+        queue_.pop_front();
+      }
+    }
+    if (fn) fn();
+    if (std::chrono::steady_clock::now() >= next_tick) {
+      Tick();
+      next_tick = std::chrono::steady_clock::now() + std::chrono::milliseconds(250);
+    }
+  }
+}
+
+void JobEngine::Tick() {
+  // Time budgets end without any task completing; check them here.
+  const int64_t now = NowMs();
+  for (auto& [id, job] : jobs_) {
+    if (job->deadline_ms > 0 && now >= job->deadline_ms) Advance(*job);
+  }
+  std::erase_if(jobs_, [](const auto& kv) { return kv.second->finished; });
+}
+
+absl::StatusOr<JobView> JobEngine::Submit(JobSpec spec) {
+  if (spec.shapes.empty()) return absl::InvalidArgumentError("shapes: at least one is needed");
+  if (spec.proposer.empty()) spec.proposer = "builtin";
+  if (spec.max_variants == 0) spec.max_variants = kDefaultMaxVariants;
+  // Building one proposer up front turns an unknown name into an error for
+  // the caller instead of a failed job.
+  if (auto p = factory_(spec.proposer, spec.seed); !p.ok()) {
+    return absl::InvalidArgumentError(
+        fmt::format("proposer: '{}' is not available: {}", spec.proposer, std::string(p.status().message())));
+  }
+  JobRecord rec;
+  rec.name = spec.name;
+  rec.state = kforge::JobState::kRunning;
+  rec.proposer = spec.proposer;
+  rec.spec_json = EncodeJobSpec(spec);
+  rec.seed = spec.seed;
+  std::vector<BucketProgress> progress;
+  for (const auto& s : spec.shapes) {
+    const std::string id = BucketOf(s).Id();
+    if (std::none_of(progress.begin(), progress.end(),
+                     [&](const BucketProgress& p) { return p.bucket == id; })) {
+      progress.push_back(BucketProgress{.bucket = id});
+    }
+  }
+  rec.progress_json = ProgressToJson(progress).dump();
+  auto id = store_->CreateJob(rec);
+  if (!id.ok()) return id.status();
+  auto stored = store_->GetJob(*id);
+  if (!stored.ok()) return stored.status();
+  {
+    std::lock_guard lock(watch_mu_);
+    for (const auto& p : progress) active_buckets_[p.bucket] = *id;
+  }
+  JobRecord copy = *stored;
+  Post([this, copy] {
+    if (absl::Status s = ResumeJob(copy); !s.ok())
+      spdlog::error("job {}: cannot start: {}", copy.id, std::string(s.message()));
+  });
+  return DecodeJob(*stored);
+}
+
+absl::StatusOr<JobView> JobEngine::Get(const std::string& job_id) {
+  if (job_id.empty()) return absl::NotFoundError("job_id: empty");
+  auto rec = store_->GetJob(job_id);
+  if (!rec.ok()) return rec.status();
+  return DecodeJob(*rec);
+}
+
+absl::StatusOr<JobView> JobEngine::Cancel(const std::string& job_id, const std::string& why) {
+  auto current = Get(job_id);
+  if (!current.ok() || IsFinal(current->record.state)) return current;
+  auto done = std::make_shared<std::promise<void>>();
+  auto fut = done->get_future();
+  Post([this, job_id, why, done] {
+    auto it = jobs_.find(job_id);
+    if (it != jobs_.end() && !it->second->finished) {
+      if (auto c = store_->CancelTasks(job_id); !c.ok())
+        spdlog::error("job {}: cancelling tasks: {}", job_id, std::string(c.status().message()));
+      Finish(*it->second, kforge::JobState::kCancelled, why);
+      jobs_.erase(it);
+    }
+    done->set_value();
+  });
+  // The engine thread is gone after Stop(); do not wait forever then.
+  if (fut.wait_for(std::chrono::seconds(30)) != std::future_status::ready)
+    return absl::UnavailableError("job engine is not running");
+  return Get(job_id);
+}
+
+void JobEngine::OnTaskCompleted(const TaskRecord& task, const EvaluationRecord& eval) {
+  Post([this, task, eval] { HandleCompleted(task, eval); });
+}
+
+void JobEngine::OnRetimeEnqueued(const std::string& job_id, const std::string& task_id) {
+  Post([this, job_id, task_id] {
+    auto it = jobs_.find(job_id);
+    if (it != jobs_.end()) it->second->retimes.insert(task_id);
+  });
+}
+
+uint64_t JobEngine::Watch(const std::string& job_id, WatchFn fn) {
+  std::lock_guard lock(watch_mu_);
+  const uint64_t id = next_watch_id_++;
+  watchers_[id] = Watcher{job_id, std::move(fn)};
+  return id;
+}
+
+void JobEngine::Unwatch(uint64_t watch_id) {
+  std::lock_guard lock(watch_mu_);
+  watchers_.erase(watch_id);
+}
+
+std::optional<std::string> JobEngine::ActiveJobForBucket(const std::string& bucket_id) {
+  std::lock_guard lock(watch_mu_);
+  auto it = active_buckets_.find(bucket_id);
+  if (it == active_buckets_.end()) return std::nullopt;
+  return it->second;
+}
+
+absl::Status JobEngine::ResumeAll() {
+  auto active = store_->ListActiveJobs();
+  if (!active.ok()) return active.status();
+  for (const auto& rec : *active) {
+    if (absl::Status s = ResumeJob(rec); !s.ok()) {
+      // One broken job must not keep the server down: fail it, keep going.
+      spdlog::error("job {}: cannot resume: {}", rec.id, std::string(s.message()));
+      JobRecord failed = rec;
+      failed.state = kforge::JobState::kFailed;
+      failed.message = fmt::format("cannot resume after restart: {}", std::string(s.message()));
+      (void)store_->UpdateJob(failed);
+      (void)store_->CancelTasks(rec.id);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobEngine::ResumeJob(const JobRecord& record) {
+  auto spec = DecodeJobSpec(record.spec_json);
+  if (!spec.ok()) return spec.status();
+  auto job = std::make_unique<JobState>();
+  job->record = record;
+  job->spec = *std::move(spec);
+  if (job->spec.max_seconds > 0)
+    job->deadline_ms = record.created_unix_ms + int64_t{job->spec.max_seconds} * 1000;
+  std::map<std::string, size_t> bucket_index;
+  for (const auto& s : job->spec.shapes) {
+    const Bucket b = BucketOf(s);
+    if (bucket_index.count(b.Id())) continue;
+    BucketState bs;
+    bs.bucket = b;
+    bs.id = b.Id();
+    bs.shape = s;
+    bs.progress.bucket = bs.id;
+    // Each bucket gets its own stream of randomness, stable across restarts.
+    auto p = factory_(job->spec.proposer, SplitMix(job->spec.seed ^ bucket_index.size()));
+    if (!p.ok()) return p.status();
+    bs.proposer = *std::move(p);
+    bucket_index[bs.id] = job->buckets.size();
+    job->buckets.push_back(std::move(bs));
+  }
+
+  // Replay: Remember() every candidate and Observe() every recorded result
+  // in the order they happened (by time, then kind, then id).
+  auto tasks = store_->ListTasks(record.id);
+  if (!tasks.ok()) return tasks.status();
+  std::sort(tasks->begin(), tasks->end(), [](const TaskRecord& a, const TaskRecord& b) {
+    return IdNumber(a.id) < IdNumber(b.id);
+  });
+  struct Event {
+    int64_t at_ms;
+    int kind;  // 0 remember, 1 observe
+    int64_t order;
+    size_t bucket;
+    std::string variant_id;
+    EvaluationRecord eval;
+  };
+  std::vector<Event> events;
+  for (const auto& t : *tasks) {
+    job->tasks_made++;
+    if (t.kind == TaskKind::kRetime) {
+      if (t.state == TaskState::kQueued || t.state == TaskState::kLeased)
+        job->retimes.insert(t.id);
+      continue;
+    }
+    if (t.kind != TaskKind::kEvaluate) continue;
+    auto bi = bucket_index.find(t.bucket);
+    if (bi == bucket_index.end()) continue;
+    BucketState& b = job->buckets[bi->second];
+    if (!b.candidates.count(t.variant_id)) {
+      auto v = store_->GetVariant(t.variant_id);
+      if (!v.ok()) return v.status();
+      b.candidates[t.variant_id] = CandidateOf(*v);
+      events.push_back(Event{t.created_unix_ms, 0, IdNumber(t.id), bi->second, t.variant_id, {}});
+    }
+    b.progress.proposed++;
+    if (t.state == TaskState::kQueued || t.state == TaskState::kLeased) {
+      b.outstanding++;
+      job->task_bucket[t.id] = bi->second;
+    } else if (t.state == TaskState::kDone) {
+      auto evals = store_->ListEvaluations(t.variant_id);
+      if (!evals.ok()) return evals.status();
+      for (const auto& e : *evals) {
+        if (e.task_id != t.id) continue;
+        events.push_back(Event{e.created_unix_ms, 1, e.id, bi->second, t.variant_id, e});
+      }
+    }
+  }
+  std::sort(events.begin(), events.end(), [](const Event& a, const Event& b) {
+    return std::tie(a.at_ms, a.kind, a.order) < std::tie(b.at_ms, b.kind, b.order);
+  });
+  for (const auto& ev : events) {
+    BucketState& b = job->buckets[ev.bucket];
+    const agent::Candidate& c = b.candidates[ev.variant_id];
+    if (ev.kind == 0) {
+      b.proposer->Remember(c);
+      continue;
+    }
+    b.progress.evaluated++;
+    if (ev.eval.outcome == Outcome::kVerified) {
+      b.progress.verified++;
+      if (b.progress.best_variant_id.empty() ||
+          ev.eval.timing.median_us < b.progress.best_timing.median_us) {
+        b.progress.best_variant_id = ev.variant_id;
+        b.progress.best_timing = ev.eval.timing;
+      }
+    } else if (IsFailure(ev.eval.outcome)) {
+      b.progress.failed++;
+    }
+    b.proposer->Observe(FeedbackOf(ev.variant_id, c, ev.eval));
+  }
+
+  const bool fresh = events.empty() && tasks->empty();
+  JobState& ref = *job;
+  {
+    std::lock_guard lock(watch_mu_);
+    for (const auto& b : ref.buckets) active_buckets_[b.id] = record.id;
+  }
+  jobs_[record.id] = std::move(job);
+  if (ref.record.state == kforge::JobState::kQueued) ref.record.state = kforge::JobState::kRunning;
+  Persist(ref, fresh ? "job started" : "job resumed after a server restart");
+  Advance(ref);
+  if (ref.finished) jobs_.erase(record.id);
+  return absl::OkStatus();
+}
+
+void JobEngine::Advance(JobState& job) {
+  if (job.finished) return;
+  if (job.deadline_ms > 0 && NowMs() >= job.deadline_ms) {
+    if (auto c = store_->CancelTasks(job.record.id); !c.ok())
+      spdlog::error("job {}: cancelling tasks: {}", job.record.id, std::string(c.status().message()));
+    Finish(job, kforge::JobState::kSucceeded,
+           fmt::format("time budget of {} s reached", job.spec.max_seconds));
+    return;
+  }
+  const bool tokens_spent =
+      job.spec.max_tokens > 0 && job.record.tokens_used >= job.spec.max_tokens;
+  bool all_done = true;
+  for (auto& b : job.buckets) {
+    const bool bucket_done = b.exhausted || !b.error.empty() || tokens_spent ||
+                             b.progress.proposed >= job.spec.max_variants;
+    if (!bucket_done && b.outstanding == 0) ProposeRound(job, b);
+    const bool still_done = b.exhausted || !b.error.empty() || tokens_spent ||
+                            b.progress.proposed >= job.spec.max_variants;
+    if (!still_done || b.outstanding > 0) all_done = false;
+  }
+  if (!all_done || !job.retimes.empty()) return;
+  bool all_failed = true;
+  std::string errors;
+  for (const auto& b : job.buckets) {
+    if (b.error.empty() || b.progress.verified > 0) all_failed = false;
+    if (!b.error.empty()) errors += fmt::format("{}{}: {}", errors.empty() ? "" : "; ", b.id, b.error);
+  }
+  if (all_failed) {
+    Finish(job, kforge::JobState::kFailed, errors);
+  } else {
+    Finish(job, kforge::JobState::kSucceeded,
+           errors.empty() ? std::string("done") : fmt::format("done; {}", errors));
+  }
+}
+
+void JobEngine::ProposeRound(JobState& job, BucketState& b) {
+  const int n = std::min(options_.candidates_per_round,
+                         job.spec.max_variants - b.progress.proposed);
+  if (n <= 0) return;
+  agent::ProposalContext ctx;
+  ctx.shape = b.shape;
+  ctx.bucket = b.bucket;
+  if (job.spec.max_tokens > 0)
+    ctx.tokens_left = std::max<int64_t>(0, job.spec.max_tokens - job.record.tokens_used);
+  if (auto best = store_->GetBest(b.id, b.bucket.arch); best.ok()) {
+    if (auto v = store_->GetVariant(best->variant_id); v.ok()) {
+      agent::Feedback f;
+      f.variant_id = v->id;
+      f.candidate = CandidateOf(*v);
+      f.outcome = Outcome::kVerified;
+      f.median_us = best->timing.median_us;
+      f.spread_us = best->timing.max_us - best->timing.min_us;
+      ctx.best = std::move(f);
+    }
+  }
+  auto proposed = b.proposer->Propose(ctx, n);
+  if (!proposed.ok()) {
+    b.error = std::string(std::string(proposed.status().message()));
+    Persist(job, fmt::format("proposer failed on {}: {}", b.id, b.error));
+    return;
+  }
+  if (proposed->empty()) {
+    b.exhausted = true;
+    Persist(job, fmt::format("proposer has nothing more for {}", b.id));
+    return;
+  }
+  std::vector<TaskRecord> tasks;
+  std::vector<std::string> variant_ids;
+  for (auto& c : *proposed) {
+    job.record.tokens_used += c.tokens_used;
+    VariantRecord v;
+    v.source = c.source;
+    v.manifest_json = c.manifest_json;
+    v.origin = c.origin;
+    v.template_name = c.template_name;
+    v.knobs_json = c.knobs_json;
+    v.model = c.model;
+    v.prompt_hash = c.prompt_hash;
+    v.prompt = c.prompt;
+    v.answer = c.answer;
+    v.parent_id = c.parent_id;
+    v.job_id = job.record.id;
+    auto id = store_->PutVariant(std::move(v));
+    if (!id.ok()) {
+      // A malformed candidate is the proposer's failure, recorded, not fatal.
+      spdlog::warn("job {}: storing a candidate: {}", job.record.id, std::string(id.status().message()));
+      continue;
+    }
+    if (b.candidates.count(*id)) continue;  // proposed twice: evaluate once
+    b.candidates[*id] = c;
+    TaskRecord t;
+    t.job_id = job.record.id;
+    t.kind = TaskKind::kEvaluate;
+    t.variant_id = *id;
+    t.bucket = b.id;
+    t.arch = b.bucket.arch;
+    t.shape_json = EncodeShapeKey(b.shape);
+    t.seed = SplitMix(job.spec.seed + ++job.tasks_made);
+    tasks.push_back(std::move(t));
+    variant_ids.push_back(*id);
+  }
+  if (tasks.empty()) {
+    // Nothing new came back: treat it as exhaustion so the job cannot spin.
+    b.exhausted = true;
+    Persist(job, fmt::format("proposer offered nothing new for {}", b.id));
+    return;
+  }
+  auto ids = store_->EnqueueTasks(tasks);
+  if (!ids.ok()) {
+    b.error = fmt::format("enqueueing tasks: {}", std::string(ids.status().message()));
+    Persist(job, b.error);
+    return;
+  }
+  const size_t index = static_cast<size_t>(&b - job.buckets.data());
+  for (const auto& id : *ids) job.task_bucket[id] = index;
+  b.outstanding += static_cast<int>(ids->size());
+  b.progress.proposed += static_cast<int>(ids->size());
+  Persist(job, fmt::format("proposed {} candidate(s) for {}", ids->size(), b.id));
+  if (options_.on_tasks_enqueued) options_.on_tasks_enqueued();
+}
+
+void JobEngine::HandleCompleted(const TaskRecord& task, const EvaluationRecord& eval) {
+  auto it = jobs_.find(task.job_id);
+  if (it == jobs_.end()) return;
+  JobState& job = *it->second;
+  if (task.kind == TaskKind::kRetime) {
+    job.retimes.erase(task.id);
+    Advance(job);
+  } else {
+    auto tb = job.task_bucket.find(task.id);
+    if (tb == job.task_bucket.end()) return;
+    BucketState& b = job.buckets[tb->second];
+    job.task_bucket.erase(tb);
+    b.outstanding--;
+    b.progress.evaluated++;
+    std::string msg;
+    if (eval.outcome == Outcome::kVerified) {
+      b.progress.verified++;
+      if (b.progress.best_variant_id.empty() ||
+          eval.timing.median_us < b.progress.best_timing.median_us) {
+        b.progress.best_variant_id = task.variant_id;
+        b.progress.best_timing = eval.timing;
+      }
+      msg = fmt::format("variant {} verified: {:.1f} us", task.variant_id, eval.timing.median_us);
+    } else {
+      if (IsFailure(eval.outcome)) b.progress.failed++;
+      msg = fmt::format("variant {} {}{}{}", task.variant_id, OutcomeName(eval.outcome),
+                        eval.message.empty() ? "" : ": ", eval.message.substr(0, 200));
+    }
+    b.proposer->Observe(FeedbackOf(task.variant_id, b.candidates[task.variant_id], eval));
+    Persist(job, msg);
+    Advance(job);
+  }
+  if (job.finished) jobs_.erase(it);
+}
+
+void JobEngine::Finish(JobState& job, kforge::JobState state, const std::string& message) {
+  job.finished = true;
+  job.record.state = state;
+  job.record.message = message;
+  {
+    std::lock_guard lock(watch_mu_);
+    for (const auto& b : job.buckets) {
+      auto it = active_buckets_.find(b.id);
+      if (it != active_buckets_.end() && it->second == job.record.id) active_buckets_.erase(it);
+    }
+  }
+  job.record.progress_json = ProgressToJson(ViewOf(job).progress).dump();
+  job.record.updated_unix_ms = NowMs();
+  if (absl::Status s = store_->UpdateJob(job.record); !s.ok())
+    spdlog::error("job {}: saving final state: {}", job.record.id, std::string(s.message()));
+  Notify(job, fmt::format("job {}: {}", JobStateName(state), message), /*final=*/true);
+}
+
+void JobEngine::Persist(JobState& job, const std::string& message) {
+  job.record.progress_json = ProgressToJson(ViewOf(job).progress).dump();
+  job.record.updated_unix_ms = NowMs();
+  if (absl::Status s = store_->UpdateJob(job.record); !s.ok())
+    spdlog::error("job {}: saving progress: {}", job.record.id, std::string(s.message()));
+  Notify(job, message, /*final=*/false);
+}
+
+JobView JobEngine::ViewOf(const JobState& job) const {
+  JobView v;
+  v.record = job.record;
+  v.spec = job.spec;
+  for (const auto& b : job.buckets) v.progress.push_back(b.progress);
+  return v;
+}
+
+void JobEngine::Notify(const JobState& job, const std::string& message, bool final) {
+  std::vector<WatchFn> fns;
+  {
+    std::lock_guard lock(watch_mu_);
+    for (auto it = watchers_.begin(); it != watchers_.end();) {
+      if (it->second.job_id == job.record.id) {
+        fns.push_back(it->second.fn);
+        if (final) {
+          it = watchers_.erase(it);
+          continue;
+        }
+      }
+      ++it;
+    }
+  }
+  if (fns.empty()) return;
+  JobEvent ev{ViewOf(job), message, final};
+  for (auto& fn : fns) fn(ev);
+}
+
+}  // namespace kforge::server

@@ -1,0 +1,179 @@
+// JobEngine: turns a tuning job into rounds of evaluation tasks.
+//
+// A job names shapes, a proposer and a budget. The engine groups the shapes
+// by bucket; for each bucket it asks a fresh Proposer (built by the injected
+// factory with the job's seed) for a few candidates, stores them as variants,
+// enqueues one EVALUATE task per candidate and, as workers report, feeds each
+// result back with Observe() and asks for the next round. A bucket is done
+// when its variant budget is spent or its proposer has nothing more to offer;
+// the job is done when every bucket is done and no task of it is
+// outstanding (RETIME tasks included, so the job's final best is settled).
+//
+// Durability: everything a job needs to continue lives in the Store (the job
+// record, its variants, tasks and evaluations). Resume() rebuilds the
+// proposers after a restart by replaying Remember()/Observe() in the order
+// the events originally happened; progress is recomputed from the tasks, so
+// a progress_json written just before a crash cannot mislead it.
+//
+// Threading: all proposer calls and job-state changes run on the engine's
+// own thread (a strand), because proposers are not thread-safe and a model
+// proposer may block on HTTP for seconds; RPC threads only post work to it.
+// Public methods are thread-safe.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "agent/proposer.h"
+#include "core/shape.h"
+#include "storage/store.h"
+
+namespace kforge::server {
+
+// Builds a proposer by name ("builtin", "model") for one job and bucket.
+// NOT_FOUND / INVALID_ARGUMENT for unknown names; main() decides which exist.
+using ProposerFactory = std::function<absl::StatusOr<std::unique_ptr<agent::Proposer>>(
+    const std::string& name, uint64_t seed)>;
+
+inline constexpr int kDefaultMaxVariants = 16;
+inline constexpr int kMaxVariantsLimit = 10000;
+
+// What a client submitted, as stored in JobRecord::spec_json.
+struct JobSpec {
+  std::string name;
+  std::vector<ShapeKey> shapes;  // validated
+  std::string proposer = "builtin";
+  int max_variants = kDefaultMaxVariants;  // per bucket
+  int max_seconds = 0;                     // 0: no limit
+  int64_t max_tokens = 0;                  // 0: no limit
+  uint64_t seed = 0;
+};
+
+struct BucketProgress {
+  std::string bucket;
+  int proposed = 0;
+  int evaluated = 0;
+  int verified = 0;
+  int failed = 0;
+  std::string best_variant_id;  // best of this job's candidates on the bucket
+  TimingRecord best_timing;
+};
+
+// A job as the API shows it: the record plus its decoded spec and progress.
+struct JobView {
+  JobRecord record;
+  JobSpec spec;
+  std::vector<BucketProgress> progress;
+};
+
+std::string EncodeJobSpec(const JobSpec& spec);
+absl::StatusOr<JobSpec> DecodeJobSpec(const std::string& json);
+// Shape keys travel inside TaskRecord::shape_json in the same encoding.
+std::string EncodeShapeKey(const ShapeKey& key);
+absl::StatusOr<ShapeKey> DecodeShapeKey(const std::string& json);
+absl::StatusOr<JobView> DecodeJob(const JobRecord& record);
+
+bool IsFinal(JobState s);
+
+struct JobEvent {
+  JobView job;
+  std::string message;  // what happened
+  bool final = false;   // the job reached a final state: no event follows
+};
+
+struct JobEngineOptions {
+  int candidates_per_round = 4;  // per bucket
+  // Called after tasks were enqueued, so long-polling LeaseTask calls wake up.
+  std::function<void()> on_tasks_enqueued;
+};
+
+class JobEngine {
+ public:
+  // `store` must outlive the engine.
+  JobEngine(Store* store, ProposerFactory factory, JobEngineOptions options);
+  ~JobEngine();  // Stop()s
+  JobEngine(const JobEngine&) = delete;
+  JobEngine& operator=(const JobEngine&) = delete;
+
+  // Starts the engine thread and resumes the store's active jobs.
+  absl::Status Start();
+  // Ends the engine thread; watchers get a last (non-final) event and are
+  // dropped. Idempotent.
+  void Stop();
+
+  // Validates nothing about shapes (the caller did); checks the proposer
+  // name by building one. Returns the created job.
+  absl::StatusOr<JobView> Submit(JobSpec spec);
+  absl::StatusOr<JobView> Get(const std::string& job_id);
+  // Cancels a queued/running job (its outstanding tasks too); a final job is
+  // returned unchanged.
+  absl::StatusOr<JobView> Cancel(const std::string& job_id, const std::string& why);
+
+  // A worker's accepted result for `task` (after Store::CompleteTask).
+  void OnTaskCompleted(const TaskRecord& task, const EvaluationRecord& eval);
+  // The RETIME flow enqueued a task for `job_id`, which must wait for it.
+  void OnRetimeEnqueued(const std::string& job_id, const std::string& task_id);
+
+  // Watching: `fn` runs on the engine thread for every event of the job
+  // until it reached a final state or Unwatch(); keep it short and
+  // non-blocking. Returns 0 when the job is unknown.
+  using WatchFn = std::function<void(const JobEvent&)>;
+  uint64_t Watch(const std::string& job_id, WatchFn fn);
+  void Unwatch(uint64_t watch_id);
+
+  // Active job that is tuning `bucket_id`, if any (for GetKernel's
+  // tune_if_untuned, so repeated requests do not pile up jobs).
+  std::optional<std::string> ActiveJobForBucket(const std::string& bucket_id);
+
+ private:
+  struct BucketState;
+  struct JobState;
+
+  void Post(std::function<void()> fn);
+  void Loop();
+  void Tick();
+  absl::Status ResumeAll();
+  absl::Status ResumeJob(const JobRecord& record);
+  void Advance(JobState& job);
+  void ProposeRound(JobState& job, BucketState& bucket);
+  void Finish(JobState& job, kforge::JobState state, const std::string& message);
+  void HandleCompleted(const TaskRecord& task, const EvaluationRecord& eval);
+  void Persist(JobState& job, const std::string& message);
+  JobView ViewOf(const JobState& job) const;
+  void Notify(const JobState& job, const std::string& message, bool final);
+
+  Store* store_;  // must outlive the engine
+  ProposerFactory factory_;
+  JobEngineOptions options_;
+
+  std::mutex queue_mu_;
+  std::condition_variable queue_cv_;
+  std::deque<std::function<void()>> queue_;  // guarded by queue_mu_
+  bool stopping_ = false;                    // guarded by queue_mu_
+  std::thread thread_;
+
+  // Only touched on the engine thread.
+  std::map<std::string, std::unique_ptr<JobState>> jobs_;
+
+  std::mutex watch_mu_;
+  struct Watcher {
+    std::string job_id;
+    WatchFn fn;
+  };
+  std::map<uint64_t, Watcher> watchers_;  // guarded by watch_mu_
+  uint64_t next_watch_id_ = 1;            // guarded by watch_mu_
+  std::map<std::string, std::string> active_buckets_;  // bucket -> job; guarded by watch_mu_
+};
+
+}  // namespace kforge::server

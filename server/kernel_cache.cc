@@ -1,0 +1,162 @@
+#include "server/kernel_cache.h"
+
+#include <limits>
+#include <utility>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "server/convert.h"
+
+namespace kforge::server {
+
+KernelCache::KernelCache(Store* store, SeedProvider seeds)
+    : store_(store), seeds_(std::move(seeds)) {}
+
+absl::Status KernelCache::LoadAll() {
+  Page page;
+  page.limit = 1000;
+  for (;;) {
+    auto bests = store_->ListBest("", page);
+    if (!bests.ok()) return bests.status();
+    for (const auto& b : bests->items) {
+      if (absl::Status s = Refresh(b.bucket, b.arch); !s.ok())
+        spdlog::warn("best of {} not served: {}", b.bucket, std::string(s.message()));
+    }
+    if (bests->next_token.empty()) break;
+    page.token = bests->next_token;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KernelCache::Refresh(const std::string& bucket_id, const std::string& arch) {
+  auto bucket = ParseBucketId(bucket_id);
+  if (!bucket.ok()) return bucket.status();
+  auto best = store_->GetBest(bucket_id, arch);
+  if (!best.ok()) return best.status();
+  auto kernel = Build(*best);
+  if (!kernel.ok()) return kernel.status();
+  std::unique_lock lock(mu_);
+  best_[bucket_id] = Entry{*std::move(bucket), *std::move(kernel)};
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<const v1::Kernel>> KernelCache::Build(const BestRecord& best) {
+  auto variant = store_->GetVariant(best.variant_id);
+  if (!variant.ok()) return variant.status();
+  auto evals = store_->ListEvaluations(best.variant_id);
+  if (!evals.ok()) return evals.status();
+  // The winning evaluation names the GPU and toolchain; the cubin may come
+  // from any evaluation of the variant for the same arch (a RETIME report
+  // need not resend it).
+  const EvaluationRecord* winner = nullptr;
+  std::string cubin_hash;
+  for (const auto& e : *evals) {
+    if (e.id == best.evaluation_id) winner = &e;
+    if (e.arch == best.arch && !e.cubin_hash.empty() &&
+        (cubin_hash.empty() || e.id == best.evaluation_id))
+      cubin_hash = e.cubin_hash;
+  }
+  auto k = std::make_shared<v1::Kernel>();
+  k->set_variant_id(variant->id);
+  k->set_source_hash(variant->source_hash);
+  k->set_source(variant->source);
+  k->set_arch(best.arch);
+  ManifestToProto(variant->manifest_json, k->mutable_manifest());
+  if (!k->manifest().entry_point().empty()) k->add_entry_points(k->manifest().entry_point());
+  TimingToProto(best.timing, k->mutable_timing());
+  ProvenanceToProto(*variant, k->mutable_provenance());
+  k->set_served_bucket(best.bucket);
+  if (winner) {
+    k->set_compile_options(winner->compile_options);
+    k->set_gpu_name(winner->gpu_name);
+    k->set_nvrtc_version(winner->nvrtc_version);
+    k->set_driver_version(winner->driver_version);
+  }
+  if (!cubin_hash.empty()) {
+    auto cubin = store_->GetCubin(cubin_hash);
+    if (cubin.ok()) {
+      k->set_cubin(*std::move(cubin));
+    } else {
+      spdlog::warn("variant {}: cubin {} unreadable: {}", variant->id, cubin_hash,
+                   std::string(cubin.status().message()));
+    }
+  }
+  return std::shared_ptr<const v1::Kernel>(std::move(k));
+}
+
+absl::StatusOr<Served> KernelCache::Lookup(const ShapeKey& key, const Bucket& bucket) {
+  const std::string id = bucket.Id();
+  {
+    std::shared_lock lock(mu_);
+    if (auto it = best_.find(id); it != best_.end()) return Served{it->second.kernel, true};
+    const Entry* nearest = nullptr;
+    int best_distance = std::numeric_limits<int>::max();
+    for (const auto& [other_id, e] : best_) {
+      auto d = BucketDistance(bucket, e.bucket);
+      if (d && *d < best_distance) {
+        best_distance = *d;
+        nearest = &e;
+      }
+    }
+    if (nearest) return Served{nearest->kernel, false};
+  }
+  auto seed = Seed(key, id);
+  if (!seed.ok()) return seed.status();
+  return Served{*std::move(seed), false};
+}
+
+absl::StatusOr<std::shared_ptr<const v1::Kernel>> KernelCache::Seed(const ShapeKey& key,
+                                                                    const std::string& bucket_id) {
+  using Result = absl::StatusOr<std::shared_ptr<const v1::Kernel>>;
+  if (!seeds_)
+    return absl::NotFoundError(
+        fmt::format("no tuned kernel near bucket {} and no seed kernels configured", bucket_id));
+  std::shared_future<Result> fut;
+  std::promise<Result> promise;
+  bool compile_here = false;
+  {
+    std::lock_guard lock(seed_mu_);
+    auto it = seeds_cache_.find(bucket_id);
+    if (it == seeds_cache_.end()) {
+      fut = promise.get_future().share();
+      seeds_cache_[bucket_id] = fut;
+      compile_here = true;
+    } else {
+      fut = it->second;
+    }
+  }
+  if (compile_here) {
+    Result result = [&]() -> Result {
+      auto seed = seeds_(key);
+      if (!seed.ok()) return seed.status();
+      auto k = std::make_shared<v1::Kernel>();
+      k->set_source(seed->source);
+      k->set_arch(key.arch);
+      ManifestToProto(seed->manifest_json, k->mutable_manifest());
+      if (!k->manifest().entry_point().empty()) k->add_entry_points(k->manifest().entry_point());
+      k->set_cubin(seed->cubin);
+      k->set_compile_options(seed->compile_options);
+      k->set_nvrtc_version(seed->nvrtc_version);
+      k->mutable_provenance()->set_origin("template");
+      k->mutable_provenance()->set_template_name(seed->template_name);
+      k->mutable_provenance()->set_knobs_json(seed->knobs_json);
+      return std::shared_ptr<const v1::Kernel>(std::move(k));
+    }();
+    if (!result.ok()) {
+      // Do not cache failures: the next request tries again.
+      std::lock_guard lock(seed_mu_);
+      seeds_cache_.erase(bucket_id);
+    }
+    promise.set_value(result);
+    return result;
+  }
+  return fut.get();
+}
+
+size_t KernelCache::size() const {
+  std::shared_lock lock(mu_);
+  return best_.size();
+}
+
+}  // namespace kforge::server

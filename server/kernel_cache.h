@@ -1,0 +1,88 @@
+// KernelCache: what GetKernel serves, kept in memory so that the hot path
+// never touches the store.
+//
+// Holds, per (bucket, arch), the best verified variant as a ready-built
+// v1::Kernel (source, manifest, cubin, timing, provenance), loaded from the
+// store at start and refreshed whenever ReportResult replaces a best. For
+// buckets without a winner it answers with the nearest tuned bucket of the
+// same class (BucketDistance) or a seed default built by a SeedProvider and
+// compiled once per bucket.
+//
+// Thread-safe. Lookups take a shared lock and return immutable
+// shared_ptr<const v1::Kernel>, so serving is a copy of a cached message.
+#pragma once
+
+#include <functional>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "core/shape.h"
+#include "kforge/v1/kforge.pb.h"
+#include "storage/store.h"
+
+namespace kforge::server {
+
+// A correct, untuned kernel for a shape: the kernels component's default
+// variant compiled by NVRTC for the shape's arch (main() wires it; tests use
+// a fake). NOT_FOUND when no template serves the shape.
+struct SeedKernel {
+  std::string source;
+  std::string manifest_json;
+  std::string template_name;
+  std::string knobs_json;
+  std::string cubin;  // may be empty when compiling is not possible here
+  std::string compile_options;
+  std::string nvrtc_version;
+};
+using SeedProvider = std::function<absl::StatusOr<SeedKernel>(const ShapeKey&)>;
+
+struct Served {
+  std::shared_ptr<const v1::Kernel> kernel;  // requested_bucket/tuned still to set
+  bool tuned = false;
+};
+
+class KernelCache {
+ public:
+  // `store` must outlive the cache. `seeds` may be empty (no seed defaults:
+  // untuned buckets without a nearby winner get NOT_FOUND).
+  KernelCache(Store* store, SeedProvider seeds);
+
+  // Loads every stored best. Bests whose variant or cubin cannot be read
+  // are skipped with a warning (served as untuned until re-tuned).
+  absl::Status LoadAll();
+  // Re-reads the best of one bucket (after ReportResult replaced it).
+  absl::Status Refresh(const std::string& bucket_id, const std::string& arch);
+
+  // The kernel for a validated shape: exact winner, nearest winner, or seed.
+  absl::StatusOr<Served> Lookup(const ShapeKey& key, const Bucket& bucket);
+
+  size_t size() const;
+
+ private:
+  absl::StatusOr<std::shared_ptr<const v1::Kernel>> Build(const BestRecord& best);
+  absl::StatusOr<std::shared_ptr<const v1::Kernel>> Seed(const ShapeKey& key,
+                                                         const std::string& bucket_id);
+
+  Store* store_;  // must outlive the cache
+  SeedProvider seeds_;
+
+  struct Entry {
+    Bucket bucket;
+    std::shared_ptr<const v1::Kernel> kernel;
+  };
+  mutable std::shared_mutex mu_;
+  std::map<std::string, Entry> best_;  // by bucket id (includes the arch); guarded by mu_
+
+  std::mutex seed_mu_;
+  // One compile per bucket even when many requests arrive at once.
+  std::map<std::string,
+           std::shared_future<absl::StatusOr<std::shared_ptr<const v1::Kernel>>>>
+      seeds_cache_;  // guarded by seed_mu_
+};
+
+}  // namespace kforge::server

@@ -1,0 +1,99 @@
+// kforge-server: the composition root. Reads the configuration, opens the
+// store, builds the proposer factory and seed provider, starts the server
+// and shuts it down gracefully on SIGTERM/SIGINT.
+#include <csignal>
+#include <cstdio>
+#include <memory>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include "server/components.h"
+#include "server/config.h"
+#include "server/server.h"
+#include "storage/store.h"
+
+int main(int argc, char** argv) {
+  using kforge::server::ServerConfig;
+  CLI::App app{"kforge-server: finds, verifies and serves the fastest jagged attention kernels"};
+  std::string config_path, listen, database, log_level;
+  std::vector<std::string> client_tokens, worker_tokens;
+  bool insecure = false;
+  int64_t lease_ttl_ms = 0;
+  int heartbeat_ms = 0, http_port = -1;
+  app.add_option("--config", config_path, "JSON config file (see server/config.h for keys)");
+  app.add_option("--listen", listen, "gRPC listen address (default 127.0.0.1:50051)");
+  app.add_option("--db", database, "SQLite database path (default kforge.db)");
+  app.add_option("--client-token", client_tokens, "client bearer token (repeatable)");
+  app.add_option("--worker-token", worker_tokens, "worker bearer token (repeatable)");
+  app.add_flag("--insecure-no-auth", insecure,
+               "run without authentication (refused otherwise when no tokens are configured)");
+  app.add_option("--lease-ttl-ms", lease_ttl_ms, "task lease time to live")->check(CLI::Range(int64_t{100}, int64_t{86400000}));
+  app.add_option("--heartbeat-ms", heartbeat_ms, "heartbeat interval told to workers")->check(CLI::Range(10, 3600000));
+  app.add_option("--http-port", http_port, "reserved for the dashboard (not served yet)")->check(CLI::Range(0, 65535));
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off");
+  CLI11_PARSE(app, argc, argv);
+
+  ServerConfig cfg;
+  if (!config_path.empty()) {
+    if (absl::Status s = kforge::server::ApplyConfigFile(config_path, cfg); !s.ok()) {
+      std::fprintf(stderr, "kforge-server: %s\n", std::string(s.message()).c_str());
+      return 2;
+    }
+  }
+  kforge::server::ApplyEnvironment(cfg);
+  if (!listen.empty()) cfg.server.listen_address = listen;
+  if (!database.empty()) cfg.database = database;
+  if (!client_tokens.empty()) cfg.server.client_tokens = client_tokens;
+  if (!worker_tokens.empty()) cfg.server.worker_tokens = worker_tokens;
+  if (insecure) cfg.server.insecure_no_auth = true;
+  if (lease_ttl_ms > 0) cfg.server.api.lease_ttl_ms = lease_ttl_ms;
+  if (heartbeat_ms > 0) cfg.server.api.heartbeat_interval_ms = heartbeat_ms;
+  if (http_port >= 0) cfg.http_port = http_port;
+  if (!log_level.empty()) cfg.log_level = log_level;
+  spdlog::set_level(spdlog::level::from_str(cfg.log_level));
+  if (absl::Status s = kforge::server::ValidateConfig(cfg); !s.ok()) {
+    std::fprintf(stderr, "kforge-server: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  if (cfg.server.insecure_no_auth)
+    spdlog::warn("authentication is OFF (--insecure-no-auth): anyone who can reach {} can use it",
+                 cfg.server.listen_address);
+
+  // Signals are taken by a dedicated thread (sigwait), so block them before
+  // any other thread exists; every thread inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  auto store = kforge::OpenSqliteStore(cfg.database);
+  if (!store.ok()) {
+    std::fprintf(stderr, "kforge-server: opening %s: %s\n", cfg.database.c_str(),
+                 std::string(store.status().message()).c_str());
+    return 1;
+  }
+  cfg.server.api.limits.head_dims = kforge::server::CatalogHeadDims();
+  auto server = kforge::server::Server::Start(cfg.server, store->get(),
+                                              kforge::server::DefaultProposerFactory(),
+                                              kforge::server::DefaultSeedProvider());
+  if (!server.ok()) {
+    std::fprintf(stderr, "kforge-server: %s\n", std::string(server.status().message()).c_str());
+    return 1;
+  }
+  std::thread signal_thread([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    spdlog::info("received {}", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    (*server)->Shutdown();
+  });
+  (*server)->Wait();
+  // Shutdown came from elsewhere (not a signal): wake the signal thread.
+  pthread_kill(signal_thread.native_handle(), SIGTERM);
+  signal_thread.join();
+  server->reset();
+  store->reset();  // closes the database after every call has drained
+  return 0;
+}

@@ -1,0 +1,293 @@
+// The only translation unit of kforge_server that includes gRPC headers:
+// they are heavy to compile, and keeping them here keeps the transport in
+// one place.
+#include "server/server.h"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include <fmt/format.h>
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <spdlog/spdlog.h>
+
+#include "kforge/v1/kforge.grpc.pb.h"
+#include "server/auth.h"
+
+namespace kforge::server {
+namespace {
+
+// The one place absl::Status becomes grpc::Status. The codes are the same
+// numbers by design (both follow google.rpc.Code).
+grpc::Status ToGrpcStatus(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(std::string(s.message())));
+}
+
+std::optional<std::string_view> AuthHeader(const grpc::ServerContext* ctx) {
+  const auto& md = ctx->client_metadata();
+  auto it = md.find("authorization");
+  if (it == md.end()) return std::nullopt;
+  return std::string_view(it->second.data(), it->second.size());
+}
+
+class KernelServiceImpl final : public v1::KernelService::Service {
+ public:
+  KernelServiceImpl(KforgeApi* api, const Authenticator* auth) : api_(api), auth_(auth) {}
+
+  grpc::Status GetKernel(grpc::ServerContext* ctx, const v1::GetKernelRequest* req,
+                         v1::GetKernelResponse* resp) override {
+    return Run(ctx, [&] { return api_->GetKernel(*req, resp); });
+  }
+  grpc::Status ListShapes(grpc::ServerContext* ctx, const v1::ListShapesRequest* req,
+                          v1::ListShapesResponse* resp) override {
+    return Run(ctx, [&] { return api_->ListShapes(*req, resp); });
+  }
+  grpc::Status ListVariants(grpc::ServerContext* ctx, const v1::ListVariantsRequest* req,
+                            v1::ListVariantsResponse* resp) override {
+    return Run(ctx, [&] { return api_->ListVariants(*req, resp); });
+  }
+  grpc::Status SubmitJob(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req,
+                         v1::Job* resp) override {
+    return Run(ctx, [&] { return api_->SubmitJob(*req, resp); });
+  }
+  grpc::Status GetJob(grpc::ServerContext* ctx, const v1::GetJobRequest* req,
+                      v1::Job* resp) override {
+    return Run(ctx, [&] { return api_->GetJob(*req, resp); });
+  }
+  grpc::Status ListJobs(grpc::ServerContext* ctx, const v1::ListJobsRequest* req,
+                        v1::ListJobsResponse* resp) override {
+    return Run(ctx, [&] { return api_->ListJobs(*req, resp); });
+  }
+  grpc::Status CancelJob(grpc::ServerContext* ctx, const v1::CancelJobRequest* req,
+                         v1::Job* resp) override {
+    return Run(ctx, [&] { return api_->CancelJob(*req, resp); });
+  }
+  grpc::Status WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,
+                        grpc::ServerWriter<v1::JobEvent>* writer) override {
+    return Run(ctx, [&] {
+      return api_->WatchJob(
+          *req, [&](const v1::JobEvent& ev) { return writer->Write(ev); },
+          [&] { return ctx->IsCancelled(); });
+    });
+  }
+
+ private:
+  template <typename Fn>
+  grpc::Status Run(grpc::ServerContext* ctx, Fn&& fn) {
+    if (absl::Status s = auth_->Check(Role::kClient, AuthHeader(ctx)); !s.ok())
+      return ToGrpcStatus(s);
+    return ToGrpcStatus(fn());
+  }
+  KforgeApi* api_;            // must outlive this
+  const Authenticator* auth_;  // must outlive this
+};
+
+class WorkerServiceImpl final : public v1::WorkerService::Service {
+ public:
+  WorkerServiceImpl(KforgeApi* api, const Authenticator* auth) : api_(api), auth_(auth) {}
+
+  grpc::Status Register(grpc::ServerContext* ctx, const v1::RegisterRequest* req,
+                        v1::RegisterResponse* resp) override {
+    return Run(ctx, [&] { return api_->Register(*req, resp); });
+  }
+  grpc::Status Heartbeat(grpc::ServerContext* ctx, const v1::HeartbeatRequest* req,
+                         v1::HeartbeatResponse* resp) override {
+    return Run(ctx, [&] { return api_->Heartbeat(*req, resp); });
+  }
+  grpc::Status LeaseTask(grpc::ServerContext* ctx, const v1::LeaseTaskRequest* req,
+                         v1::LeaseTaskResponse* resp) override {
+    return Run(ctx,
+               [&] { return api_->LeaseTask(*req, resp, [&] { return ctx->IsCancelled(); }); });
+  }
+  grpc::Status ReportResult(grpc::ServerContext* ctx, const v1::ReportResultRequest* req,
+                            v1::ReportResultResponse* resp) override {
+    return Run(ctx, [&] { return api_->ReportResult(*req, resp); });
+  }
+
+ private:
+  template <typename Fn>
+  grpc::Status Run(grpc::ServerContext* ctx, Fn&& fn) {
+    if (absl::Status s = auth_->Check(Role::kWorker, AuthHeader(ctx)); !s.ok())
+      return ToGrpcStatus(s);
+    return ToGrpcStatus(fn());
+  }
+  KforgeApi* api_;            // must outlive this
+  const Authenticator* auth_;  // must outlive this
+};
+
+}  // namespace
+
+absl::Status CheckAuthConfig(const ServerOptions& o) {
+  if (o.insecure_no_auth) return absl::OkStatus();
+  if (o.client_tokens.empty() || o.worker_tokens.empty())
+    return absl::FailedPreconditionError(fmt::format(
+        "no {} configured: set client_tokens and worker_tokens in the config file, "
+        "--client-token/--worker-token, or KFORGE_CLIENT_TOKEN/KFORGE_WORKER_TOKEN; "
+        "or pass --insecure-no-auth to run without authentication (local development only)",
+        o.client_tokens.empty() && o.worker_tokens.empty() ? "client or worker tokens"
+        : o.client_tokens.empty()                          ? "client tokens"
+                                                           : "worker tokens"));
+  for (const auto& t : o.client_tokens)
+    for (const auto& w : o.worker_tokens)
+      if (t == w)
+        return absl::InvalidArgumentError(
+            "a token is configured as both a client and a worker token; use distinct tokens");
+  return absl::OkStatus();
+}
+
+class Server::Impl {
+ public:
+  Impl(ServerOptions options, Store* store, ProposerFactory proposers, SeedProvider seeds)
+      : options_(std::move(options)),
+        cache_(store, std::move(seeds)),
+        engine_(store, std::move(proposers), EngineOptions()),
+        api_(store, &cache_, &engine_, options_.api),
+        auth_(options_.client_tokens, options_.worker_tokens, options_.insecure_no_auth),
+        kernel_service_(&api_, &auth_),
+        worker_service_(&api_, &auth_) {}
+
+  JobEngineOptions EngineOptions() {
+    JobEngineOptions o = options_.engine;
+    auto user = o.on_tasks_enqueued;
+    // The api is built after the engine; it is only called once both exist.
+    o.on_tasks_enqueued = [this, user] {
+      api_.NotifyTasks();
+      if (user) user();
+    };
+    return o;
+  }
+
+  absl::Status Start() {
+    if (absl::Status s = CheckAuthConfig(options_); !s.ok()) return s;
+    if (absl::Status s = cache_.LoadAll(); !s.ok()) return s;
+    if (absl::Status s = api_.Init(); !s.ok()) return s;
+    if (absl::Status s = engine_.Start(); !s.ok()) return s;
+    // Leases that expired while the server was down go back to the queue
+    // before any worker asks.
+    (void)api_.RequeueExpired();
+
+    grpc::EnableDefaultHealthCheckService(true);
+    grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort(options_.listen_address, grpc::InsecureServerCredentials(), &port_);
+    builder.RegisterService(&kernel_service_);
+    builder.RegisterService(&worker_service_);
+    builder.SetMaxReceiveMessageSize(options_.max_receive_message_bytes);
+    server_ = builder.BuildAndStart();
+    if (!server_ || port_ == 0)
+      return absl::UnavailableError(
+          fmt::format("cannot listen on {} (address in use or not valid)", options_.listen_address));
+    auto* health = server_->GetHealthCheckService();
+    health->SetServingStatus(true);
+    health->SetServingStatus("kforge.v1.KernelService", true);
+    health->SetServingStatus("kforge.v1.WorkerService", true);
+    reaper_ = std::thread([this] { Reap(); });
+    const size_t colon = options_.listen_address.rfind(':');
+    address_ = fmt::format("{}:{}", options_.listen_address.substr(0, colon), port_);
+    spdlog::info("kforge-server listening on {} ({} served kernels, auth {})", address_,
+                 cache_.size(), options_.insecure_no_auth ? "OFF" : "on");
+    return absl::OkStatus();
+  }
+
+  void Reap() {
+    std::unique_lock lock(mu_);
+    while (!stopping_) {
+      cv_.wait_for(lock, std::chrono::milliseconds(options_.reaper_interval_ms));
+      if (stopping_) break;
+      lock.unlock();
+      if (auto n = api_.RequeueExpired(); !n.ok())
+        spdlog::error("reaper: {}", std::string(n.status().message()));
+      lock.lock();
+    }
+  }
+
+  void Shutdown() {
+    {
+      std::unique_lock lock(mu_);
+      if (shutdown_started_) {
+        // A second caller waits for the first to finish.
+        done_cv_.wait(lock, [&] { return done_; });
+        return;
+      }
+      shutdown_started_ = true;
+    }
+    spdlog::info("shutting down: health NOT_SERVING, draining calls");
+    if (server_) {
+      auto* health = server_->GetHealthCheckService();
+      health->SetServingStatus(false);
+      health->SetServingStatus("kforge.v1.KernelService", false);
+      health->SetServingStatus("kforge.v1.WorkerService", false);
+    }
+    api_.BeginShutdown();
+    if (options_.shutdown_grace_ms > 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(options_.shutdown_grace_ms));
+    if (server_)
+      server_->Shutdown(std::chrono::system_clock::now() +
+                        std::chrono::milliseconds(options_.drain_timeout_ms));
+    engine_.Stop();
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    if (reaper_.joinable()) reaper_.join();
+    {
+      std::lock_guard lock(mu_);
+      done_ = true;
+    }
+    done_cv_.notify_all();
+    spdlog::info("shutdown complete");
+  }
+
+  void Wait() {
+    std::unique_lock lock(mu_);
+    done_cv_.wait(lock, [&] { return done_; });
+  }
+
+  int port_ = 0;
+  std::string address_;
+
+ private:
+  ServerOptions options_;
+  KernelCache cache_;
+  JobEngine engine_;
+  KforgeApi api_;
+  Authenticator auth_;
+  KernelServiceImpl kernel_service_;
+  WorkerServiceImpl worker_service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::thread reaper_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::condition_variable done_cv_;
+  bool stopping_ = false;          // guarded by mu_
+  bool shutdown_started_ = false;  // guarded by mu_
+  bool done_ = false;              // guarded by mu_
+};
+
+Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Server::~Server() {
+  if (impl_) impl_->Shutdown();
+}
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options, Store* store,
+                                                      ProposerFactory proposers,
+                                                      SeedProvider seeds) {
+  auto impl = std::make_unique<Impl>(std::move(options), store, std::move(proposers),
+                                     std::move(seeds));
+  if (absl::Status s = impl->Start(); !s.ok()) return s;
+  return std::unique_ptr<Server>(new Server(std::move(impl)));
+}
+
+int Server::port() const { return impl_->port_; }
+std::string Server::address() const { return impl_->address_; }
+void Server::Shutdown() { impl_->Shutdown(); }
+void Server::Wait() { impl_->Wait(); }
+
+}  // namespace kforge::server

@@ -1,0 +1,66 @@
+// Server: the running kforge-server. Wires the KernelCache, JobEngine and
+// KforgeApi to a gRPC server with KernelService, WorkerService, the standard
+// grpc.health.v1 health service and server reflection, plus the lease reaper.
+//
+// Shutdown order (Shutdown()): health NOT_SERVING for every service; long
+// polls and watch streams are told to end; after `shutdown_grace_ms` (time
+// for load balancers to notice) the listener closes and in-flight calls get
+// `drain_timeout_ms` to finish before they are cancelled; then the job
+// engine and the reaper stop. The store is the caller's and stays open.
+//
+// Thread-safe. gRPC types stay inside server.cc.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "server/api.h"
+#include "server/jobs.h"
+#include "server/kernel_cache.h"
+#include "storage/store.h"
+
+namespace kforge::server {
+
+struct ServerOptions {
+  std::string listen_address = "127.0.0.1:50051";  // port 0 picks a free port
+  std::vector<std::string> client_tokens;
+  std::vector<std::string> worker_tokens;
+  bool insecure_no_auth = false;  // see auth.h for the policy
+  ApiOptions api;
+  int reaper_interval_ms = 1000;
+  int shutdown_grace_ms = 0;
+  int drain_timeout_ms = 10000;
+  int max_receive_message_bytes = 64 << 20;  // cubins come with results
+  JobEngineOptions engine;
+};
+
+class Server {
+ public:
+  // Loads the served kernels and registered workers, resumes active jobs and
+  // starts listening. `store` must outlive the server. `seeds` may be empty.
+  static absl::StatusOr<std::unique_ptr<Server>> Start(ServerOptions options, Store* store,
+                                                       ProposerFactory proposers,
+                                                       SeedProvider seeds);
+  ~Server();  // Shutdown()
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  int port() const;                     // the bound port
+  std::string address() const;          // host:port actually bound
+  void Shutdown();                      // idempotent
+  void Wait();                          // until Shutdown() completed
+
+  class Impl;
+
+ private:
+  explicit Server(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// The auth policy of auth.h, applied to a configuration: an error naming
+// what is missing when the server must not start.
+absl::Status CheckAuthConfig(const ServerOptions& options);
+
+}  // namespace kforge::server
