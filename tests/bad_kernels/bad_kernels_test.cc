@@ -1,0 +1,86 @@
+// Each in-process-safe corpus kernel, evaluated on the GPU, gets the outcome
+// expected.json names. Crash and hang kernels are left to the sandbox tests
+// (worker), since they kill or stall the process that runs them.
+#include <gtest/gtest.h>
+
+#include "core/outcome.h"
+#include "fmt/format.h"
+#include "gpu/compile.h"
+#include "kernels/manifest.h"
+#include "tests/bad_kernels/corpus.h"
+#include "worker/eval/eval.h"
+
+namespace kforge::bad_kernels {
+namespace {
+
+class BadKernels : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    absl::StatusOr<std::unique_ptr<gpu::Driver>> d = gpu::Driver::Load();
+    if (!d.ok()) {
+      skip_reason_ = std::string(d.status().message());
+      return;
+    }
+    driver_ = d->release();
+    absl::StatusOr<std::unique_ptr<eval::Evaluator>> e = eval::Evaluator::Create(*driver_);
+    if (!e.ok()) {
+      skip_reason_ = fmt::format("evaluator: {}", std::string(e.status().message()));
+      return;
+    }
+    evaluator_ = e->release();
+  }
+  void SetUp() override {
+    if (evaluator_ == nullptr) GTEST_SKIP() << skip_reason_;
+  }
+  static gpu::Driver* driver_;
+  static eval::Evaluator* evaluator_;
+  static std::string skip_reason_;
+};
+
+gpu::Driver* BadKernels::driver_ = nullptr;
+eval::Evaluator* BadKernels::evaluator_ = nullptr;
+std::string BadKernels::skip_reason_;
+
+TEST_F(BadKernels, EachInProcessKernelGetsItsExpectedOutcome) {
+  nlohmann::json expected = nlohmann::json::parse(ExpectedJson());
+  uint64_t seed = 1000;
+  for (const auto& k : expected.at("kernels")) {
+    if (!k.at("in_process").get<bool>()) continue;
+    const std::string file = k.at("file").get<std::string>();
+    SCOPED_TRACE(file);
+    const nlohmann::json& shape_json = k.contains("shape") ? k["shape"] : expected["shape"];
+    const nlohmann::json& manifest_json =
+        k.contains("manifest") ? k["manifest"] : expected["manifest"];
+    absl::StatusOr<Manifest> manifest = ParseManifest(manifest_json.dump());
+    ASSERT_TRUE(manifest.ok()) << manifest.status();
+
+    eval::EvalRequest req;
+    req.shape = ShapeFromJson(shape_json);
+    req.shape.arch = evaluator_->device().arch;
+    req.seed = ++seed;
+    req.candidate.source = Source(file);  // Evaluate compiles it for the device
+    req.candidate.manifest = *manifest;
+    req.options.iterations = 5;
+    double reference_ms = -1;
+    absl::StatusOr<eval::EvalResult> r = evaluator_->Evaluate(
+        req, [&](double ms, int launches) {
+          reference_ms = ms;
+          EXPECT_GT(launches, 0);
+        });
+    ASSERT_TRUE(r.ok()) << r.status();
+    const std::string want = k.at("expected").get<std::string>();
+    EXPECT_EQ(OutcomeName(r->outcome), want) << r->message << "\n" << r->errors.detail;
+    std::cout << fmt::format("{:22} {:14} {}\n", file, OutcomeName(r->outcome), r->message);
+    ASSERT_FALSE(r->context_lost);
+    if (want != "compile_error") EXPECT_GE(reference_ms, 0);
+    if (want == "verified") {
+      ASSERT_TRUE(r->timing.has_value());
+      EXPECT_GT(r->timing->median_us, 0);
+      EXPECT_EQ(r->timing->samples, 5);
+    }
+    if (want == "wrong") EXPECT_FALSE(r->errors.detail.empty());
+  }
+}
+
+}  // namespace
+}  // namespace kforge::bad_kernels

@@ -1,0 +1,134 @@
+#include "worker/eval/batches.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "fmt/format.h"
+
+namespace kforge::eval {
+namespace {
+
+std::vector<int> ToOffsets(const std::vector<int>& lengths) {
+  std::vector<int> cu = {0};
+  for (int l : lengths) cu.push_back(cu.back() + l);
+  return cu;
+}
+
+// A length in [2, max] that is odd and no multiple of 64 when max allows.
+int AwkwardLength(std::mt19937_64& rng, int max) {
+  if (max <= 2) return max;
+  std::uniform_int_distribution<int> dist(2, max);
+  for (int tries = 0; tries < 16; ++tries) {
+    int l = dist(rng);
+    if (l % 2 == 1 && l % 64 != 0) return l;
+  }
+  return max % 2 == 1 ? max : max - 1;
+}
+
+// Hostile lengths for one check batch: max, 0, 1 and awkward ones, shuffled.
+std::vector<int> HostileLengths(std::mt19937_64& rng, int count, int max) {
+  std::vector<int> lengths = {max, 0, 1};
+  while (int(lengths.size()) < count) lengths.push_back(AwkwardLength(rng, max));
+  lengths.resize(count);
+  std::shuffle(lengths.begin(), lengths.end(), rng);
+  return lengths;
+}
+
+// `count` lengths in [1, max] with mean about `mean`; the first is `max`.
+std::vector<int> StatLengths(std::mt19937_64& rng, int64_t count, int64_t max, double mean) {
+  std::vector<int> lengths(count);
+  mean = std::clamp(mean, 1.0, double(max));
+  if (2 * mean - 1 <= double(max)) {
+    // Uniform on [1, 2 mean - 1] has the mean and stays under max.
+    std::uniform_int_distribution<int64_t> dist(1, std::max<int64_t>(1, int64_t(2 * mean - 1)));
+    for (auto& l : lengths) l = int(dist(rng));
+  } else {
+    // Mean close to max: uniform on [2 mean - max, max].
+    std::uniform_int_distribution<int64_t> dist(std::max<int64_t>(1, int64_t(2 * mean - max)), max);
+    for (auto& l : lengths) l = int(dist(rng));
+  }
+  if (!lengths.empty()) lengths[0] = int(max);
+  return lengths;
+}
+
+}  // namespace
+
+reference::JaggedShape HeadLayout(const ShapeKey& key) {
+  reference::JaggedShape s;
+  s.heads = key.heads;
+  s.kv_heads = key.kv_heads > 0 ? key.kv_heads : key.heads;
+  s.head_dim = key.head_dim;
+  s.causal = key.causal;
+  return s;
+}
+
+reference::JaggedShape CheckBatch(const ShapeKey& key, uint64_t seed, int index) {
+  std::mt19937_64 rng(seed * 0x9e3779b97f4a7c15ull + 0x100 + uint64_t(index));
+  reference::JaggedShape s = HeadLayout(key);
+  const int max_q = int(std::clamp<int64_t>(key.max_len_q, 1, kCheckMaxLen));
+  const int count = 5 + index % 4;
+  std::vector<int> lq = HostileLengths(rng, count, max_q);
+  s.cu_q = ToOffsets(lq);
+  if (key.cross) {
+    const int max_k = int(std::clamp<int64_t>(key.max_len_k > 0 ? key.max_len_k : key.max_len_q,
+                                              1, kCheckMaxLen));
+    std::vector<int> lk = HostileLengths(rng, count, max_k);
+    // Make sure some sequence has Lq != Lk with both non-empty.
+    for (int b = 0; b < count; ++b) {
+      if (lq[b] > 0 && lk[b] > 0 && lq[b] != lk[b]) break;
+      if (b == count - 1) {
+        lq[0] = std::max(1, max_q / 2 + 1);
+        lk[0] = std::max(1, max_k / 3 + 1) + (max_k > 4 ? 2 : 0);
+        if (lq[0] == lk[0]) lk[0] = lk[0] > 1 ? lk[0] - 1 : 2;
+        s.cu_q = ToOffsets(lq);
+      }
+    }
+    s.cu_k = ToOffsets(lk);
+  } else {
+    s.cu_k = s.cu_q;
+  }
+  return s;
+}
+
+absl::StatusOr<reference::JaggedShape> TimingBatch(const ShapeKey& key, uint64_t seed,
+                                                   std::span<const int32_t> cu_q,
+                                                   std::span<const int32_t> cu_k) {
+  reference::JaggedShape s = HeadLayout(key);
+  if (!cu_q.empty()) {
+    s.cu_q.assign(cu_q.begin(), cu_q.end());
+    s.cu_k = cu_k.empty() ? s.cu_q : std::vector<int>(cu_k.begin(), cu_k.end());
+  } else {
+    if (key.batch < 1 || key.max_len_q < 1) {
+      return absl::InvalidArgumentError(
+          fmt::format("timing batch needs batch >= 1 and max_len_q >= 1 (got {} and {})",
+                      key.batch, key.max_len_q));
+    }
+    std::mt19937_64 rng(seed * 0x9e3779b97f4a7c15ull + 0x7);
+    const double mean_q = key.total_q > 0 ? double(key.total_q) / key.batch : key.max_len_q / 2.0;
+    s.cu_q = ToOffsets(StatLengths(rng, key.batch, key.max_len_q, mean_q));
+    if (key.cross) {
+      const int64_t max_k = key.max_len_k > 0 ? key.max_len_k : key.max_len_q;
+      const double mean_k = key.total_k > 0 ? double(key.total_k) / key.batch : max_k / 2.0;
+      s.cu_k = ToOffsets(StatLengths(rng, key.batch, max_k, mean_k));
+    } else {
+      s.cu_k = s.cu_q;
+    }
+  }
+  if (absl::Status st = reference::ValidateJaggedShape(s); !st.ok()) return st;
+  const int64_t elements = int64_t(std::max(s.total_q(), s.total_k())) * s.heads * s.head_dim;
+  if (elements > kMaxEvalElements) {
+    return absl::InvalidArgumentError(fmt::format(
+        "timing batch too large to evaluate: {} elements per tensor (limit {})", elements,
+        kMaxEvalElements));
+  }
+  return s;
+}
+
+std::vector<uint16_t> RandomBf16(size_t n, std::mt19937_64& rng) {
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<uint16_t> out(n);
+  for (auto& x : out) x = reference::FloatToBf16(dist(rng));
+  return out;
+}
+
+}  // namespace kforge::eval

@@ -1,0 +1,44 @@
+// The random jagged batches a candidate is checked and timed on.
+//
+// Check batches are small and hostile: every one holds a sequence of the
+// shape's maximum length (capped at kCheckMaxLen), an empty one and a
+// length-1 one, and lengths that are not multiples of any tile; cross shapes
+// draw key lengths independently (Lq != Lk, Lk = 0 included). The timing
+// batch follows the shape's statistics (B, max, mean) or the exact offsets a
+// task carried. Everything derives from the task's seed, so a result can be
+// replayed, and a fresh seed per task defeats hard-coding.
+//
+// Thread-safe: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/shape.h"
+#include "worker/reference/jagged.h"
+
+namespace kforge::eval {
+
+inline constexpr int kCheckMaxLen = 4096;
+// Largest timing problem evaluated: elements of Q (total_q * heads * head_dim).
+inline constexpr int64_t kMaxEvalElements = int64_t{1} << 28;
+
+// The head layout and mask of `key` with empty offsets.
+reference::JaggedShape HeadLayout(const ShapeKey& key);
+
+// Check batch `index` (0, 1, ...) for `key`.
+reference::JaggedShape CheckBatch(const ShapeKey& key, uint64_t seed, int index);
+
+// The timing batch: `cu_q`/`cu_k` when given (cu_k empty: self-attention),
+// else lengths drawn to match key.batch, max_len_* and total_* (mean).
+absl::StatusOr<reference::JaggedShape> TimingBatch(const ShapeKey& key, uint64_t seed,
+                                                   std::span<const int32_t> cu_q,
+                                                   std::span<const int32_t> cu_k);
+
+// Fresh N(0, 1) bf16 values.
+std::vector<uint16_t> RandomBf16(size_t n, std::mt19937_64& rng);
+
+}  // namespace kforge::eval

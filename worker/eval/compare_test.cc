@@ -1,0 +1,125 @@
+// The tolerance policy and its messages (no GPU).
+#include "worker/eval/compare.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "worker/reference/jagged.h"
+
+namespace kforge::eval {
+namespace {
+
+using reference::FloatToBf16;
+
+struct Fixture {
+  std::vector<int> cu = {0, 2, 2, 5};  // lengths 2, 0, 3
+  int heads = 2, dim = 8;
+  Layout rows() const { return Layout{cu, heads, dim, false}; }
+  Layout lse() const { return Layout{cu, heads, 1, true}; }
+  size_t n() const { return size_t(cu.back()) * heads * dim; }
+};
+
+std::vector<float> Ramp(size_t n) {
+  std::vector<float> r(n);
+  for (size_t i = 0; i < n; ++i) r[i] = std::sin(float(i)) * 2;
+  return r;
+}
+
+std::vector<uint16_t> ToBf16(const std::vector<float>& f) {
+  std::vector<uint16_t> out(f.size());
+  for (size_t i = 0; i < f.size(); ++i) out[i] = FloatToBf16(f[i]);
+  return out;
+}
+
+TEST(CheckBf16, Bf16RoundingOfTheReferencePasses) {
+  Fixture f;
+  auto ref = Ramp(f.n());
+  OutputCheck c = CheckBf16("O", ToBf16(ref), ref, f.rows());
+  EXPECT_TRUE(c.pass) << c.detail;
+  EXPECT_LT(c.rel_l2, 5e-3);
+}
+
+TEST(CheckBf16, UnwrittenElementFailsAndIsLocated) {
+  Fixture f;
+  auto ref = Ramp(f.n());
+  auto got = ToBf16(ref);
+  // Row 3 overall = seq 2 row 1; head 1; dim 4.
+  got[(3 * 2 + 1) * 8 + 4] = kPoisonBf16;
+  OutputCheck c = CheckBf16("O", got, ref, f.rows());
+  EXPECT_FALSE(c.pass);
+  EXPECT_EQ(c.unwritten, 1u);
+  EXPECT_NE(c.detail.find("seq 2 (len 3) row 1 head 1 dim 4"), std::string::npos) << c.detail;
+  EXPECT_NE(c.detail.find("unwritten"), std::string::npos) << c.detail;
+}
+
+TEST(CheckBf16, OtherNanAndInfFail) {
+  Fixture f;
+  auto ref = Ramp(f.n());
+  auto got = ToBf16(ref);
+  got[0] = 0x7f80;  // +inf
+  got[5] = 0xffc1;  // a NaN that is not the poison
+  OutputCheck c = CheckBf16("dQ", got, ref, f.rows());
+  EXPECT_FALSE(c.pass);
+  EXPECT_EQ(c.nonfinite, 2u);
+  EXPECT_EQ(c.unwritten, 0u);
+}
+
+TEST(CheckBf16, OneBadElementFailsOnMaxAbsEvenWithSmallRelL2) {
+  Fixture f;
+  std::vector<float> ref(f.n() * 50, 1.0f);
+  auto got = ToBf16(ref);
+  got[7] = FloatToBf16(1.25f);
+  f.cu = {0, 250};
+  OutputCheck c = CheckBf16("O", got, ref, f.rows());
+  EXPECT_LT(c.rel_l2, kBf16MaxRelL2);
+  EXPECT_FALSE(c.pass);
+  EXPECT_NE(c.detail.find("max_abs"), std::string::npos);
+}
+
+TEST(CheckBf16, ScaledOutputFailsOnRelL2) {
+  Fixture f;
+  auto ref = Ramp(f.n());
+  std::vector<float> scaled(ref);
+  for (auto& x : scaled) x *= 1.05f;
+  OutputCheck c = CheckBf16("O", ToBf16(scaled), ref, f.rows());
+  EXPECT_FALSE(c.pass);
+  EXPECT_GT(c.rel_l2, kBf16MaxRelL2);
+}
+
+TEST(CheckLse, MinusInfRowsMustStayMinusInf) {
+  Fixture f;
+  size_t n = size_t(f.cu.back()) * f.heads;
+  std::vector<float> ref(n, 1.5f);
+  ref[2] = -std::numeric_limits<float>::infinity();
+  std::vector<float> got = ref;
+  EXPECT_TRUE(CheckLse(got, ref, f.lse()).pass);
+  got[2] = 0.0f;
+  OutputCheck c = CheckLse(got, ref, f.lse());
+  EXPECT_FALSE(c.pass);
+  EXPECT_NE(c.detail.find("-inf is due"), std::string::npos) << c.detail;
+}
+
+TEST(CheckLse, ToleranceIsAbsolute) {
+  Fixture f;
+  size_t n = size_t(f.cu.back()) * f.heads;
+  std::vector<float> ref(n, 3.0f), got(n, 3.0f + 0.5f * float(kLseMaxAbs));
+  EXPECT_TRUE(CheckLse(got, ref, f.lse()).pass);
+  got[9] = 3.0f + 2 * float(kLseMaxAbs);
+  OutputCheck c = CheckLse(got, ref, f.lse());
+  EXPECT_FALSE(c.pass);
+  // Index 9 of (heads=2, rows=5): head 1, row 4 = seq 2 row 2.
+  EXPECT_NE(c.detail.find("seq 2 (len 3) row 2 head 1"), std::string::npos) << c.detail;
+}
+
+TEST(FirstBitDifference, FindsTheFirstIndex) {
+  std::vector<float> a = {1, 2, 3}, b = {1, 2, 4};
+  EXPECT_EQ(FirstBitDifference<float>(a, b), 2);
+  EXPECT_EQ(FirstBitDifference<float>(a, a), -1);
+  std::vector<float> z = {0.0f}, nz = {-0.0f};
+  EXPECT_EQ(FirstBitDifference<float>(z, nz), 0);
+}
+
+}  // namespace
+}  // namespace kforge::eval

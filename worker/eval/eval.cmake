@@ -1,0 +1,19 @@
+# Included from worker/CMakeLists.txt (not a CMakeLists.txt yet: the worker's
+# build switches to its child_eval.cc as soon as worker/eval/CMakeLists.txt
+# exists; rename this file then and use add_subdirectory(eval)).
+# kforge_eval: verifies a compiled candidate against the GPU reference on
+# random jagged batches and times it (in-process; the worker runs it inside
+# its sandboxed child).
+find_package(fmt CONFIG REQUIRED)
+
+add_library(kforge_eval
+  ${CMAKE_CURRENT_LIST_DIR}/eval.cc
+  ${CMAKE_CURRENT_LIST_DIR}/compare.cc
+  ${CMAKE_CURRENT_LIST_DIR}/batches.cc)
+target_link_libraries(kforge_eval
+  PUBLIC kforge_gpu kforge_reference kforge_kernels kforge_core absl::status absl::statusor
+  PRIVATE fmt::fmt)
+
+kforge_test(eval_unit_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/compare_test.cc ${CMAKE_CURRENT_LIST_DIR}/batches_test.cc LIBS kforge_eval fmt::fmt)
+kforge_test(eval_gpu_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/eval_gpu_test.cc
+  LIBS kforge_eval kforge_bad_kernel_corpus nlohmann_json::nlohmann_json fmt::fmt LABELS gpu)

@@ -1,0 +1,159 @@
+// The evaluator on the GPU with the corpus's good kernels: forward on several
+// shapes (self/cross, causal or not, GQA, head dims), backward, and retiming.
+// Skips without a CUDA driver.
+#include "worker/eval/eval.h"
+
+#include <gtest/gtest.h>
+
+#include "fmt/format.h"
+#include "kernels/manifest.h"
+#include "tests/bad_kernels/corpus.h"
+
+namespace kforge::eval {
+namespace {
+
+class EvalGpu : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    absl::StatusOr<std::unique_ptr<gpu::Driver>> d = gpu::Driver::Load();
+    if (!d.ok()) {
+      skip_reason_ = std::string(d.status().message());
+      return;
+    }
+    driver_ = d->release();
+    absl::StatusOr<std::unique_ptr<Evaluator>> e = Evaluator::Create(*driver_);
+    if (!e.ok()) {
+      skip_reason_ = fmt::format("evaluator: {}", std::string(e.status().message()));
+      return;
+    }
+    evaluator_ = e->release();
+  }
+  void SetUp() override {
+    if (evaluator_ == nullptr) GTEST_SKIP() << skip_reason_;
+  }
+
+  static Candidate Good(bool backward) {
+    nlohmann::json expected = nlohmann::json::parse(bad_kernels::ExpectedJson());
+    nlohmann::json manifest = expected["manifest"];
+    for (const auto& k : expected["kernels"]) {
+      if (backward && k["file"] == "good_bwd.cu") manifest = k["manifest"];
+    }
+    Candidate c;
+    c.source = bad_kernels::Source(backward ? "good_bwd.cu" : "good.cu");
+    c.manifest = *ParseManifest(manifest.dump());
+    return c;
+  }
+
+  static ShapeKey Shape(Op op, int d, int h, int kvh, bool causal, bool cross) {
+    ShapeKey k;
+    k.op = op;
+    k.head_dim = d;
+    k.heads = h;
+    k.kv_heads = kvh;
+    k.causal = causal;
+    k.cross = cross;
+    k.arch = evaluator_->device().arch;
+    k.batch = 12;
+    k.max_len_q = 333;
+    k.total_q = 12 * 150;
+    k.max_len_k = cross ? 211 : 333;
+    k.total_k = cross ? 12 * 90 : 12 * 150;
+    return k;
+  }
+
+  static gpu::Driver* driver_;
+  static Evaluator* evaluator_;
+  static std::string skip_reason_;
+};
+
+gpu::Driver* EvalGpu::driver_ = nullptr;
+Evaluator* EvalGpu::evaluator_ = nullptr;
+std::string EvalGpu::skip_reason_;
+
+TEST_F(EvalGpu, GoodForwardVerifiesOnManyShapes) {
+  struct S { int d, h, kvh; bool causal, cross; };
+  for (S s : {S{64, 2, 2, false, false}, S{128, 4, 1, true, false}, S{96, 3, 3, true, true},
+              S{256, 2, 1, false, true}, S{40, 4, 2, true, false}}) {
+    SCOPED_TRACE(fmt::format("d{} h{}/{} causal {} cross {}", s.d, s.h, s.kvh, s.causal, s.cross));
+    EvalRequest req;
+    req.shape = Shape(Op::kForward, s.d, s.h, s.kvh, s.causal, s.cross);
+    req.seed = 77 + s.d;
+    req.candidate = Good(false);
+    req.options.iterations = 5;
+    absl::StatusOr<EvalResult> r = evaluator_->Evaluate(req);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->outcome, Outcome::kVerified) << r->message;
+    EXPECT_LE(r->errors.rel_l2, 1e-2);
+    EXPECT_TRUE(r->compile.has_value());
+    EXPECT_GT(r->attributes.num_regs, 0);
+    EXPECT_TRUE(r->reference_timing.has_value());
+    std::cout << r->message << "\n";
+  }
+}
+
+TEST_F(EvalGpu, GoodBackwardVerifies) {
+  for (bool cross : {false, true}) {
+    EvalRequest req;
+    req.shape = Shape(Op::kBackward, 64, 4, 2, true, cross);
+    req.shape.max_len_q = 150;
+    req.shape.total_q = 12 * 60;
+    req.shape.max_len_k = cross ? 120 : 150;
+    req.shape.total_k = cross ? 12 * 50 : 12 * 60;
+    req.seed = cross ? 5 : 6;
+    req.candidate = Good(true);
+    req.options.iterations = 3;
+    req.options.checks = 2;
+    absl::StatusOr<EvalResult> r = evaluator_->Evaluate(req);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->outcome, Outcome::kVerified) << r->message << "\n" << r->errors.detail;
+    std::cout << r->message << "\n";
+  }
+}
+
+TEST_F(EvalGpu, ReferenceCallbackComesFirstWithTheLaunchCount) {
+  EvalRequest req;
+  req.shape = Shape(Op::kForward, 64, 2, 2, true, false);
+  req.seed = 9;
+  req.candidate = Good(false);
+  req.options.checks = 2;
+  req.options.warmup = 1;
+  req.options.iterations = 4;
+  int launches = -1;
+  absl::StatusOr<EvalResult> r =
+      evaluator_->Evaluate(req, [&](double, int n) { launches = n; });
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(launches, 2 + 1 + 1 + 4);
+}
+
+TEST_F(EvalGpu, ExactOffsetsAreUsedForTiming) {
+  EvalRequest req;
+  req.shape = Shape(Op::kForward, 128, 2, 2, false, false);
+  req.cu_seqlens_q = {0, 1, 1, 129, 1000};
+  req.seed = 10;
+  req.candidate = Good(false);
+  req.options.iterations = 3;
+  absl::StatusOr<EvalResult> r = evaluator_->Evaluate(req);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->outcome, Outcome::kVerified) << r->message;
+}
+
+TEST_F(EvalGpu, RetimeTimesBothInterleaved) {
+  EvalRequest req;
+  req.shape = Shape(Op::kForward, 128, 4, 4, true, false);
+  req.seed = 11;
+  req.candidate = Good(false);
+  req.options.iterations = 10;
+  absl::StatusOr<RetimeResult> r = evaluator_->Retime(req, Good(false));
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->candidate.outcome, Outcome::kVerified) << r->candidate.message;
+  ASSERT_EQ(r->incumbent.outcome, Outcome::kVerified) << r->incumbent.message;
+  ASSERT_TRUE(r->candidate.timing && r->incumbent.timing);
+  EXPECT_EQ(r->candidate.timing->samples, 10);
+  std::cout << fmt::format("retime: candidate {:.2f} us, incumbent {:.2f} us, spread {:.2f}, "
+                           "wins {}\n",
+                           r->candidate.timing->median_us, r->incumbent.timing->median_us,
+                           r->spread_us, r->candidate_wins);
+}
+
+}  // namespace
+}  // namespace kforge::eval
