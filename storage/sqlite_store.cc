@@ -148,7 +148,9 @@ CREATE UNIQUE INDEX workers_by_name ON workers(name) WHERE name <> '';
 )sql";
 
 // Append new versions here; never edit a released one (databases in the
-// field have already run it).
+// field have already run it). Each runs inside a transaction with foreign
+// keys enforced (the pragma cannot change inside one), so a migration that
+// rebuilds a table must copy rows in an order that keeps references valid.
 constexpr Migration kMigrations[] = {
     {1, "initial schema", kSchemaV1},
 };

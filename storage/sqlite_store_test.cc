@@ -235,6 +235,26 @@ TEST(SqliteStore, RejectsAHistoryWithGaps) {
   EXPECT_CODE(OpenSqliteStore(dir.File("k.db"), options), kInvalidArgument);
 }
 
+TEST(SqliteStore, ConnectionsOpeningANewFileAtOnceMigrateItOnce) {
+  TempDir dir;
+  const std::string path = dir.File("k.db");
+  std::vector<absl::Status> results(4);
+  std::vector<std::thread> openers;
+  for (size_t i = 0; i < results.size(); ++i) {
+    openers.emplace_back([&, i] {
+      absl::StatusOr<std::unique_ptr<Store>> store = OpenSqliteStore(path);
+      results[i] = store.ok() ? (*store)->PutVariant(Variant(fmt::format("s{}", i))).status()
+                              : store.status();
+    });
+  }
+  for (std::thread& t : openers) t.join();
+  for (const absl::Status& s : results) EXPECT_TRUE(s.ok()) << s;
+  RawDb raw(path);
+  EXPECT_EQ(raw.One("SELECT version FROM schema_version"),
+            std::to_string(SqliteMigrations().size()));
+  EXPECT_EQ(raw.One("SELECT count(*) FROM variants"), "4");
+}
+
 TEST(SqliteStore, TwoConnectionsOnOneFileNeverLeaseATaskTwice) {
   TempDir dir;
   const std::string path = dir.File("k.db");
