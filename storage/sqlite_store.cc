@@ -12,6 +12,7 @@
 #include <fmt/ranges.h>
 #include <sqlite3.h>
 
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
@@ -496,6 +497,13 @@ PageOf<T> MakePage(std::vector<T> rows, int32_t limit, TokenFn token) {
   return page;
 }
 
+// The bound for a newest-first page: rows numbered below it. A plain
+// `id < ?` (rather than "no bound on the first page") lets SQLite seek
+// straight to the page instead of scanning from the newest row.
+int64_t RowsBefore(int64_t token) {
+  return token == 0 ? std::numeric_limits<int64_t>::max() : token;
+}
+
 std::string NumberToken(char prefix, const std::string& id) {
   return fmt::format("{}", ParseId(prefix, id).value_or(0));
 }
@@ -566,11 +574,11 @@ class SqliteStore final : public Store {
     absl::MutexLock lock(&mu_);
     absl::StatusOr<Stmt> q = Prepare("ListVariants", fmt::format(
         "SELECT {} FROM variants v WHERE (?1 = '' OR EXISTS (SELECT 1 FROM evaluations e "
-        "WHERE e.bucket = ?1 AND e.variant = v.id)) AND (?2 = 0 OR v.id < ?2) "
+        "WHERE e.bucket = ?1 AND e.variant = v.id)) AND v.id < ?2 "
         "ORDER BY v.id DESC LIMIT ?3",
         kVariantCols));
     if (!q.ok()) return q.status();
-    q->Bind(bucket, *after, limit + 1);
+    q->Bind(bucket, RowsBefore(*after), limit + 1);
     absl::StatusOr<std::vector<VariantRecord>> rows = ReadAll<VariantRecord>(*q, ReadVariant);
     if (!rows.ok()) return rows.status();
     return MakePage(*std::move(rows), limit,
@@ -743,9 +751,9 @@ class SqliteStore final : public Store {
     const int32_t limit = PageLimit(page);
     absl::MutexLock lock(&mu_);
     absl::StatusOr<Stmt> q = Prepare("ListJobs", fmt::format(
-        "SELECT {} FROM jobs WHERE (?1 = 0 OR id < ?1) ORDER BY id DESC LIMIT ?2", kJobCols));
+        "SELECT {} FROM jobs WHERE id < ?1 ORDER BY id DESC LIMIT ?2", kJobCols));
     if (!q.ok()) return q.status();
-    q->Bind(*after, limit + 1);
+    q->Bind(RowsBefore(*after), limit + 1);
     absl::StatusOr<std::vector<JobRecord>> rows = ReadAll<JobRecord>(*q, ReadJob);
     if (!rows.ok()) return rows.status();
     return MakePage(*std::move(rows), limit,
