@@ -1,0 +1,219 @@
+#include "agent/openai_client.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "agent/fake_openai_server.h"
+
+namespace kforge::agent {
+namespace {
+
+using testing::FakeOpenAIServer;
+using ::testing::HasSubstr;
+using namespace std::chrono_literals;
+
+OpenAIConfig Config(const FakeOpenAIServer& server) {
+  OpenAIConfig c;
+  c.base_url = server.BaseUrl();
+  c.model = "test-model";
+  c.api_key_env = "KFORGE_AGENT_TEST_KEY";
+  c.connect_timeout = 500ms;
+  c.total_timeout = 2000ms;
+  c.max_retries = 3;
+  c.initial_backoff = 10ms;
+  c.max_backoff = 2000ms;
+  c.max_tokens = 777;
+  return c;
+}
+
+std::unique_ptr<ChatClient> Client(const OpenAIConfig& c) {
+  auto client = MakeOpenAIClient(c);
+  EXPECT_TRUE(client.ok()) << client.status();
+  return *std::move(client);
+}
+
+ChatRequest Hello() {
+  ChatRequest r;
+  r.messages = {{"system", "be brief"}, {"user", "hello"}};
+  return r;
+}
+
+std::string Msg(const absl::Status& s) { return std::string(s.message()); }
+
+TEST(OpenAIClient, SendsTheRequestAndReadsAnswerAndUsage) {
+  FakeOpenAIServer server;
+  server.Then(FakeOpenAIServer::Answer("hi there", 12, 3));
+  setenv("KFORGE_AGENT_TEST_KEY", "sk-test", 1);
+  auto got = Client(Config(server))->Complete(Hello());
+  unsetenv("KFORGE_AGENT_TEST_KEY");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->content, "hi there");
+  EXPECT_EQ(got->prompt_tokens, 12);
+  EXPECT_EQ(got->completion_tokens, 3);
+  EXPECT_EQ(got->total_tokens, 15);
+  EXPECT_FALSE(got->usage_estimated);
+  EXPECT_EQ(got->model, "fake-model");
+  EXPECT_EQ(got->attempts, 1);
+  auto seen = server.Requests();
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].authorization, "Bearer sk-test");
+  auto body = nlohmann::json::parse(seen[0].body);
+  EXPECT_EQ(body["model"], "test-model");
+  EXPECT_EQ(body["max_tokens"], 777);
+  EXPECT_EQ(body["messages"][1]["content"], "hello");
+  EXPECT_FALSE(body.contains("tools"));
+}
+
+TEST(OpenAIClient, KeyFromConfigWinsAndNoKeyMeansNoHeader) {
+  FakeOpenAIServer server;
+  server.Then(FakeOpenAIServer::Answer("ok"));
+  OpenAIConfig c = Config(server);
+  c.api_key = "sk-config";
+  ASSERT_TRUE(Client(c)->Complete(Hello()).ok());
+  c.api_key = "";
+  ASSERT_TRUE(Client(c)->Complete(Hello()).ok());
+  auto seen = server.Requests();
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[0].authorization, "Bearer sk-config");
+  EXPECT_EQ(seen[1].authorization, "");
+}
+
+TEST(OpenAIClient, ReadsToolCallsAndSendsTools) {
+  FakeOpenAIServer server;
+  server.Then(FakeOpenAIServer::ToolCall("submit_kernel", {{"source", "x"}, {"manifest", {{"a", 1}}}}));
+  ChatRequest r = Hello();
+  r.tools.push_back(ChatTool{"submit_kernel", "submit", R"({"type":"object"})"});
+  auto got = Client(Config(server))->Complete(r);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->tool_calls.size(), 1u);
+  EXPECT_EQ(got->tool_calls[0].name, "submit_kernel");
+  EXPECT_EQ(nlohmann::json::parse(got->tool_calls[0].arguments_json)["source"], "x");
+  auto body = nlohmann::json::parse(server.Requests()[0].body);
+  EXPECT_EQ(body["tools"][0]["function"]["name"], "submit_kernel");
+}
+
+TEST(OpenAIClient, MalformedJsonIsAnError) {
+  FakeOpenAIServer server;
+  server.Then(FakeOpenAIServer::Raw("{\"choices\": [ oops"));
+  auto got = Client(Config(server))->Complete(Hello());
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(Msg(got.status()), HasSubstr("not JSON"));
+  EXPECT_EQ(server.Requests().size(), 1u);
+}
+
+TEST(OpenAIClient, EmptyChoicesIsAnError) {
+  FakeOpenAIServer server;
+  server.Then(FakeOpenAIServer::Raw(R"({"choices": [], "usage": {"total_tokens": 3}})"));
+  auto got = Client(Config(server))->Complete(Hello());
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(Msg(got.status()), HasSubstr("no choices"));
+}
+
+TEST(OpenAIClient, MissingUsageIsEstimated) {
+  FakeOpenAIServer server;
+  server.Then(FakeOpenAIServer::Raw(R"({"choices": [{"message": {"role": "assistant", "content": "0123456789abcdef"}}]})"));
+  auto got = Client(Config(server))->Complete(Hello());
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(got->usage_estimated);
+  EXPECT_EQ(got->completion_tokens, 4);
+  EXPECT_GT(got->prompt_tokens, 0);
+  EXPECT_EQ(got->total_tokens, got->prompt_tokens + 4);
+}
+
+TEST(OpenAIClient, HonoursRetryAfterOn429) {
+  FakeOpenAIServer server;
+  server.Then(FakeOpenAIServer::Status(429, R"({"error":"slow down"})", "1"));
+  server.Then(FakeOpenAIServer::Answer("finally"));
+  auto got = Client(Config(server))->Complete(Hello());
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->content, "finally");
+  EXPECT_EQ(got->attempts, 2);
+  auto seen = server.Requests();
+  ASSERT_EQ(seen.size(), 2u);
+  auto waited = seen[1].at - seen[0].at;
+  EXPECT_GE(waited, 900ms);   // Retry-After: 1, not the 10 ms backoff
+  EXPECT_LT(waited, 1900ms);
+}
+
+TEST(OpenAIClient, RetriesA500ThenSucceeds) {
+  FakeOpenAIServer server;
+  server.Then(FakeOpenAIServer::Status(500));
+  server.Then(FakeOpenAIServer::Answer("ok"));
+  auto got = Client(Config(server))->Complete(Hello());
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->attempts, 2);
+}
+
+TEST(OpenAIClient, GivesUpAfterTheRetriesWithBackoff) {
+  FakeOpenAIServer server;
+  server.Then(FakeOpenAIServer::Status(503));
+  auto got = Client(Config(server))->Complete(Hello());
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(Msg(got.status()), HasSubstr("HTTP 503"));
+  EXPECT_THAT(Msg(got.status()), HasSubstr("gave up after 4 attempts"));
+  auto seen = server.Requests();
+  ASSERT_EQ(seen.size(), 4u);  // 1 + max_retries
+  // Backoff doubles: 10, 20, 40 ms.
+  EXPECT_GE(seen[3].at - seen[2].at, 35ms);
+  EXPECT_GE(seen[3].at - seen[0].at, 65ms);
+}
+
+TEST(OpenAIClient, Still429AfterRetriesIsResourceExhausted) {
+  FakeOpenAIServer server;
+  server.Then(FakeOpenAIServer::Status(429, "{}", "0"));
+  OpenAIConfig c = Config(server);
+  c.max_retries = 1;
+  auto got = Client(c)->Complete(Hello());
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(server.Requests().size(), 2u);
+}
+
+TEST(OpenAIClient, ClientErrorsAreNotRetried) {
+  FakeOpenAIServer server;
+  server.Then(FakeOpenAIServer::Status(401, R"({"error":"bad key"})"));
+  server.Then(FakeOpenAIServer::Status(400, R"({"error":"max_tokens too large"})"));
+  auto client = Client(Config(server));
+  EXPECT_EQ(client->Complete(Hello()).status().code(), absl::StatusCode::kUnauthenticated);
+  auto bad = client->Complete(Hello());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Msg(bad.status()), HasSubstr("max_tokens too large"));
+  EXPECT_EQ(server.Requests().size(), 2u);
+}
+
+TEST(OpenAIClient, SlowAnswerTimesOut) {
+  FakeOpenAIServer server;
+  server.Then(FakeOpenAIServer::Slow(400ms, FakeOpenAIServer::Answer("late")));
+  OpenAIConfig c = Config(server);
+  c.total_timeout = 100ms;
+  auto start = std::chrono::steady_clock::now();
+  auto got = Client(c)->Complete(Hello());
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(Msg(got.status()), HasSubstr("100 ms"));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 350ms);
+  EXPECT_EQ(server.Requests().size(), 1u);  // not retried
+}
+
+TEST(OpenAIClient, NothingListeningIsUnavailable) {
+  int port;
+  {
+    FakeOpenAIServer server;  // take a free port, then close it
+    port = std::stoi(server.BaseUrl().substr(17, 5));
+  }
+  OpenAIConfig c;
+  c.base_url = "http://127.0.0.1:" + std::to_string(port) + "/v1";
+  c.model = "m";
+  c.max_retries = 1;
+  c.initial_backoff = 1ms;
+  auto got = Client(c)->Complete(Hello());
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(OpenAIClient, RejectsABadConfig) {
+  OpenAIConfig c;
+  EXPECT_EQ(MakeOpenAIClient(c).status().code(), absl::StatusCode::kInvalidArgument);  // no model
+}
+
+}  // namespace
+}  // namespace kforge::agent
