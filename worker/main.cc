@@ -20,6 +20,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "core/shape.h"
 #include "gpu/compile.h"
 #include "gpu/compile_cache.h"
 #include "gpu/gpu.h"
@@ -60,6 +61,7 @@ int main(int argc, char** argv) {
   std::string cache_dir;
   int compile_threads = 2;
   bool force_compile_only = false;
+  std::string compile_arch = "sm_90a";
   int lease_wait_ms = 20000;
   double eval_setup_limit_s = 120;
   double eval_min_limit_s = 5;
@@ -82,6 +84,9 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(1, 256));
   app.add_flag("--compile-only", force_compile_only, "serve compile tasks only, even with a GPU");
+  app.add_option("--arch", compile_arch,
+                 "NVRTC target a compile-only worker registers for (a GPU worker uses its device's)")
+      ->capture_default_str();
   app.add_option("--lease-wait-ms", lease_wait_ms, "long-poll wait for a task")->capture_default_str();
   app.add_option("--nvrtc-option", nvrtc_options, "extra NVRTC option before each variant's own (repeatable)");
   app.add_option("--eval-setup-limit-s", eval_setup_limit_s,
@@ -172,6 +177,14 @@ int main(int argc, char** argv) {
                  force_compile_only ? "; compile-only by request" : "");
   }
 
+  if (registration.compile_only && registration.gpu.arch.empty()) {
+    if (absl::Status s = kforge::ValidateArch(compile_arch); !s.ok()) {
+      spdlog::error("--arch: {}", std::string(s.message()));
+      return 2;
+    }
+    registration.gpu.arch = compile_arch;
+  }
+
   kforge::gpu::CompileCache compile_cache(cache / "cubins");
   kforge::gpu::CompilePool compile_pool(compile_threads, &compile_cache);
 
@@ -218,7 +231,8 @@ int main(int argc, char** argv) {
   });
 
   spdlog::info("kforge-worker {} serving {} ({}), cache {}", name, server,
-               registration.compile_only ? "compile-only" : registration.gpu.arch, cache.string());
+               (registration.compile_only ? "compile-only, " : "") + registration.gpu.arch,
+               cache.string());
   worker.Run();
   done.store(true);
   signal_waiter.join();

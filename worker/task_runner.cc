@@ -1,6 +1,7 @@
 #include "worker/task_runner.h"
 
 #include <chrono>
+#include <cmath>
 #include <future>
 #include <utility>
 
@@ -39,6 +40,34 @@ std::string FirstErrorLine(const std::string& log) {
   std::string line = log.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
   if (line.size() > 300) line.resize(300);
   return line;
+}
+
+bool ValidTiming(const std::optional<TimingStats>& t) {
+  return t && std::isfinite(t->median_us) && std::isfinite(t->min_us) &&
+         std::isfinite(t->max_us) && t->median_us > 0 && t->min_us > 0 &&
+         t->min_us <= t->median_us && t->median_us <= t->max_us && t->samples > 0;
+}
+
+// What the child reported, made fit to store: NaN error metrics (an output
+// that is NaN somewhere) become +inf, since NaN never compares as bad; a
+// "verified" without believable timing is not trusted.
+void Sanitize(TaskKind kind, TaskResult& r) {
+  if (r.errors) {
+    if (std::isnan(r.errors->max_abs_error)) r.errors->max_abs_error = HUGE_VAL;
+    if (std::isnan(r.errors->rel_l2_error)) r.errors->rel_l2_error = HUGE_VAL;
+  }
+  if (r.outcome != Outcome::kVerified) {
+    r.timing.reset();
+    r.incumbent_timing.reset();
+    return;
+  }
+  if (!ValidTiming(r.timing) || (kind == TaskKind::kRetime && !ValidTiming(r.incumbent_timing))) {
+    r.outcome = Outcome::kCrashed;
+    r.message = fmt::format("evaluator child reported verified without valid timing ({})",
+                            r.message);
+    r.timing.reset();
+    r.incumbent_timing.reset();
+  }
 }
 
 }  // namespace
@@ -197,6 +226,7 @@ std::optional<TaskResult> LocalTaskRunner::Run(const TaskSpec& task,
   result.errors = run->report.errors;
   result.timing = run->report.timing;
   result.incumbent_timing = run->report.incumbent_timing;
+  Sanitize(task.kind, result);
   return result;
 }
 
