@@ -1,0 +1,511 @@
+// kforge: the command-line client of kforge-server.
+//
+//   kforge get --head-dim 128 --heads 4 --batch 128 --max-len-q 4096 --total-q 500000
+//   kforge get --head-dim 128 --heads 4 --cu-seqlens-file lens.json --out ./k
+//   kforge tune --shapes bench/shapes.json --max-variants 32
+//   kforge jobs | kforge jobs show j3 | kforge jobs cancel j3
+//   kforge variants [--bucket B] | kforge shapes [--arch sm_90a]
+//
+// Tables by default, --json for scripts. --server (env KFORGE_SERVER) and
+// --token (env KFORGE_TOKEN). Exit status: 0 ok, 1 server/RPC error, 2 usage.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <google/protobuf/util/json_util.h>
+#include <grpcpp/grpcpp.h>
+#include <nlohmann/json.hpp>
+
+#include "kforge/v1/kforge.grpc.pb.h"
+
+namespace v1 = kforge::v1;
+using nlohmann::json;
+
+namespace {
+
+struct Globals {
+  std::string server = "127.0.0.1:50051";
+  std::string token;
+  bool json = false;
+  int timeout_s = 30;
+};
+
+struct ShapeFlags {
+  std::string op = "fwd";
+  int head_dim = 0, heads = 0, kv_heads = 0;
+  bool causal = false, cross = false;
+  std::string arch = "sm_90a";
+  int64_t batch = 0, max_len_q = 0, total_q = 0, max_len_k = 0, total_k = 0;
+  std::string cu_q_file, cu_k_file;
+};
+
+// An error already explained to the user; main() turns it into exit status.
+struct Failure {
+  int code;
+  std::string message;
+};
+
+std::string ToJson(const google::protobuf::Message& m) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions o;
+  o.add_whitespace = true;
+  o.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(m, &out, o);
+  return out;
+}
+
+class Client {
+ public:
+  explicit Client(const Globals& g) : g_(g) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(256 << 20);
+    channel_ = grpc::CreateCustomChannel(g.server, grpc::InsecureChannelCredentials(), args);
+    stub_ = v1::KernelService::NewStub(channel_);
+  }
+
+  std::unique_ptr<grpc::ClientContext> Ctx(int timeout_s = -1) const {
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    if (!g_.token.empty()) ctx->AddMetadata("authorization", "Bearer " + g_.token);
+    const int t = timeout_s < 0 ? g_.timeout_s : timeout_s;
+    if (t > 0) ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(t));
+    return ctx;
+  }
+
+  // Turns a failed RPC into a message a person can act on.
+  void Check(const grpc::Status& s, const char* what) const {
+    if (s.ok()) return;
+    if (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+        (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
+         channel_->GetState(false) != GRPC_CHANNEL_READY))
+      throw Failure{1, fmt::format("cannot reach kforge-server at {}: {}", g_.server,
+                                   s.error_message())};
+    if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED)
+      throw Failure{1, fmt::format("{}: {} (pass --token or set KFORGE_TOKEN)", what,
+                                   s.error_message())};
+    throw Failure{1, fmt::format("{}: {}", what, s.error_message())};
+  }
+
+  v1::KernelService::Stub& stub() { return *stub_; }
+
+ private:
+  const Globals& g_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::KernelService::Stub> stub_;
+};
+
+std::vector<int32_t> ReadOffsets(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw Failure{2, fmt::format("{}: cannot open", path)};
+  std::stringstream buf;
+  buf << in.rdbuf();
+  std::string text = buf.str();
+  // Accept a JSON array or whitespace/comma separated integers.
+  std::replace_if(text.begin(), text.end(), [](char c) { return c == ',' || c == '[' || c == ']'; }, ' ');
+  std::istringstream is(text);
+  std::vector<int32_t> out;
+  std::string tok;
+  while (is >> tok) {
+    char* end = nullptr;
+    long long v = std::strtoll(tok.c_str(), &end, 10);
+    if (*end != '\0' || v < INT32_MIN || v > INT32_MAX)
+      throw Failure{2, fmt::format("{}: '{}' is not a 32-bit integer", path, tok)};
+    out.push_back(static_cast<int32_t>(v));
+  }
+  return out;
+}
+
+v1::Shape ShapeFrom(const ShapeFlags& f) {
+  v1::Shape s;
+  if (f.op == "fwd" || f.op == "forward") s.set_op(v1::OP_FORWARD);
+  else if (f.op == "bwd" || f.op == "backward") s.set_op(v1::OP_BACKWARD);
+  else throw Failure{2, fmt::format("--op: '{}' is not fwd or bwd", f.op)};
+  s.set_dtype(v1::DTYPE_BF16);
+  s.set_head_dim(f.head_dim);
+  s.set_heads(f.heads);
+  s.set_kv_heads(f.kv_heads);
+  s.set_causal(f.causal);
+  s.set_cross(f.cross || !f.cu_k_file.empty());
+  s.set_arch(f.arch);
+  s.set_batch(f.batch);
+  s.set_max_len_q(f.max_len_q);
+  s.set_total_q(f.total_q);
+  s.set_max_len_k(f.max_len_k);
+  s.set_total_k(f.total_k);
+  if (!f.cu_q_file.empty())
+    for (int32_t v : ReadOffsets(f.cu_q_file)) s.add_cu_seqlens_q(v);
+  if (!f.cu_k_file.empty())
+    for (int32_t v : ReadOffsets(f.cu_k_file)) s.add_cu_seqlens_k(v);
+  return s;
+}
+
+void AddShapeFlags(CLI::App* cmd, ShapeFlags& f) {
+  cmd->add_option("--op", f.op, "fwd | bwd")->capture_default_str();
+  cmd->add_option("--head-dim", f.head_dim, "head dimension");
+  cmd->add_option("--heads", f.heads, "query heads");
+  cmd->add_option("--kv-heads", f.kv_heads, "key/value heads (default: heads)");
+  cmd->add_flag("--causal", f.causal, "causal mask (bottom-right aligned)");
+  cmd->add_flag("--cross", f.cross, "separate key lengths");
+  cmd->add_option("--arch", f.arch, "GPU architecture")->capture_default_str();
+  cmd->add_option("--batch", f.batch, "sequences in the batch");
+  cmd->add_option("--max-len-q", f.max_len_q, "longest query sequence");
+  cmd->add_option("--total-q", f.total_q, "query tokens in the batch");
+  cmd->add_option("--max-len-k", f.max_len_k, "longest key sequence (cross)");
+  cmd->add_option("--total-k", f.total_k, "key tokens in the batch (cross)");
+  cmd->add_option("--cu-seqlens-file", f.cu_q_file, "query offsets (B+1 ints, JSON or text)");
+  cmd->add_option("--cu-seqlens-k-file", f.cu_k_file, "key offsets (cross)");
+}
+
+// bench/shapes.json: entries {"name","B","H","D","q":{dist...},"kv":"same"|{dist},
+// "causal"}. Lengths are drawn (seeded) from the distribution and summarised;
+// entries may also give the Shape fields directly (head_dim, batch, ...).
+std::vector<v1::Shape> ShapesFromFile(const std::string& path, const std::string& arch) {
+  std::ifstream in(path);
+  if (!in) throw Failure{2, fmt::format("{}: cannot open", path)};
+  json j = json::parse(in, nullptr, false);
+  if (j.is_object() && j.contains("shapes")) j = j["shapes"];
+  if (!j.is_array()) throw Failure{2, fmt::format("{}: expected a JSON array of shapes", path)};
+  std::mt19937_64 rng(1234);
+  auto draw = [&](const json& d, int64_t batch, int64_t* max_len, int64_t* total) {
+    const std::string dist = d.value("dist", "fixed");
+    const int64_t hi = d.value("hi", int64_t{1});
+    const int64_t lo = d.value("lo", int64_t{1});
+    *max_len = 0;
+    *total = 0;
+    for (int64_t b = 0; b < batch; ++b) {
+      int64_t len = hi;
+      if (dist == "uniform") {
+        len = lo + static_cast<int64_t>(rng() % static_cast<uint64_t>(std::max<int64_t>(1, hi - lo + 1)));
+      } else if (dist == "pareto") {
+        const double alpha = d.value("alpha", 1.0);
+        const double u = (static_cast<double>(rng() >> 11) + 1) / 9007199254740993.0;
+        len = std::min<int64_t>(hi, static_cast<int64_t>(lo / std::pow(u, 1.0 / alpha)));
+      } else if (dist != "fixed") {
+        throw Failure{2, fmt::format("{}: unknown length distribution '{}'", path, dist)};
+      }
+      *max_len = std::max(*max_len, len);
+      *total += len;
+    }
+  };
+  std::vector<v1::Shape> out;
+  for (size_t i = 0; i < j.size(); ++i) {
+    const json& e = j[i];
+    if (!e.is_object()) throw Failure{2, fmt::format("{}: shape {} is not an object", path, i)};
+    try {
+      v1::Shape s;
+      s.set_op(e.value("op", "fwd") == "bwd" ? v1::OP_BACKWARD : v1::OP_FORWARD);
+      s.set_dtype(v1::DTYPE_BF16);
+      s.set_head_dim(e.contains("D") ? e["D"].get<int>() : e.value("head_dim", 0));
+      s.set_heads(e.contains("H") ? e["H"].get<int>() : e.value("heads", 0));
+      s.set_kv_heads(e.value("kv_heads", 0));
+      s.set_causal(e.value("causal", false));
+      s.set_arch(e.value("arch", arch));
+      const int64_t batch = e.contains("B") ? e["B"].get<int64_t>() : e.value("batch", int64_t{0});
+      s.set_batch(batch);
+      if (e.contains("q")) {
+        int64_t mx = 0, tot = 0;
+        draw(e["q"], batch, &mx, &tot);
+        s.set_max_len_q(mx);
+        s.set_total_q(tot);
+        if (e.contains("kv") && e["kv"].is_object()) {
+          draw(e["kv"], batch, &mx, &tot);
+          s.set_cross(true);
+          s.set_max_len_k(mx);
+          s.set_total_k(tot);
+        }
+      } else {
+        s.set_max_len_q(e.value("max_len_q", int64_t{0}));
+        s.set_total_q(e.value("total_q", int64_t{0}));
+        s.set_cross(e.value("cross", false));
+        s.set_max_len_k(e.value("max_len_k", int64_t{0}));
+        s.set_total_k(e.value("total_k", int64_t{0}));
+      }
+      out.push_back(std::move(s));
+    } catch (const json::exception& ex) {
+      throw Failure{2, fmt::format("{}: shape {}: {}", path, i, ex.what())};
+    }
+  }
+  return out;
+}
+
+std::string StateName(v1::JobState s) {
+  std::string n = v1::JobState_Name(s);
+  if (n.rfind("JOB_STATE_", 0) == 0) n = n.substr(10);
+  std::transform(n.begin(), n.end(), n.begin(), [](unsigned char c) { return std::tolower(c); });
+  return n;
+}
+
+std::string Us(const v1::Timing& t) {
+  return t.median_us() > 0 ? fmt::format("{:.1f} us", t.median_us()) : "-";
+}
+
+void PrintJob(const v1::Job& job) {
+  fmt::print("job {}  {}  state={}  proposer={}  seed={}\n", job.id(), job.name(),
+             StateName(job.state()), job.proposer(), job.seed());
+  fmt::print("created {}  updated {}  tokens {}\n", job.created_at(), job.updated_at(),
+             job.tokens_used());
+  if (!job.message().empty()) fmt::print("message: {}\n", job.message());
+  fmt::print("{:<76} {:>5} {:>5} {:>5} {:>5}  {:<8} {}\n", "BUCKET", "PROP", "EVAL", "OK", "FAIL",
+             "BEST", "TIME");
+  for (const auto& p : job.progress())
+    fmt::print("{:<76} {:>5} {:>5} {:>5} {:>5}  {:<8} {}\n", p.bucket(), p.proposed(),
+               p.evaluated(), p.verified(), p.failed(),
+               p.best_variant_id().empty() ? "-" : p.best_variant_id(), Us(p.best_timing()));
+}
+
+void ProgressLine(const v1::Job& job, const std::string& msg, bool tty) {
+  int proposed = 0, evaluated = 0, budget = 0;
+  for (const auto& p : job.progress()) {
+    proposed += p.proposed();
+    evaluated += p.evaluated();
+  }
+  budget = job.budget().max_variants() * std::max(1, job.progress_size());
+  const int width = 30;
+  const int filled = budget > 0 ? std::min(width, width * evaluated / budget) : 0;
+  std::string bar = std::string(filled, '#') + std::string(width - filled, '.');
+  std::string line = fmt::format("[{}] {}/{} evaluated ({} proposed)  {}  {}", bar, evaluated,
+                                 budget, proposed, StateName(job.state()), msg.substr(0, 60));
+  if (tty) {
+    fmt::print("\r\033[K{}", line);
+    std::fflush(stdout);
+  } else {
+    fmt::print("{}\n", line);
+  }
+}
+
+int Watch(Client& c, const Globals& g, const std::string& id) {
+  v1::WatchJobRequest req;
+  req.set_job_id(id);
+  auto ctx = c.Ctx(0);  // a watch lasts as long as the job
+  auto reader = c.stub().WatchJob(ctx.get(), req);
+  v1::JobEvent ev;
+  v1::Job last;
+  const bool tty = isatty(STDOUT_FILENO) && !g.json;
+  while (reader->Read(&ev)) {
+    last = ev.job();
+    if (g.json) {
+      json line = json::parse(ToJson(ev), nullptr, false);
+      fmt::print("{}\n", line.dump());
+      std::fflush(stdout);
+    } else {
+      ProgressLine(ev.job(), ev.message(), tty);
+    }
+  }
+  c.Check(reader->Finish(), "watching the job");
+  if (tty) fmt::print("\n");
+  if (!g.json) PrintJob(last);
+  return last.state() == v1::JOB_STATE_SUCCEEDED ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Globals g;
+  if (const char* s = std::getenv("KFORGE_SERVER")) g.server = s;
+  if (const char* t = std::getenv("KFORGE_TOKEN")) g.token = t;
+  CLI::App app{"kforge: get tuned jagged attention kernels, run and watch tuning jobs"};
+  app.require_subcommand(1);
+  app.add_option("--server", g.server, "kforge-server address (env KFORGE_SERVER)")->capture_default_str();
+  app.add_option("--token", g.token, "client bearer token (env KFORGE_TOKEN)");
+  app.add_flag("--json", g.json, "machine-readable output");
+  app.add_option("--timeout", g.timeout_s, "seconds per call")->capture_default_str();
+
+  ShapeFlags shape;
+  std::string out_dir;
+  bool tune_if_untuned = false;
+  auto* get = app.add_subcommand("get", "get the kernel for a shape");
+  AddShapeFlags(get, shape);
+  get->add_option("--out", out_dir, "write source, cubin and manifest to this directory");
+  get->add_flag("--tune", tune_if_untuned, "enqueue tuning when the bucket is untuned");
+
+  std::string shapes_file, name, proposer = "builtin";
+  int max_variants = 0, max_seconds = 0;
+  int64_t max_tokens = 0;
+  uint64_t seed = 0;
+  bool no_watch = false;
+  auto* tune = app.add_subcommand("tune", "submit a tuning job and watch it");
+  AddShapeFlags(tune, shape);
+  tune->add_option("--shapes", shapes_file, "shapes JSON file (like bench/shapes.json)");
+  tune->add_option("--name", name, "job name");
+  tune->add_option("--proposer", proposer, "builtin | model")->capture_default_str();
+  tune->add_option("--max-variants", max_variants, "variants per shape bucket (0: server default)");
+  tune->add_option("--max-seconds", max_seconds, "wall-clock budget (0: none)");
+  tune->add_option("--max-tokens", max_tokens, "model token budget (0: none)");
+  tune->add_option("--seed", seed, "proposer seed");
+  tune->add_flag("--no-watch", no_watch, "submit and return");
+
+  auto* jobs = app.add_subcommand("jobs", "list jobs; 'jobs show ID', 'jobs cancel ID', 'jobs watch ID'");
+  std::vector<std::string> jobs_args;
+  int limit = 50;
+  jobs->add_option("args", jobs_args, "[show|cancel|watch ID]");
+  jobs->add_option("--limit", limit, "rows")->capture_default_str();
+
+  std::string bucket;
+  auto* variants = app.add_subcommand("variants", "list kernel variants");
+  variants->add_option("--bucket", bucket, "only variants evaluated on this bucket");
+  variants->add_option("--limit", limit, "rows")->capture_default_str();
+
+  std::string arch_filter;
+  auto* shapes = app.add_subcommand("shapes", "list tuned shape buckets and their best");
+  shapes->add_option("--arch", arch_filter, "only this architecture");
+  shapes->add_option("--limit", limit, "rows")->capture_default_str();
+
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    Client c(g);
+    if (*get) {
+      v1::GetKernelRequest req;
+      *req.mutable_shape() = ShapeFrom(shape);
+      req.set_tune_if_untuned(tune_if_untuned);
+      v1::GetKernelResponse resp;
+      c.Check(c.stub().GetKernel(c.Ctx().get(), req, &resp), "GetKernel");
+      const v1::Kernel& k = resp.kernel();
+      if (!out_dir.empty()) {
+        std::filesystem::create_directories(out_dir);
+        auto write = [&](const std::string& file, const std::string& data) {
+          std::ofstream o(std::filesystem::path(out_dir) / file, std::ios::binary);
+          o << data;
+          if (!o) throw Failure{1, fmt::format("cannot write {}/{}", out_dir, file)};
+        };
+        write("kernel.cu", k.source());
+        write("manifest.json", k.manifest().json());
+        if (!k.cubin().empty()) write(fmt::format("kernel.{}.cubin", k.arch()), k.cubin());
+      }
+      if (g.json) {
+        v1::GetKernelResponse brief = resp;
+        brief.mutable_kernel()->clear_cubin();
+        brief.mutable_kernel()->clear_source();
+        fmt::print("{}\n", ToJson(brief));
+      } else {
+        fmt::print("variant      {}\n", k.variant_id().empty() ? "(seed default)" : k.variant_id());
+        fmt::print("tuned        {}\n", k.tuned() ? "yes" : "no");
+        fmt::print("requested    {}\n", k.requested_bucket());
+        fmt::print("served from  {}\n", k.served_bucket().empty() ? "(seed default)" : k.served_bucket());
+        fmt::print("arch         {}\n", k.arch());
+        fmt::print("entry        {}  threads {}  smem {} B  tile {}x{}\n",
+                   k.manifest().entry_point(), k.manifest().threads_per_block(),
+                   k.manifest().dynamic_smem_bytes(), k.manifest().tile_m(), k.manifest().tile_n());
+        fmt::print("timing       {}{}\n", Us(k.timing()),
+                   k.gpu_name().empty() ? "" : fmt::format(" on {}", k.gpu_name()));
+        fmt::print("origin       {} {}\n", k.provenance().origin(),
+                   k.provenance().template_name().empty() ? k.provenance().model()
+                                                         : k.provenance().template_name());
+        fmt::print("source       {} bytes, cubin {} bytes\n", k.source().size(), k.cubin().size());
+        if (!resp.tuning_job_id().empty()) fmt::print("tuning job   {}\n", resp.tuning_job_id());
+        if (!out_dir.empty()) fmt::print("written to   {}\n", out_dir);
+      }
+      return 0;
+    }
+    if (*tune) {
+      v1::SubmitJobRequest req;
+      req.set_name(name);
+      req.set_proposer(proposer);
+      req.mutable_budget()->set_max_variants(max_variants);
+      req.mutable_budget()->set_max_seconds(max_seconds);
+      req.mutable_budget()->set_max_tokens(max_tokens);
+      req.set_seed(seed);
+      if (!shapes_file.empty()) {
+        for (auto& s : ShapesFromFile(shapes_file, shape.arch)) *req.add_shapes() = std::move(s);
+      } else {
+        *req.add_shapes() = ShapeFrom(shape);
+      }
+      v1::Job job;
+      c.Check(c.stub().SubmitJob(c.Ctx().get(), req, &job), "SubmitJob");
+      if (no_watch) {
+        if (g.json) fmt::print("{}\n", ToJson(job));
+        else fmt::print("submitted job {} ({} bucket(s))\n", job.id(), job.progress_size());
+        return 0;
+      }
+      if (!g.json) fmt::print("submitted job {} ({} bucket(s)); watching (Ctrl-C stops watching, not the job)\n",
+                              job.id(), job.progress_size());
+      return Watch(c, g, job.id());
+    }
+    if (*jobs) {
+      if (jobs_args.empty() || jobs_args[0] == "list") {
+        v1::ListJobsRequest req;
+        req.set_page_size(limit);
+        v1::ListJobsResponse resp;
+        c.Check(c.stub().ListJobs(c.Ctx().get(), req, &resp), "ListJobs");
+        if (g.json) {
+          fmt::print("{}\n", ToJson(resp));
+        } else {
+          fmt::print("{:<8} {:<10} {:<9} {:>7} {:<24} {}\n", "ID", "STATE", "PROPOSER", "BUCKETS",
+                     "CREATED", "NAME");
+          for (const auto& j : resp.jobs())
+            fmt::print("{:<8} {:<10} {:<9} {:>7} {:<24} {}\n", j.id(), StateName(j.state()),
+                       j.proposer(), j.progress_size(), j.created_at(), j.name());
+        }
+        return 0;
+      }
+      if (jobs_args.size() != 2) throw Failure{2, "usage: kforge jobs [show|cancel|watch ID]"};
+      const std::string& verb = jobs_args[0];
+      if (verb == "watch") return Watch(c, g, jobs_args[1]);
+      v1::Job job;
+      if (verb == "show") {
+        v1::GetJobRequest req;
+        req.set_job_id(jobs_args[1]);
+        c.Check(c.stub().GetJob(c.Ctx().get(), req, &job), "GetJob");
+      } else if (verb == "cancel") {
+        v1::CancelJobRequest req;
+        req.set_job_id(jobs_args[1]);
+        c.Check(c.stub().CancelJob(c.Ctx().get(), req, &job), "CancelJob");
+      } else {
+        throw Failure{2, fmt::format("jobs: unknown action '{}' (show, cancel, watch)", verb)};
+      }
+      if (g.json) fmt::print("{}\n", ToJson(job));
+      else PrintJob(job);
+      return 0;
+    }
+    if (*variants) {
+      v1::ListVariantsRequest req;
+      req.set_bucket(bucket);
+      req.set_page_size(limit);
+      v1::ListVariantsResponse resp;
+      c.Check(c.stub().ListVariants(c.Ctx().get(), req, &resp), "ListVariants");
+      if (g.json) {
+        fmt::print("{}\n", ToJson(resp));
+      } else {
+        fmt::print("{:<8} {:<10} {:<12} {:<40} {:>5} {:<14} {}\n", "ID", "ORIGIN", "TEMPLATE",
+                   "KNOBS", "EVALS", "BEST", "TIME");
+        for (const auto& v : resp.variants())
+          fmt::print("{:<8} {:<10} {:<12} {:<40} {:>5} {:<14} {}\n", v.variant_id(),
+                     v.provenance().origin(), v.provenance().template_name(),
+                     v.provenance().knobs_json().substr(0, 40), v.evaluations(),
+                     v.best_outcome().empty() ? "-" : v.best_outcome(), Us(v.best_timing()));
+      }
+      return 0;
+    }
+    if (*shapes) {
+      v1::ListShapesRequest req;
+      req.set_arch(arch_filter);
+      req.set_page_size(limit);
+      v1::ListShapesResponse resp;
+      c.Check(c.stub().ListShapes(c.Ctx().get(), req, &resp), "ListShapes");
+      if (g.json) {
+        fmt::print("{}\n", ToJson(resp));
+      } else {
+        fmt::print("{:<76} {:<8} {:<8} {:<12} {}\n", "BUCKET", "ARCH", "BEST", "TIME", "UPDATED");
+        for (const auto& s : resp.shapes())
+          fmt::print("{:<76} {:<8} {:<8} {:<12} {}\n", s.bucket(), s.arch(), s.best_variant_id(),
+                     Us(s.best_timing()), s.updated_at());
+      }
+      return 0;
+    }
+  } catch (const Failure& f) {
+    std::fprintf(stderr, "kforge: %s\n", f.message.c_str());
+    return f.code;
+  }
+  return 2;
+}

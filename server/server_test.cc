@@ -1,0 +1,920 @@
+// The server end to end over real gRPC on loopback with a real SQLite file:
+// auth, validation, unknown ids, garbage inputs, GetKernel (tuned, nearest,
+// seed), the worker flow with the re-timing rule, lease expiry, WatchJob,
+// CancelJob and health during shutdown. The proposer is scripted and the
+// seed provider fake, so no GPU or NVRTC is needed.
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <limits>
+#include <random>
+#include <thread>
+
+#include <fmt/format.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include "kforge/v1/kforge.grpc.pb.h"
+#include "server/server.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+
+namespace kforge::server {
+namespace {
+
+constexpr char kClient[] = "client-token-0123456789";
+constexpr char kWorker[] = "worker-token-0123456789";
+constexpr char kManifest[] =
+    R"({"entry_point":"kf_attn_fwd","threads":128,"tile_m":64,"tile_n":64,"archs":["sm_90a"],"head_dims":[64,128]})";
+
+// Proposes `limit` distinct candidates in total, then nothing.
+// Sources carry a process-wide counter so that jobs never share a variant.
+std::atomic<int> g_candidates{0};
+
+class ScriptedProposer : public agent::Proposer {
+ public:
+  explicit ScriptedProposer(int limit) : limit_(limit) {}
+  absl::StatusOr<std::vector<agent::Candidate>> Propose(const agent::ProposalContext& ctx,
+                                                        int n) override {
+    std::vector<agent::Candidate> out;
+    while (n-- > 0 && next_ < limit_) {
+      agent::Candidate c;
+      c.source = fmt::format("// scripted candidate {} ({}) for {}\nextern \"C\" __global__ void kf_attn_fwd() {{}}\n",
+                             next_++, g_candidates++, ctx.bucket.Id());
+      c.manifest_json = kManifest;
+      c.origin = "template";
+      c.template_name = "scripted";
+      c.knobs_json = "{}";
+      out.push_back(std::move(c));
+    }
+    return out;
+  }
+  void Observe(const agent::Feedback&) override { ++observed_; }
+  void Remember(const agent::Candidate&) override { ++next_; }
+  std::string Name() const override { return "builtin"; }
+
+ private:
+  int limit_;
+  int next_ = 0;
+  int observed_ = 0;
+};
+
+ProposerFactory Scripted(int limit) {
+  return [limit](const std::string& name,
+                 uint64_t) -> absl::StatusOr<std::unique_ptr<agent::Proposer>> {
+    if (name != "builtin") return absl::NotFoundError("unknown proposer");
+    return std::make_unique<ScriptedProposer>(limit);
+  };
+}
+
+SeedProvider FakeSeeds() {
+  return [](const ShapeKey& key) -> absl::StatusOr<SeedKernel> {
+    SeedKernel s;
+    s.source = "// seed\n";
+    s.manifest_json = kManifest;
+    s.template_name = "fwd_mma";
+    s.knobs_json = "{}";
+    s.cubin = "CUBIN-" + key.arch;
+    return s;
+  };
+}
+
+v1::Shape MakeShape(int64_t batch = 4, int64_t max_len = 1024, int64_t total = 4096) {
+  v1::Shape s;
+  s.set_op(v1::OP_FORWARD);
+  s.set_dtype(v1::DTYPE_BF16);
+  s.set_head_dim(128);
+  s.set_heads(8);
+  s.set_causal(true);
+  s.set_arch("sm_90a");
+  s.set_batch(batch);
+  s.set_max_len_q(max_len);
+  s.set_total_q(total);
+  return s;
+}
+
+class ServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    db_ = std::filesystem::temp_directory_path() /
+          fmt::format("kforge_server_test_{}_{}.db", getpid(), counter_++);
+    std::filesystem::remove(db_);
+  }
+  void TearDown() override {
+    server_.reset();
+    store_.reset();
+    for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(db_.string() + suffix);
+  }
+
+  void Start(ServerOptions o = {}, int proposals = 2) {
+    if (!store_) {
+      auto store = OpenSqliteStore(db_.string());
+      ASSERT_TRUE(store.ok()) << store.status();
+      store_ = *std::move(store);
+    }
+    o.listen_address = "127.0.0.1:0";
+    o.client_tokens = {kClient};
+    o.worker_tokens = {kWorker};
+    o.api.limits.head_dims = {64, 128};
+    if (o.reaper_interval_ms == 1000) o.reaper_interval_ms = 50;
+    o.drain_timeout_ms = 2000;
+    auto server = Server::Start(o, store_.get(), Scripted(proposals), FakeSeeds());
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    channel_ = grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials());
+    kernels_ = v1::KernelService::NewStub(channel_);
+    workers_ = v1::WorkerService::NewStub(channel_);
+  }
+
+  static std::unique_ptr<grpc::ClientContext> Ctx(const std::string& token, int timeout_s = 10) {
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    if (!token.empty()) ctx->AddMetadata("authorization", "Bearer " + token);
+    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(timeout_s));
+    return ctx;
+  }
+
+  std::string RegisterWorker(const std::string& name = "w-test") {
+    v1::RegisterRequest req;
+    req.set_worker_name(name);
+    req.mutable_gpu()->set_arch("sm_90a");
+    req.mutable_gpu()->set_name("Fake H200");
+    v1::RegisterResponse resp;
+    grpc::Status s = workers_->Register(Ctx(kWorker).get(), req, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return resp.worker_id();
+  }
+
+  std::optional<v1::Task> Lease(const std::string& worker, int wait_ms = 2000) {
+    v1::LeaseTaskRequest req;
+    req.set_worker_id(worker);
+    req.set_wait_ms(wait_ms);
+    v1::LeaseTaskResponse resp;
+    grpc::Status s = workers_->LeaseTask(Ctx(kWorker).get(), req, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    if (!resp.has_task()) return std::nullopt;
+    return resp.task();
+  }
+
+  bool Report(const std::string& worker, const v1::Task& task, double median_us,
+              double spread_us = 1.0, double incumbent_us = 0,
+              v1::EvalOutcome outcome = v1::EVAL_OUTCOME_VERIFIED) {
+    v1::ReportResultRequest req;
+    req.set_worker_id(worker);
+    req.set_task_id(task.task_id());
+    auto* r = req.mutable_result();
+    r->set_outcome(outcome);
+    if (outcome == v1::EVAL_OUTCOME_VERIFIED) {
+      r->mutable_timing()->set_median_us(median_us);
+      r->mutable_timing()->set_min_us(median_us - spread_us / 2);
+      r->mutable_timing()->set_max_us(median_us + spread_us / 2);
+      r->mutable_timing()->set_samples(10);
+      if (task.kind() == v1::TASK_KIND_RETIME) {
+        r->mutable_incumbent_timing()->set_median_us(incumbent_us);
+        r->mutable_incumbent_timing()->set_min_us(incumbent_us - spread_us / 2);
+        r->mutable_incumbent_timing()->set_max_us(incumbent_us + spread_us / 2);
+        r->mutable_incumbent_timing()->set_samples(10);
+      }
+    }
+    r->mutable_compile()->set_cubin("CUBIN-of-" + task.variant().variant_id());
+    r->mutable_gpu()->set_name("Fake H200");
+    v1::ReportResultResponse resp;
+    grpc::Status s = workers_->ReportResult(Ctx(kWorker).get(), req, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return resp.accepted();
+  }
+
+  v1::Job SubmitJob(int max_variants = 2, const v1::Shape& shape = MakeShape()) {
+    v1::SubmitJobRequest req;
+    req.set_name("test");
+    *req.add_shapes() = shape;
+    req.mutable_budget()->set_max_variants(max_variants);
+    req.set_seed(7);
+    v1::Job job;
+    grpc::Status s = kernels_->SubmitJob(Ctx(kClient).get(), req, &job);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return job;
+  }
+
+  v1::Job GetJob(const std::string& id) {
+    v1::GetJobRequest req;
+    req.set_job_id(id);
+    v1::Job job;
+    grpc::Status s = kernels_->GetJob(Ctx(kClient).get(), req, &job);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return job;
+  }
+
+  v1::Job WaitForState(const std::string& id, v1::JobState state) {
+    v1::Job job;
+    for (int i = 0; i < 200; ++i) {
+      job = GetJob(id);
+      if (job.state() == state) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return job;
+  }
+
+  grpc::Status GetKernel(const v1::Shape& shape, v1::GetKernelResponse* resp,
+                         bool tune = false) {
+    v1::GetKernelRequest req;
+    *req.mutable_shape() = shape;
+    req.set_tune_if_untuned(tune);
+    return kernels_->GetKernel(Ctx(kClient).get(), req, resp);
+  }
+
+  static inline int counter_ = 0;
+  std::filesystem::path db_;
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<Server> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::KernelService::Stub> kernels_;
+  std::unique_ptr<v1::WorkerService::Stub> workers_;
+};
+
+TEST_F(ServerTest, RefusesToStartWithoutTokensUnlessInsecure) {
+  ServerOptions o;
+  o.listen_address = "127.0.0.1:0";
+  auto store = OpenSqliteStore(db_.string());
+  ASSERT_TRUE(store.ok());
+  auto s = Server::Start(o, store->get(), Scripted(1), nullptr);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("--insecure-no-auth"), absl::string_view::npos);
+  o.insecure_no_auth = true;
+  auto t = Server::Start(o, store->get(), Scripted(1), nullptr);
+  EXPECT_TRUE(t.ok()) << t.status();
+}
+
+TEST_F(ServerTest, KernelServiceNeedsAClientToken) {
+  Start();
+  v1::GetJobRequest req;
+  req.set_job_id("j12345");
+  v1::Job job;
+  grpc::Status missing = kernels_->GetJob(Ctx("").get(), req, &job);
+  EXPECT_EQ(missing.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_NE(missing.error_message().find("missing"), std::string::npos) << missing.error_message();
+  grpc::Status wrong = kernels_->GetJob(Ctx("nope").get(), req, &job);
+  EXPECT_EQ(wrong.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  grpc::Status worker = kernels_->GetJob(Ctx(kWorker).get(), req, &job);
+  EXPECT_EQ(worker.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_NE(worker.error_message().find("worker token"), std::string::npos);
+  grpc::Status right = kernels_->GetJob(Ctx(kClient).get(), req, &job);
+  EXPECT_EQ(right.error_code(), grpc::StatusCode::NOT_FOUND) << right.error_message();
+}
+
+TEST_F(ServerTest, WorkerServiceNeedsAWorkerToken) {
+  Start();
+  v1::RegisterRequest req;
+  req.set_worker_name("w");
+  req.mutable_gpu()->set_arch("sm_90a");
+  v1::RegisterResponse resp;
+  EXPECT_EQ(workers_->Register(Ctx("").get(), req, &resp).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(workers_->Register(Ctx("bad").get(), req, &resp).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  grpc::Status client = workers_->Register(Ctx(kClient).get(), req, &resp);
+  EXPECT_EQ(client.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_NE(client.error_message().find("WorkerService needs a worker token"), std::string::npos);
+  EXPECT_TRUE(workers_->Register(Ctx(kWorker).get(), req, &resp).ok());
+}
+
+TEST_F(ServerTest, HealthIsOpenAndServing) {
+  Start();
+  auto health = grpc::health::v1::Health::NewStub(channel_);
+  grpc::health::v1::HealthCheckRequest req;
+  grpc::health::v1::HealthCheckResponse resp;
+  ASSERT_TRUE(health->Check(Ctx("").get(), req, &resp).ok());
+  EXPECT_EQ(resp.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+  req.set_service("kforge.v1.KernelService");
+  ASSERT_TRUE(health->Check(Ctx("").get(), req, &resp).ok());
+  EXPECT_EQ(resp.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+}
+
+void ExpectInvalid(const grpc::Status& s, const std::string& field) {
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_EQ(s.error_message().rfind(field, 0), 0u)
+      << "message '" << s.error_message() << "' should start with '" << field << "'";
+}
+
+TEST_F(ServerTest, BadShapesAreInvalidArgumentNamingTheField) {
+  Start();
+  v1::GetKernelResponse resp;
+  auto with = [](auto edit) {
+    v1::Shape s = MakeShape();
+    edit(s);
+    return s;
+  };
+  ExpectInvalid(GetKernel(with([](v1::Shape& s) { s.set_head_dim(100); }), &resp),
+                "shape.head_dim: 100 is not a multiple of 8");
+  ExpectInvalid(GetKernel(with([](v1::Shape& s) { s.set_head_dim(96); }), &resp),
+                "shape.head_dim: 96 is not supported");
+  ExpectInvalid(GetKernel(with([](v1::Shape& s) { s.set_head_dim(-8); }), &resp),
+                "shape.head_dim");
+  ExpectInvalid(GetKernel(with([](v1::Shape& s) { s.set_heads(0); }), &resp), "shape.heads");
+  ExpectInvalid(GetKernel(with([](v1::Shape& s) { s.set_kv_heads(3); }), &resp),
+                "shape.kv_heads");
+  ExpectInvalid(GetKernel(with([](v1::Shape& s) { s.set_batch(-1); }), &resp), "shape.batch");
+  ExpectInvalid(GetKernel(with([](v1::Shape& s) { s.set_total_q(1LL << 40); }), &resp),
+                "shape.total_q");
+  ExpectInvalid(GetKernel(with([](v1::Shape& s) { s.set_op(static_cast<v1::Op>(42)); }), &resp),
+                "shape.op");
+  ExpectInvalid(GetKernel(with([](v1::Shape& s) { s.set_op(v1::OP_UNSPECIFIED); }), &resp),
+                "shape.op");
+  ExpectInvalid(GetKernel(with([](v1::Shape& s) { s.set_dtype(v1::DTYPE_UNSPECIFIED); }), &resp),
+                "shape.dtype");
+  ExpectInvalid(GetKernel(with([](v1::Shape& s) { s.set_arch("x86"); }), &resp), "shape.arch");
+  ExpectInvalid(GetKernel(with([](v1::Shape& s) {
+                  for (int v : {0, 10, 5}) s.add_cu_seqlens_q(v);
+                }),
+                          &resp),
+                "shape.cu_seqlens_q: decreases");
+  ExpectInvalid(GetKernel(with([](v1::Shape& s) {
+                  for (int v : {0, 10, 30}) s.add_cu_seqlens_q(v);  // total 30 != 4096
+                }),
+                          &resp),
+                "shape.batch");
+  ExpectInvalid(GetKernel(with([](v1::Shape& s) {
+                  s.set_batch(0);
+                  s.set_max_len_q(0);
+                  s.set_total_q(31);
+                  for (int v : {0, 10, 30}) s.add_cu_seqlens_q(v);
+                }),
+                          &resp),
+                "shape.total_q: 31 disagrees with cu_seqlens_q");
+  ExpectInvalid(GetKernel(with([](v1::Shape& s) { s.add_cu_seqlens_k(0); }), &resp),
+                "shape.cu_seqlens_k");
+  v1::GetKernelRequest none;
+  EXPECT_EQ(kernels_->GetKernel(Ctx(kClient).get(), none, &resp).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  // Offsets alone are a complete description.
+  v1::Shape offsets = with([](v1::Shape& s) {
+    s.set_batch(0);
+    s.set_max_len_q(0);
+    s.set_total_q(0);
+    for (int v : {0, 100, 300, 350}) s.add_cu_seqlens_q(v);
+  });
+  EXPECT_TRUE(GetKernel(offsets, &resp).ok());
+}
+
+TEST_F(ServerTest, BadRequestFieldsAreInvalidArgument) {
+  Start();
+  {
+    v1::ListShapesRequest req;
+    req.set_page_size(5000);
+    v1::ListShapesResponse resp;
+    ExpectInvalid(kernels_->ListShapes(Ctx(kClient).get(), req, &resp), "page_size");
+    req.set_page_size(-1);
+    ExpectInvalid(kernels_->ListShapes(Ctx(kClient).get(), req, &resp), "page_size");
+    req.set_page_size(10);
+    req.set_page_token("not-a-token");
+    ExpectInvalid(kernels_->ListShapes(Ctx(kClient).get(), req, &resp), "page_token");
+    req.set_page_token("");
+    req.set_arch("gpu9000");
+    ExpectInvalid(kernels_->ListShapes(Ctx(kClient).get(), req, &resp), "arch");
+  }
+  {
+    v1::ListVariantsRequest req;
+    req.set_bucket("garbage");
+    v1::ListVariantsResponse resp;
+    ExpectInvalid(kernels_->ListVariants(Ctx(kClient).get(), req, &resp), "bucket");
+    req.set_bucket("");
+    req.set_page_token("!!");
+    ExpectInvalid(kernels_->ListVariants(Ctx(kClient).get(), req, &resp), "page_token");
+  }
+  {
+    v1::ListJobsRequest req;
+    req.set_page_size(1001);
+    v1::ListJobsResponse resp;
+    ExpectInvalid(kernels_->ListJobs(Ctx(kClient).get(), req, &resp), "page_size");
+  }
+  {
+    v1::SubmitJobRequest req;
+    v1::Job job;
+    ExpectInvalid(kernels_->SubmitJob(Ctx(kClient).get(), req, &job), "shapes");
+    *req.add_shapes() = MakeShape();
+    *req.add_shapes() = MakeShape();
+    req.mutable_shapes(1)->set_head_dim(7);
+    ExpectInvalid(kernels_->SubmitJob(Ctx(kClient).get(), req, &job), "shapes[1].head_dim");
+    req.mutable_shapes(1)->set_head_dim(128);
+    req.mutable_budget()->set_max_variants(-3);
+    ExpectInvalid(kernels_->SubmitJob(Ctx(kClient).get(), req, &job), "budget.max_variants");
+    req.mutable_budget()->set_max_variants(1);
+    req.mutable_budget()->set_max_seconds(-1);
+    ExpectInvalid(kernels_->SubmitJob(Ctx(kClient).get(), req, &job), "budget.max_seconds");
+    req.mutable_budget()->set_max_seconds(0);
+    req.set_proposer("Robert'); DROP TABLE jobs;--");
+    ExpectInvalid(kernels_->SubmitJob(Ctx(kClient).get(), req, &job), "proposer");
+    req.set_proposer("nosuch");
+    ExpectInvalid(kernels_->SubmitJob(Ctx(kClient).get(), req, &job), "proposer");
+  }
+  {
+    v1::RegisterRequest req;
+    v1::RegisterResponse resp;
+    ExpectInvalid(workers_->Register(Ctx(kWorker).get(), req, &resp), "worker_name");
+    req.set_worker_name("w");
+    req.mutable_gpu()->set_arch("banana");
+    ExpectInvalid(workers_->Register(Ctx(kWorker).get(), req, &resp), "gpu.arch");
+  }
+  const std::string worker = RegisterWorker();
+  {
+    v1::LeaseTaskRequest req;
+    req.set_worker_id(worker);
+    req.set_wait_ms(-5);
+    v1::LeaseTaskResponse resp;
+    ExpectInvalid(workers_->LeaseTask(Ctx(kWorker).get(), req, &resp), "wait_ms");
+  }
+  {
+    SubmitJob(1);
+    auto task = Lease(worker);
+    ASSERT_TRUE(task);
+    v1::ReportResultRequest req;
+    req.set_worker_id(worker);
+    req.set_task_id(task->task_id());
+    v1::ReportResultResponse resp;
+    ExpectInvalid(workers_->ReportResult(Ctx(kWorker).get(), req, &resp), "result");
+    req.mutable_result()->set_outcome(static_cast<v1::EvalOutcome>(77));
+    ExpectInvalid(workers_->ReportResult(Ctx(kWorker).get(), req, &resp), "result.outcome");
+    req.mutable_result()->set_outcome(v1::EVAL_OUTCOME_VERIFIED);
+    req.mutable_result()->mutable_timing()->set_median_us(std::numeric_limits<double>::quiet_NaN());
+    ExpectInvalid(workers_->ReportResult(Ctx(kWorker).get(), req, &resp), "result.timing");
+    req.mutable_result()->mutable_timing()->set_median_us(-1);
+    ExpectInvalid(workers_->ReportResult(Ctx(kWorker).get(), req, &resp), "result.timing");
+  }
+}
+
+TEST_F(ServerTest, UnknownIdsAreNotFound) {
+  Start();
+  for (const std::string& id : std::vector<std::string>{"", "j999999", "garbage", std::string(500, 'x')}) {
+    v1::GetJobRequest g;
+    g.set_job_id(id);
+    v1::Job job;
+    EXPECT_EQ(kernels_->GetJob(Ctx(kClient).get(), g, &job).error_code(),
+              grpc::StatusCode::NOT_FOUND) << id;
+    v1::CancelJobRequest c;
+    c.set_job_id(id);
+    EXPECT_EQ(kernels_->CancelJob(Ctx(kClient).get(), c, &job).error_code(),
+              grpc::StatusCode::NOT_FOUND) << id;
+    v1::WatchJobRequest w;
+    w.set_job_id(id);
+    auto ctx = Ctx(kClient);
+    auto reader = kernels_->WatchJob(ctx.get(), w);
+    v1::JobEvent ev;
+    while (reader->Read(&ev)) {
+    }
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::NOT_FOUND) << id;
+  }
+  v1::LeaseTaskRequest l;
+  l.set_worker_id("w424242");
+  v1::LeaseTaskResponse lr;
+  EXPECT_EQ(workers_->LeaseTask(Ctx(kWorker).get(), l, &lr).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  const std::string worker = RegisterWorker();
+  v1::ReportResultRequest r;
+  r.set_worker_id(worker);
+  r.set_task_id("t999999");
+  r.mutable_result()->set_outcome(v1::EVAL_OUTCOME_WRONG);
+  v1::ReportResultResponse rr;
+  EXPECT_EQ(workers_->ReportResult(Ctx(kWorker).get(), r, &rr).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  v1::HeartbeatRequest h;
+  h.set_worker_id("nobody");
+  v1::HeartbeatResponse hr;
+  EXPECT_EQ(workers_->Heartbeat(Ctx(kWorker).get(), h, &hr).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+}
+
+// Random and extreme values for every field of every RPC: whatever comes
+// back, the server must keep serving.
+TEST_F(ServerTest, GarbageNeverCrashesTheServer) {
+  Start();
+  const std::string worker = RegisterWorker();
+  std::mt19937_64 rng(12345);
+  const int64_t extremes64[] = {0, 1, -1, std::numeric_limits<int64_t>::max(),
+                                std::numeric_limits<int64_t>::min(), 1LL << 31, 1LL << 40};
+  const int32_t extremes32[] = {0, 1, -1, 7, 128, std::numeric_limits<int32_t>::max(),
+                                std::numeric_limits<int32_t>::min()};
+  auto pick64 = [&] { return extremes64[rng() % std::size(extremes64)]; };
+  auto pick32 = [&] { return extremes32[rng() % std::size(extremes32)]; };
+  auto junk = [&] {
+    std::string s(rng() % 40, '\0');
+    // Printable: proto3 strings must be UTF-8, and a client library refuses
+    // to send anything else.
+    for (auto& c : s) c = static_cast<char>(32 + rng() % 95);
+    return s;
+  };
+  auto garbage_shape = [&](v1::Shape* s) {
+    s->set_op(static_cast<v1::Op>(pick32() & 3));
+    s->set_dtype(static_cast<v1::DType>(pick32() & 1));
+    s->set_head_dim(pick32());
+    s->set_heads(pick32());
+    s->set_kv_heads(pick32());
+    s->set_causal(rng() & 1);
+    s->set_cross(rng() & 1);
+    s->set_arch(rng() & 1 ? "sm_90a" : junk());
+    s->set_batch(pick64());
+    s->set_max_len_q(pick64());
+    s->set_total_q(pick64());
+    s->set_max_len_k(pick64());
+    s->set_total_k(pick64());
+    const int n = static_cast<int>(rng() % 6);
+    for (int i = 0; i < n; ++i) s->add_cu_seqlens_q(pick32());
+    if (rng() & 1)
+      for (int i = 0; i < n; ++i) s->add_cu_seqlens_k(pick32());
+  };
+  for (int i = 0; i < 300; ++i) {
+    grpc::Status st;
+    switch (i % 12) {
+      case 0: {
+        v1::GetKernelRequest r;
+        garbage_shape(r.mutable_shape());
+        r.set_tune_if_untuned(rng() & 1);
+        v1::GetKernelResponse resp;
+        st = kernels_->GetKernel(Ctx(kClient).get(), r, &resp);
+        break;
+      }
+      case 1: {
+        v1::ListShapesRequest r;
+        r.set_page_size(pick32());
+        r.set_page_token(rng() & 1 ? junk() : std::to_string(pick64()));
+        r.set_arch(junk());
+        v1::ListShapesResponse resp;
+        st = kernels_->ListShapes(Ctx(kClient).get(), r, &resp);
+        break;
+      }
+      case 2: {
+        v1::ListVariantsRequest r;
+        r.set_page_size(pick32());
+        r.set_page_token(std::to_string(pick64()));
+        r.set_bucket(rng() & 1 ? junk() : "fwd.bf16.d128.h8.kv8.causal.self.sm_90a.b4.mq1024.aq1024.mk1024.ak1024");
+        v1::ListVariantsResponse resp;
+        st = kernels_->ListVariants(Ctx(kClient).get(), r, &resp);
+        break;
+      }
+      case 3: {
+        v1::SubmitJobRequest r;
+        r.set_name(junk());
+        const int n = static_cast<int>(rng() % 3);
+        for (int k = 0; k < n; ++k) garbage_shape(r.add_shapes());
+        r.set_proposer(rng() & 1 ? "builtin" : junk());
+        r.mutable_budget()->set_max_variants(pick32());
+        r.mutable_budget()->set_max_seconds(pick32());
+        r.mutable_budget()->set_max_tokens(pick64());
+        r.set_seed(rng());
+        v1::Job job;
+        st = kernels_->SubmitJob(Ctx(kClient).get(), r, &job);
+        break;
+      }
+      case 4: case 5: case 6: {
+        v1::Job job;
+        if (i % 12 == 4) {
+          v1::GetJobRequest r;
+          r.set_job_id(junk());
+          st = kernels_->GetJob(Ctx(kClient).get(), r, &job);
+        } else if (i % 12 == 5) {
+          v1::CancelJobRequest r;
+          r.set_job_id("j" + std::to_string(pick64()));
+          st = kernels_->CancelJob(Ctx(kClient).get(), r, &job);
+        } else {
+          v1::ListJobsRequest r;
+          r.set_page_size(pick32());
+          r.set_page_token(std::to_string(pick64()));
+          v1::ListJobsResponse resp;
+          st = kernels_->ListJobs(Ctx(kClient).get(), r, &resp);
+        }
+        break;
+      }
+      case 7: {
+        v1::WatchJobRequest r;
+        r.set_job_id(junk());
+        auto ctx = Ctx(kClient, 1);
+        auto reader = kernels_->WatchJob(ctx.get(), r);
+        v1::JobEvent ev;
+        while (reader->Read(&ev)) {
+        }
+        st = reader->Finish();
+        break;
+      }
+      case 8: {
+        v1::RegisterRequest r;
+        r.set_worker_name(junk());
+        r.mutable_gpu()->set_arch(rng() & 1 ? "sm_90a" : junk());
+        r.mutable_gpu()->set_name(junk());
+        r.mutable_gpu()->set_sm_count(pick32());
+        r.mutable_gpu()->set_memory_bytes(pick64());
+        r.set_compile_only(rng() & 1);
+        v1::RegisterResponse resp;
+        st = workers_->Register(Ctx(kWorker).get(), r, &resp);
+        break;
+      }
+      case 9: {
+        v1::HeartbeatRequest r;
+        r.set_worker_id(rng() & 1 ? worker : junk());
+        for (int k = 0; k < 3; ++k) r.add_task_ids(rng() & 1 ? junk() : "t" + std::to_string(pick64()));
+        v1::HeartbeatResponse resp;
+        st = workers_->Heartbeat(Ctx(kWorker).get(), r, &resp);
+        break;
+      }
+      case 10: {
+        v1::LeaseTaskRequest r;
+        r.set_worker_id(rng() & 1 ? worker : junk());
+        r.set_wait_ms(pick32() & 0xff);
+        v1::LeaseTaskResponse resp;
+        st = workers_->LeaseTask(Ctx(kWorker).get(), r, &resp);
+        break;
+      }
+      case 11: {
+        v1::ReportResultRequest r;
+        r.set_worker_id(rng() & 1 ? worker : junk());
+        r.set_task_id(rng() & 1 ? "t1" : junk());
+        r.mutable_result()->set_outcome(static_cast<v1::EvalOutcome>(pick32() & 7));
+        r.mutable_result()->mutable_timing()->set_median_us(static_cast<double>(pick64()));
+        r.mutable_result()->mutable_timing()->set_max_us(-static_cast<double>(pick64()));
+        r.mutable_result()->mutable_compile()->set_cubin(junk());
+        v1::ReportResultResponse resp;
+        st = workers_->ReportResult(Ctx(kWorker).get(), r, &resp);
+        break;
+      }
+    }
+    EXPECT_NE(st.error_code(), grpc::StatusCode::UNAVAILABLE) << i << ": " << st.error_message();
+    EXPECT_NE(st.error_code(), grpc::StatusCode::INTERNAL) << i << ": " << st.error_message();
+    EXPECT_NE(st.error_code(), grpc::StatusCode::UNKNOWN) << i << ": " << st.error_message();
+  }
+  v1::GetKernelResponse resp;
+  EXPECT_TRUE(GetKernel(MakeShape(), &resp).ok());
+}
+
+TEST_F(ServerTest, UntunedBucketGetsTheSeedDefaultAndCanEnqueueTuning) {
+  Start();
+  v1::GetKernelResponse resp;
+  ASSERT_TRUE(GetKernel(MakeShape(), &resp).ok());
+  EXPECT_FALSE(resp.kernel().tuned());
+  EXPECT_EQ(resp.kernel().served_bucket(), "");
+  EXPECT_EQ(resp.kernel().cubin(), "CUBIN-sm_90a");
+  EXPECT_EQ(resp.kernel().manifest().entry_point(), "kf_attn_fwd");
+  EXPECT_EQ(resp.kernel().requested_bucket(),
+            "fwd.bf16.d128.h8.kv8.causal.self.sm_90a.b4.mq1024.aq1024.mk1024.ak1024");
+  EXPECT_TRUE(resp.tuning_job_id().empty());
+
+  v1::GetKernelResponse tuned;
+  ASSERT_TRUE(GetKernel(MakeShape(), &tuned, /*tune=*/true).ok());
+  ASSERT_FALSE(tuned.tuning_job_id().empty());
+  v1::GetKernelResponse again;
+  ASSERT_TRUE(GetKernel(MakeShape(), &again, /*tune=*/true).ok());
+  EXPECT_EQ(again.tuning_job_id(), tuned.tuning_job_id()) << "one tuning job per bucket";
+  EXPECT_EQ(GetJob(tuned.tuning_job_id()).state(), v1::JOB_STATE_RUNNING);
+}
+
+TEST_F(ServerTest, WorkerFlowReplacesTheBestOnlyAfterARetimeWin) {
+  Start({}, /*proposals=*/3);
+  const v1::Job job = SubmitJob(/*max_variants=*/3);
+  ASSERT_FALSE(job.id().empty());
+
+  // Watch the whole job from the start.
+  std::vector<v1::JobEvent> events;
+  grpc::Status watch_status;
+  std::thread watcher([&] {
+    v1::WatchJobRequest req;
+    req.set_job_id(job.id());
+    auto ctx = Ctx(kClient, 30);
+    auto reader = kernels_->WatchJob(ctx.get(), req);
+    v1::JobEvent ev;
+    while (reader->Read(&ev)) events.push_back(ev);
+    watch_status = reader->Finish();
+  });
+
+  const std::string w = RegisterWorker();
+  auto t1 = Lease(w);
+  auto t2 = Lease(w);
+  auto t3 = Lease(w);
+  ASSERT_TRUE(t1 && t2 && t3);
+  EXPECT_EQ(t1->kind(), v1::TASK_KIND_EVALUATE);
+  EXPECT_EQ(t1->shape().head_dim(), 128);
+  EXPECT_FALSE(t1->variant().source().empty());
+  EXPECT_EQ(t1->variant().manifest_json(), kManifest);
+
+  // First verified result: nothing to beat, it becomes the best.
+  ASSERT_TRUE(Report(w, *t1, 100.0));
+  v1::GetKernelResponse k;
+  ASSERT_TRUE(GetKernel(MakeShape(), &k).ok());
+  EXPECT_TRUE(k.kernel().tuned());
+  EXPECT_EQ(k.kernel().variant_id(), t1->variant().variant_id());
+  EXPECT_EQ(k.kernel().cubin(), "CUBIN-of-" + t1->variant().variant_id());
+  EXPECT_EQ(k.kernel().served_bucket(), k.kernel().requested_bucket());
+  EXPECT_DOUBLE_EQ(k.kernel().timing().median_us(), 100.0);
+
+  // A slower candidate changes nothing; a wrong one neither.
+  ASSERT_TRUE(Report(w, *t2, 150.0));
+  ASSERT_TRUE(Report(w, *t3, 0, 1, 0, v1::EVAL_OUTCOME_WRONG));
+  // Re-running the job so that a faster candidate comes along needs a new
+  // job; here the third proposal slot was the wrong one, so submit another.
+  const v1::Job job2 = SubmitJob(1);
+  auto t4 = Lease(w);
+  ASSERT_TRUE(t4);
+  ASSERT_TRUE(Report(w, *t4, 80.0));  // faster than 100: a RETIME follows
+  ASSERT_TRUE(GetKernel(MakeShape(), &k).ok());
+  EXPECT_EQ(k.kernel().variant_id(), t1->variant().variant_id()) << "not replaced before RETIME";
+  auto retime = Lease(w);
+  ASSERT_TRUE(retime);
+  EXPECT_EQ(retime->kind(), v1::TASK_KIND_RETIME);
+  EXPECT_EQ(retime->variant().variant_id(), t4->variant().variant_id());
+  EXPECT_EQ(retime->incumbent().variant_id(), t1->variant().variant_id());
+  // Wins by 20 us with a spread of 1 us: replaced.
+  ASSERT_TRUE(Report(w, *retime, 80.0, 1.0, 100.0));
+  ASSERT_TRUE(GetKernel(MakeShape(), &k).ok());
+  EXPECT_EQ(k.kernel().variant_id(), t4->variant().variant_id());
+  EXPECT_TRUE(k.kernel().tuned());
+
+  EXPECT_EQ(WaitForState(job.id(), v1::JOB_STATE_SUCCEEDED).state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(WaitForState(job2.id(), v1::JOB_STATE_SUCCEEDED).state(), v1::JOB_STATE_SUCCEEDED);
+  watcher.join();
+  EXPECT_TRUE(watch_status.ok()) << watch_status.error_message();
+  ASSERT_GE(events.size(), 3u);
+  EXPECT_EQ(events.back().job().state(), v1::JOB_STATE_SUCCEEDED);
+  const auto& p = events.back().job().progress(0);
+  EXPECT_EQ(p.proposed(), 3);
+  EXPECT_EQ(p.evaluated(), 3);
+  EXPECT_EQ(p.verified(), 2);
+  EXPECT_EQ(p.failed(), 1);
+  EXPECT_EQ(p.best_variant_id(), t1->variant().variant_id());
+
+  v1::ListShapesRequest ls;
+  v1::ListShapesResponse shapes;
+  ASSERT_TRUE(kernels_->ListShapes(Ctx(kClient).get(), ls, &shapes).ok());
+  ASSERT_EQ(shapes.shapes_size(), 1);
+  EXPECT_EQ(shapes.shapes(0).best_variant_id(), t4->variant().variant_id());
+
+  v1::ListVariantsRequest lv;
+  lv.set_bucket(k.kernel().requested_bucket());
+  lv.set_page_size(2);
+  v1::ListVariantsResponse variants;
+  ASSERT_TRUE(kernels_->ListVariants(Ctx(kClient).get(), lv, &variants).ok());
+  EXPECT_EQ(variants.variants_size(), 2);
+  EXPECT_FALSE(variants.next_page_token().empty());
+  lv.set_page_token(variants.next_page_token());
+  ASSERT_TRUE(kernels_->ListVariants(Ctx(kClient).get(), lv, &variants).ok());
+  EXPECT_EQ(variants.variants_size(), 2);
+}
+
+TEST_F(ServerTest, RetimeWithinTheSpreadKeepsTheIncumbent) {
+  Start({}, 1);
+  SubmitJob(1);
+  const std::string w = RegisterWorker();
+  auto t1 = Lease(w);
+  ASSERT_TRUE(t1);
+  ASSERT_TRUE(Report(w, *t1, 100.0));
+  SubmitJob(1, MakeShape(3, 1000, 3000));  // same bucket, another job
+  auto t2 = Lease(w);
+  ASSERT_TRUE(t2);
+  ASSERT_TRUE(Report(w, *t2, 95.0));
+  auto retime = Lease(w);
+  ASSERT_TRUE(retime);
+  ASSERT_EQ(retime->kind(), v1::TASK_KIND_RETIME);
+  // Faster by 3 us, but the timings spread over 10 us: noise, not a win.
+  ASSERT_TRUE(Report(w, *retime, 97.0, 10.0, 100.0));
+  v1::GetKernelResponse k;
+  ASSERT_TRUE(GetKernel(MakeShape(), &k).ok());
+  EXPECT_EQ(k.kernel().variant_id(), t1->variant().variant_id());
+}
+
+TEST_F(ServerTest, NearestTunedBucketServesAnUntunedOne) {
+  Start({}, 1);
+  SubmitJob(1);
+  const std::string w = RegisterWorker();
+  auto t = Lease(w);
+  ASSERT_TRUE(t);
+  ASSERT_TRUE(Report(w, *t, 50.0));
+  v1::GetKernelResponse k;
+  ASSERT_TRUE(GetKernel(MakeShape(64, 1024, 64 * 1000), &k).ok());
+  EXPECT_FALSE(k.kernel().tuned());
+  EXPECT_EQ(k.kernel().variant_id(), t->variant().variant_id());
+  EXPECT_EQ(k.kernel().served_bucket(),
+            "fwd.bf16.d128.h8.kv8.causal.self.sm_90a.b4.mq1024.aq1024.mk1024.ak1024");
+  EXPECT_NE(k.kernel().requested_bucket(), k.kernel().served_bucket());
+  // A different head layout is a different class: the seed serves it.
+  v1::Shape other = MakeShape();
+  other.set_heads(16);
+  ASSERT_TRUE(GetKernel(other, &k).ok());
+  EXPECT_EQ(k.kernel().served_bucket(), "");
+}
+
+TEST_F(ServerTest, ExpiredLeaseGoesBackToTheQueue) {
+  ServerOptions o;
+  o.api.lease_ttl_ms = 300;
+  o.api.heartbeat_interval_ms = 100;
+  Start(o, 1);
+  SubmitJob(1);
+  const std::string a = RegisterWorker("a");
+  const std::string b = RegisterWorker("b");
+  auto t = Lease(a);
+  ASSERT_TRUE(t);
+  EXPECT_FALSE(Lease(b, 50)) << "leased tasks are not handed out twice";
+  // a stops heartbeating; after the TTL the reaper requeues the task.
+  auto again = Lease(b, 3000);
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->task_id(), t->task_id());
+  EXPECT_FALSE(Report(a, *t, 10.0)) << "the expired lease's result is refused";
+  EXPECT_TRUE(Report(b, *again, 10.0));
+}
+
+TEST_F(ServerTest, HeartbeatKeepsALeaseAlive) {
+  ServerOptions o;
+  o.api.lease_ttl_ms = 300;
+  o.api.heartbeat_interval_ms = 100;
+  Start(o, 1);
+  SubmitJob(1);
+  const std::string a = RegisterWorker("a");
+  auto t = Lease(a);
+  ASSERT_TRUE(t);
+  for (int i = 0; i < 8; ++i) {
+    v1::HeartbeatRequest h;
+    h.set_worker_id(a);
+    h.add_task_ids(t->task_id());
+    v1::HeartbeatResponse hr;
+    ASSERT_TRUE(workers_->Heartbeat(Ctx(kWorker).get(), h, &hr).ok());
+    EXPECT_EQ(hr.cancelled_task_ids_size(), 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_TRUE(Report(a, *t, 10.0));
+}
+
+TEST_F(ServerTest, CancelJobCancelsTasksAndEndsWatchers) {
+  Start({}, 4);
+  const v1::Job job = SubmitJob(4);
+  const std::string w = RegisterWorker();
+  auto t = Lease(w);
+  ASSERT_TRUE(t);
+  grpc::Status watch_status;
+  v1::JobEvent last;
+  std::thread watcher([&] {
+    v1::WatchJobRequest req;
+    req.set_job_id(job.id());
+    auto ctx = Ctx(kClient, 30);
+    auto reader = kernels_->WatchJob(ctx.get(), req);
+    v1::JobEvent ev;
+    while (reader->Read(&ev)) last = ev;
+    watch_status = reader->Finish();
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  v1::CancelJobRequest c;
+  c.set_job_id(job.id());
+  v1::Job cancelled;
+  ASSERT_TRUE(kernels_->CancelJob(Ctx(kClient).get(), c, &cancelled).ok());
+  EXPECT_EQ(cancelled.state(), v1::JOB_STATE_CANCELLED);
+  watcher.join();
+  EXPECT_TRUE(watch_status.ok()) << watch_status.error_message();
+  EXPECT_EQ(last.job().state(), v1::JOB_STATE_CANCELLED);
+
+  v1::HeartbeatRequest h;
+  h.set_worker_id(w);
+  h.add_task_ids(t->task_id());
+  v1::HeartbeatResponse hr;
+  ASSERT_TRUE(workers_->Heartbeat(Ctx(kWorker).get(), h, &hr).ok());
+  ASSERT_EQ(hr.cancelled_task_ids_size(), 1);
+  EXPECT_EQ(hr.cancelled_task_ids(0), t->task_id());
+  EXPECT_FALSE(Lease(w, 100)) << "no task of a cancelled job is handed out";
+  // Cancelling again returns the final job unchanged.
+  ASSERT_TRUE(kernels_->CancelJob(Ctx(kClient).get(), c, &cancelled).ok());
+  EXPECT_EQ(cancelled.state(), v1::JOB_STATE_CANCELLED);
+
+  v1::ListJobsRequest lj;
+  v1::ListJobsResponse jobs;
+  ASSERT_TRUE(kernels_->ListJobs(Ctx(kClient).get(), lj, &jobs).ok());
+  ASSERT_EQ(jobs.jobs_size(), 1);
+  EXPECT_EQ(jobs.jobs(0).id(), job.id());
+}
+
+TEST_F(ServerTest, HealthTurnsNotServingAndWatchersEndOnShutdown) {
+  ServerOptions o;
+  o.shutdown_grace_ms = 1500;
+  Start(o, 2);
+  const v1::Job job = SubmitJob(2);
+  grpc::Status watch_status;
+  std::thread watcher([&] {
+    v1::WatchJobRequest req;
+    req.set_job_id(job.id());
+    auto ctx = Ctx(kClient, 30);
+    auto reader = kernels_->WatchJob(ctx.get(), req);
+    v1::JobEvent ev;
+    while (reader->Read(&ev)) {
+    }
+    watch_status = reader->Finish();
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  std::thread stopper([&] { server_->Shutdown(); });
+  auto health = grpc::health::v1::Health::NewStub(channel_);
+  bool saw_not_serving = false;
+  for (int i = 0; i < 100 && !saw_not_serving; ++i) {
+    grpc::health::v1::HealthCheckRequest req;
+    grpc::health::v1::HealthCheckResponse resp;
+    if (health->Check(Ctx("", 1).get(), req, &resp).ok() &&
+        resp.status() == grpc::health::v1::HealthCheckResponse::NOT_SERVING)
+      saw_not_serving = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(saw_not_serving);
+  stopper.join();
+  watcher.join();
+  EXPECT_EQ(watch_status.error_code(), grpc::StatusCode::UNAVAILABLE) << watch_status.error_message();
+}
+
+}  // namespace
+}  // namespace kforge::server
