@@ -13,7 +13,7 @@ nv = ctypes.CDLL(find_nvrtc())
 
 def compile_src(knobs, arch="sm_90a", extra=()):
     src = "".join(f"#define KF_{k} {v}\n" for k, v in knobs.items())
-    src += open(os.path.join(ROOT, "templates", "fwd_sm90.cuh")).read()
+    src += open(os.environ.get("KF_SRC") or os.path.join(ROOT, "templates", "fwd_sm90.cuh")).read()
     hdr = open(os.path.join(ROOT, "include", "kforge", "attn_params.h")).read()
     prog = ctypes.c_void_p()
     hdrs = (ctypes.c_char_p * 1)(hdr.encode())

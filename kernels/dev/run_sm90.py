@@ -25,6 +25,19 @@ class P(ctypes.Structure):
                 ("delta", ctypes.c_void_p), ("dq_accum", ctypes.c_void_p), ("_reserved", ctypes.c_int * 8)]
 
 NSM = torch.cuda.get_device_properties(0).multi_processor_count
+HANG_S = float(os.environ.get("HANG_S", "20"))
+
+def sync_or_die(what):
+    """Waits for the stream; a kernel still running after HANG_S seconds is a
+    protocol hang: exit the process at once (the driver tears the context and
+    the kernel down), so a hang costs seconds of device time, not the call."""
+    ev = torch.cuda.Event(); ev.record()
+    t0 = time.time()
+    while not ev.query():
+        if time.time() - t0 > HANG_S:
+            print(f"HANG in {what}: not finished after {HANG_S}s; exiting", flush=True)
+            os._exit(3)
+        time.sleep(0.0005)
 
 class Kernel:
     def __init__(self, knobs):
@@ -37,7 +50,7 @@ class Kernel:
         self.mod = ctypes.c_void_p(); ck(cu.cuModuleLoadData(ctypes.byref(self.mod), cubin), "load")
         self.fn = ctypes.c_void_p(); ck(cu.cuModuleGetFunction(ctypes.byref(self.fn), self.mod, b"kf_attn_fwd"), "getfn")
         D, BN, S = knobs["HEAD_DIM"], knobs["BLOCK_N"], knobs.get("STAGES", 2)
-        QB = knobs.get("Q_BUFS", 2)
+        QB = knobs.get("Q_BUFS", 2 if os.environ.get("KF_SRC") else 1)
         self.smem = QB * 2 * 64 * D * 2 + 2 * S * BN * D * 2 + 4 * S * 8 + 2 * QB * 8 + 1024
         ck(cu.cuFuncSetAttribute(self.fn, 8, self.smem), "smem attr")
         regs = ctypes.c_int(); cu.cuFuncGetAttribute(ctypes.byref(regs), 4, self.fn)
@@ -47,7 +60,7 @@ class Kernel:
         spill = [l for l in log.splitlines() if "spill" in l or "C75" in l]
         print(f"  compiled {knobs} in {dt:.2f}s regs={self.regs} local={self.local} smem={self.smem} :: {' | '.join(spill)}", flush=True)
 
-    def prepare(self, q, k, v, cu_q, cu_k, Lq, Lk, causal, heads, kv_heads):
+    def prepare(self, q, k, v, cu_q, cu_k, Lq, Lk, causal, heads, kv_heads, grid_cap=None):
         D = q.shape[-1]
         BM = 128
         o = torch.empty_like(q)
@@ -81,7 +94,7 @@ class Kernel:
         p.tiles, p.num_tiles, p.tile_counter = tiles.data_ptr(), len(tl), counter.data_ptr()
         keep = (tiles, counter, o, lse)
         if self.persistent:
-            grid = (max(1, min(len(tl), NSM)), 1, 1)
+            grid = (max(1, min(len(tl), NSM, grid_cap or NSM)), 1, 1)
         else:
             grid = (max(1, (p.max_q + BM - 1) // BM), heads, max(B, 1))
         arg = ctypes.c_void_p(ctypes.addressof(p))
@@ -113,7 +126,7 @@ def ref_attn(q, k, v, Lq, Lk, causal, heads, kv_heads, seqs=None):
         outs[b] = o.transpose(0, 1); lses[b] = lse
     return outs, lses, oq
 
-def check(kern, Lq, Lk, causal, heads, kv_heads, D, seed=0):
+def check(kern, Lq, Lk, causal, heads, kv_heads, D, seed=0, grid_cap=None):
     g = torch.Generator(device=dev).manual_seed(seed)
     Tq, Tk = sum(Lq), sum(Lk)
     q = torch.randn(max(Tq, 1), heads, D, device=dev, generator=g).bfloat16()[:Tq]
@@ -121,9 +134,9 @@ def check(kern, Lq, Lk, causal, heads, kv_heads, D, seed=0):
     v = torch.randn(max(Tk, 1), kv_heads, D, device=dev, generator=g).bfloat16()[:Tk]
     cq = torch.tensor([0] + list(torch.tensor(Lq).cumsum(0).tolist()), dtype=torch.int32, device=dev)
     ckk = torch.tensor([0] + list(torch.tensor(Lk).cumsum(0).tolist()), dtype=torch.int32, device=dev)
-    launch, o, lse, keep = kern.prepare(q, k, v, cq, ckk, Lq, Lk, causal, heads, kv_heads)
+    launch, o, lse, keep = kern.prepare(q, k, v, cq, ckk, Lq, Lk, causal, heads, kv_heads, grid_cap)
     o.fill_(float("nan")); lse.fill_(float("nan"))
-    launch(); torch.cuda.synchronize()
+    launch(); sync_or_die(f"check {Lq[:4]} causal={causal}")
     ro, rl, oq = ref_attn(q, k, v, Lq, Lk, causal, heads, kv_heads)
     worst_o, worst_l = 0.0, 0.0
     for b in range(len(Lq)):
@@ -166,7 +179,7 @@ def bench_shape(kern, s):
     cq = torch.tensor([0] + torch.tensor(Lq).cumsum(0).tolist(), dtype=torch.int32, device=dev)
     ckk = torch.tensor([0] + torch.tensor(Lk).cumsum(0).tolist(), dtype=torch.int32, device=dev)
     launch, o, lse, keep = kern.prepare(q, k, v, cq, ckk, Lq, Lk, causal, H, H)
-    launch(); torch.cuda.synchronize()
+    launch(); sync_or_die(f"bench {s['name']} first launch")
     # spot-check 3 sequences against the reference
     seqs = sorted(set([0, B // 2, B - 1]))
     ro, rl, oq = ref_attn(q, k, v, Lq, Lk, causal, H, H, seqs)
@@ -176,14 +189,14 @@ def bench_shape(kern, s):
         e = (o[oq[b]:oq[b+1]].float() - ro[b]).abs().max().item()
         err = max(err, e if not math.isnan(e) else float("inf"))
     for _ in range(3): launch()
-    torch.cuda.synchronize()
+    sync_or_die(f"bench {s['name']} warmup")
     n = 20
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     ts = []
     for rep in range(3):
         e0.record()
         for _ in range(n): launch()
-        e1.record(); torch.cuda.synchronize()
+        e1.record(); sync_or_die(f"bench {s['name']} timing")
         ts.append(e0.elapsed_time(e1) / n)
     t = min(ts)
     return t, flops / t / 1e9, err
@@ -212,10 +225,17 @@ def main():
                 ("gqa", [190, 256, 33], None, 4, 2),
                 ("gqa1", [150, 1], [260, 300], 4, 1),
             ]
+            # many tiles per CTA: a persistent grid capped at 3 CTAs walks long tile
+            # sequences (ring phases across tiles, tiles with 1 or 0 key blocks)
+            many = [int(x) for x in torch.randint(0, 300, (40,), generator=torch.Generator().manual_seed(7))]
+            cases.append(("many/cta3", many, None, 2, 2, 3))
+            cases.append(("cross/cta5", many[:20], many[20:], 4, 2, 5))
             for causal in (0, 1):
-                for name, lq, lk, H, KH in cases:
+                for case in cases:
+                    name, lq, lk, H, KH = case[:5]
+                    cap = case[5] if len(case) > 5 else None
                     lk = lk if lk is not None else lq
-                    ok, eo, el = check(kern, lq, lk, causal, H, KH, D, seed=len(lq) + causal)
+                    ok, eo, el = check(kern, lq, lk, causal, H, KH, D, seed=len(lq) + causal, grid_cap=cap)
                     print(f"  check D={D} causal={causal} {name:10s} {'OK ' if ok else 'BAD'} max|dO|={eo:.3g} max|dLSE|={el:.3g}", flush=True)
                     if not ok: table.append((str(knobs), f"check {name} c{causal}", "BAD", f"{eo:.2g}"))
         for s in shapes:

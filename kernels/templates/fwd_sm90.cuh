@@ -13,10 +13,8 @@
 //     fence.proxy.async (generic->async proxy), and 32 arrivals on the stage's
 //     "full" mbarrier. Consumers release a stage with one arrival per warp (8)
 //     on its "empty" mbarrier once the wgmma that read it has completed.
-//   * Q (128 x D) is loaded by the producer warp that loads the tile's first
-//     K block, into a KF_Q_BUFS-deep Q ring (fullQ/emptyQ mbarriers), so the
-//     next tile's Q arrives while the current tile finishes.
-//   * Consumers: S = Q K^T with wgmma SS (K-major both), online softmax in
+//   * Consumers: Q (64 x D per warpgroup) loaded by cp.async into swizzled
+//     smem; S = Q K^T with wgmma SS (K-major both), online softmax in
 //     registers (exp2), P packed to bf16 in registers and O += P V with wgmma
 //     RS (V is the MN-major B operand, imm-trans-b = 1). Intra-warpgroup
 //     overlap: the QK^T of block j+1 and the PV of block j are in flight while
@@ -31,8 +29,7 @@
 //     (p.tile_counter is not used).
 //
 // Knobs (prepended #defines): KF_HEAD_DIM (64|128), KF_BLOCK_N (64..192, /16),
-// KF_STAGES (2|3|4), KF_PERSISTENT (0|1), KF_Q_BUFS (1|2),
-// KF_PRODUCER_REGS (default 56: consumers get 224; 40 spills in the producer).
+// KF_STAGES (2|3|4), KF_PERSISTENT (0|1), KF_PRODUCER_REGS (24|32|40|56).
 // Entry point: extern "C" __global__ kf_attn_fwd(const __grid_constant__ KfAttnParams p).
 // Needs sm_90a (wgmma, setmaxnreg). No toolkit headers.
 #include "kforge/attn_params.h"
@@ -52,11 +49,8 @@
 #ifndef KF_PERSISTENT
 #define KF_PERSISTENT 1
 #endif
-#ifndef KF_Q_BUFS
-#define KF_Q_BUFS 2
-#endif
 #ifndef KF_PRODUCER_REGS
-#define KF_PRODUCER_REGS 56
+#define KF_PRODUCER_REGS 40
 #endif
 #define KF_CONSUMER_REGS (((504 - KF_PRODUCER_REGS) / 2) / 8 * 8)
 
@@ -164,10 +158,10 @@ typedef unsigned short kf_bf16;
 #define KF_Q_WG_BYTES (64 * KF_D * 2)
 #define KF_KV_BYTES (KF_BN * KF_D * 2)
 #define KF_SMEM_Q 0
-#define KF_SMEM_K (KF_SMEM_Q + KF_Q_BUFS * 2 * KF_Q_WG_BYTES)
+#define KF_SMEM_K (KF_SMEM_Q + 2 * KF_Q_WG_BYTES)
 #define KF_SMEM_V (KF_SMEM_K + KF_S * KF_KV_BYTES)
 #define KF_SMEM_BAR (KF_SMEM_V + KF_S * KF_KV_BYTES)
-#define KF_SMEM_TOTAL (KF_SMEM_BAR + 4 * KF_S * 8 + 2 * KF_Q_BUFS * 8)
+#define KF_SMEM_TOTAL (KF_SMEM_BAR + 4 * KF_S * 8)
 // dynamic smem the host must give: total + 1024 for the manual 1024-B alignment
 #define KF_SMEM_BYTES (KF_SMEM_TOTAL + 1024)
 
@@ -341,8 +335,6 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_fwd(const __grid_constant__ 
   const kf_u32 bar_fullV = bar_fullK + 8 * KF_S;
   const kf_u32 bar_emptyK = bar_fullV + 8 * KF_S;
   const kf_u32 bar_emptyV = bar_emptyK + 8 * KF_S;
-  const kf_u32 bar_fullQ = bar_emptyV + 8 * KF_S;
-  const kf_u32 bar_emptyQ = bar_fullQ + 8 * KF_Q_BUFS;
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
@@ -355,10 +347,6 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_fwd(const __grid_constant__ 
       kf_mbar_init(bar_fullV + 8 * s, 32);
       kf_mbar_init(bar_emptyK + 8 * s, 8);
       kf_mbar_init(bar_emptyV + 8 * s, 8);
-    }
-    for (int s = 0; s < KF_Q_BUFS; ++s) {
-      kf_mbar_init(bar_fullQ + 8 * s, 32);
-      kf_mbar_init(bar_emptyQ + 8 * s, 8);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -375,7 +363,6 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_fwd(const __grid_constant__ 
     const kf_u32 empty = kv ? bar_emptyV : bar_emptyK;
     const long long ld = (long long)p.kv_heads * KF_D;
     int it = 0;  // global item index of the tile's first item
-    int qt = 0;  // tiles with work so far (Q buffer ring index)
     KfTile tile;
     for (int t = 0; kf_get_tile(p, t, tile); ++t) {
       KfGeom g;
@@ -385,29 +372,15 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_fwd(const __grid_constant__ 
         const int gi = it + j;
         const int stage = gi % KF_S;
         const int phase = (gi / KF_S) & 1;
-        // the K warp of the tile's first item also loads the tile's Q (128 rows)
-        const bool withQ = (kv == 0) && (j == 0);
-        const int qs = qt % KF_Q_BUFS;
-        if (withQ) {
-          kf_mbar_wait(bar_emptyQ + 8 * qs, ((qt / KF_Q_BUFS) & 1) ^ 1);
-          const long long ldq = (long long)p.heads * KF_D;
-          const kf_bf16* q = (const kf_bf16*)p.q;
-          const kf_bf16* qsrc = q + ((long long)(g.q0 + g.m0) * p.heads + tile.h) * KF_D;
-          const kf_u32 qdst = sQ + qs * (2 * KF_Q_WG_BYTES);
-          kf_load_tile<64, 32, 1>(qdst, qsrc, ldq, g.Lq - g.m0, lane, q);
-          kf_load_tile<64, 32, 1>(qdst + KF_Q_WG_BYTES, qsrc + 64 * ldq, ldq, g.Lq - g.m0 - 64, lane, q);
-        }
         kf_mbar_wait(empty + 8 * stage, phase ^ 1);
         const int n0 = (g.nb - 1 - j) * KF_BN;
         const kf_bf16* src = base + ((long long)(g.k0 + n0) * p.kv_heads + g.hk) * KF_D;
-        kf_load_tile<KF_BN, 32, 2>(sbuf + stage * KF_KV_BYTES, src, ld, g.Lk - n0, lane, base);
+        kf_load_tile<KF_BN, 32, 4>(sbuf + stage * KF_KV_BYTES, src, ld, g.Lk - n0, lane, base);
         kf_cp_async_wait_all();
         kf_fence_proxy_async();
-        if (withQ) kf_mbar_arrive(bar_fullQ + 8 * qs);
         kf_mbar_arrive(full + 8 * stage);
       }
       it += g.nb;
-      if (g.nb > 0) ++qt;
     }
     return;
   }
@@ -416,13 +389,15 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_fwd(const __grid_constant__ 
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(KF_CONSUMER_REGS));
   const int cg = wg - 1;     // consumer warpgroup 0/1
   const int ctid = tid - 128 * wg;  // 0..127 within the warpgroup
+  const kf_u32 sQg = sQ + cg * KF_Q_WG_BYTES;
   const float sl2 = p.softmax_scale_log2;
+  const long long ldq = (long long)p.heads * KF_D;
+  const kf_u64 descQ0 = kf_desc(sQg, 16, 1024);
   // thread's rows within the warpgroup's 64: r_lo = 16*warp + lane/4, r_hi = r_lo + 8
   const int r_lo = 16 * warp + (lane >> 2);
   const int cq = 2 * (lane & 3);
 
   int it = 0;
-  int qt = 0;
   KfTile tile;
   for (int t = 0; kf_get_tile(p, t, tile); ++t) {
     KfGeom g;
@@ -437,10 +412,14 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_fwd(const __grid_constant__ 
     float m_lo = KF_NEG_INF, m_hi = KF_NEG_INF, l_lo = 0.f, l_hi = 0.f;
 
     if (g.nb > 0) {
-      // ---- Q tile (this warpgroup's 64 rows), loaded by the producer
-      const int qs = qt % KF_Q_BUFS;
-      const kf_u64 descQ0 = kf_desc(sQ + qs * (2 * KF_Q_WG_BYTES) + cg * KF_Q_WG_BYTES, 16, 1024);
-      kf_mbar_wait(bar_fullQ + 8 * qs, (qt / KF_Q_BUFS) & 1);
+      // ---- Q tile (this warpgroup's 64 rows) -> swizzled smem
+      {
+        const kf_bf16* src = (const kf_bf16*)p.q + ((long long)(g.q0 + row0) * p.heads + tile.h) * KF_D;
+        kf_load_tile<64, 128, 8>(sQg, src, ldq, g.Lq - row0, ctid, (const kf_bf16*)p.q);
+        kf_cp_async_wait_all();
+        kf_fence_proxy_async();
+        kf_named_bar_sync(1 + cg, 128);
+      }
 
       float s[KF_BN / 2];
       kf_u32 pr[KF_BN / 4];
@@ -529,7 +508,6 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_fwd(const __grid_constant__ 
       kf_wgmma_wait<0>();
       kf_reg_fence<KF_BN / 2>(s);
       release(bar_emptyK, it);
-      if (g.nb == 1 && lane == 0) kf_mbar_arrive(bar_emptyQ + 8 * qs);
       {
         float sc_lo, sc_hi;
         softmax(0, sc_lo, sc_hi);
@@ -543,7 +521,6 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_fwd(const __grid_constant__ 
         kf_wgmma_wait<1>();
         kf_reg_fence<KF_BN / 2>(s);
         release(bar_emptyK, gi);
-        if (j == g.nb - 1 && lane == 0) kf_mbar_arrive(bar_emptyQ + 8 * qs);
         float sc_lo, sc_hi;
         softmax(j, sc_lo, sc_hi);
         kf_wgmma_wait<0>();
@@ -558,7 +535,6 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_fwd(const __grid_constant__ 
       kf_reg_fence<KF_D / 2>(o);
       release(bar_emptyV, it + g.nb - 1);
       it += g.nb;
-      ++qt;
     }
 
     // ---- epilogue: normalise, store O (bf16) and LSE
