@@ -56,7 +56,10 @@ class ServerProcess:
             [self.binary, "--listen", self.address, "--db", self.db,
              "--client-token", CLIENT_TOKEN, "--worker-token", WORKER_TOKEN] + self.extra,
             stdout=logf, stderr=subprocess.STDOUT)
-        channel = grpc.insecure_channel(self.address)
+        # A local subchannel pool: otherwise a new channel inherits the
+        # reconnect backoff of a channel to the previous (killed) server.
+        channel = grpc.insecure_channel(self.address,
+                                        options=[("grpc.use_local_subchannel_pool", 1)])
         try:
             grpc.channel_ready_future(channel).result(timeout=30)
         except grpc.FutureTimeoutError:
