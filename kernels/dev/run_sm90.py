@@ -99,8 +99,10 @@ class Kernel:
             grid = (max(1, (p.max_q + BM - 1) // BM), heads, max(B, 1))
         arg = ctypes.c_void_p(ctypes.addressof(p))
         args = (ctypes.c_void_p * 1)(ctypes.addressof(p))
+        dyn = self.persistent == 2
         def launch():
             if len(tl) == 0: return
+            if dyn: counter.zero_()  # the contract: host zeroes tile_counter before every launch
             ck(cu.cuLaunchKernel(self.fn, grid[0], grid[1], grid[2], 384, 1, 1, self.smem,
                                  ctypes.c_void_p(torch.cuda.current_stream().cuda_stream), args, None), "launch")
         return launch, o, lse, (p, args, keep)
