@@ -1,7 +1,10 @@
 // DEV COPY (not registered): fwd_sm90 v3 = v1 + KF_PERSISTENT=2, a dynamic
 // persistent scheduler (producer warp 0 takes tiles with atomicAdd on
 // p.tile_counter and broadcasts them through a KF_TILE_SLOTS-deep smem ring
-// guarded by mbarriers). UNTESTED on a GPU. KF_PERSISTENT 0/1 are exactly v1.
+// guarded by mbarriers), and KF_PINGPONG=1: the two consumer warpgroups take
+// turns issuing their wgmmas (named barriers 3/4), so one warpgroup's softmax
+// (MUFU-bound: 64 ex2 per thread per block) overlaps the other's matmuls.
+// UNTESTED on a GPU. KF_PERSISTENT 0/1 with KF_PINGPONG 0 are exactly v1.
 // kforge "fwd_sm90": Hopper (sm_90a) jagged flash-attention forward.
 //
 // Owner: sm90 engineer. Notes, versions and measurements: kernels/notes/sm90.md.
@@ -52,6 +55,9 @@
 #endif
 #ifndef KF_PERSISTENT
 #define KF_PERSISTENT 1
+#endif
+#ifndef KF_PINGPONG
+#define KF_PINGPONG 0
 #endif
 #ifndef KF_PRODUCER_REGS
 #define KF_PRODUCER_REGS 40
@@ -438,6 +444,19 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_fwd(const __grid_constant__ 
 
   // -------------------------------------------------------------- consumers
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(KF_CONSUMER_REGS));
+#if KF_PINGPONG
+  // Barrier 3 = "consumer warpgroup 0 may issue", 4 = "warpgroup 1 may issue":
+  // each issue point syncs on its own (256 = its 128 threads + 128 arrivals of
+  // the other) and then arrives on the other's. Both warpgroups pass the same
+  // issue points (same tiles, same key blocks), so the counts match; warpgroup
+  // 1 arrives once up front so that warpgroup 0 goes first.
+  if (wg == 2) asm volatile("bar.arrive 3, 256;\n" ::: "memory");
+#define KF_TURN_WAIT() kf_named_bar_sync(3 + (wg - 1), 256)
+#define KF_TURN_PASS() asm volatile("bar.arrive %0, 256;\n" ::"r"(3 + (2 - wg)) : "memory")
+#else
+#define KF_TURN_WAIT() ((void)0)
+#define KF_TURN_PASS() ((void)0)
+#endif
   const int cg = wg - 1;     // consumer warpgroup 0/1
   const int ctid = tid - 128 * wg;  // 0..127 within the warpgroup
   const kf_u32 sQg = sQ + cg * KF_Q_WG_BYTES;
@@ -555,7 +574,9 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_fwd(const __grid_constant__ 
       };
 
       // ---- first block
+      KF_TURN_WAIT();
       issue_qk(it);
+      KF_TURN_PASS();
       kf_wgmma_wait<0>();
       kf_reg_fence<KF_BN / 2>(s);
       release(bar_emptyK, it);
@@ -567,8 +588,10 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_fwd(const __grid_constant__ 
       // ---- main loop
       for (int j = 1; j < g.nb; ++j) {
         const int gi = it + j;
+        KF_TURN_WAIT();
         issue_qk(gi);
         issue_pv(gi - 1);
+        KF_TURN_PASS();
         kf_wgmma_wait<1>();
         kf_reg_fence<KF_BN / 2>(s);
         release(bar_emptyK, gi);
@@ -581,7 +604,9 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_fwd(const __grid_constant__ 
         for (int i = 0; i < KF_D / 2; ++i) o[i] *= ((i >> 1) & 1) ? sc_hi : sc_lo;
         pack_p();
       }
+      KF_TURN_WAIT();
       issue_pv(it + g.nb - 1);
+      KF_TURN_PASS();
       kf_wgmma_wait<0>();
       kf_reg_fence<KF_D / 2>(o);
       release(bar_emptyV, it + g.nb - 1);
