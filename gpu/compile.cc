@@ -113,6 +113,8 @@ absl::StatusOr<CompileResult> CompileNow(const CompileRequest& request,
   if (r != NVRTC_SUCCESS) return absl::InternalError(fmt::format("nvrtcGetCUBIN: {}", Nvrtc(r)));
   result.ok = true;
   result.functions = ParsePtxasLog(result.log);
+  result.resources_from_log = !result.functions.empty();
+  if (result.functions.empty()) result.functions = ParseCubinResources(result.cubin, request.arch);
   result.total = MaxResources(result.functions);
   return result;
 }

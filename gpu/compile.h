@@ -54,7 +54,10 @@ struct CompileResult {
   double compile_ms = 0;
   bool from_cache = false;  // set by CompileCache
   // Per entry point, in log order; the maxima over them are in `total`.
+  // From the ptxas -v log; when the log has none (some NVRTC builds omit it),
+  // from the cubin's ELF sections, which know no spill figures.
   std::vector<FunctionResources> functions;
+  bool resources_from_log = false;
   FunctionResources total;  // function = "" ; each field the max over `functions`
 };
 
@@ -69,6 +72,11 @@ absl::StatusOr<CompileResult> Compile(const CompileRequest& request);
 // Parses the ptxas -v part of an NVRTC log. Lines it does not know are
 // ignored; cmem figures are not recorded.
 std::vector<FunctionResources> ParsePtxasLog(std::string_view log);
+// Registers, stack frame and static shared memory of the entry points of a
+// cubin compiled for `arch`, read from its ELF sections (cubin.cc). Spill
+// figures are not in the image (0). Empty when `cubin` is no ELF image.
+std::vector<FunctionResources> ParseCubinResources(std::string_view cubin, std::string_view arch);
+
 FunctionResources MaxResources(const std::vector<FunctionResources>& functions);
 
 }  // namespace kforge::gpu

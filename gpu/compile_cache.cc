@@ -49,6 +49,7 @@ nlohmann::json ToJson(const CompileResult& r) {
           {"arch", r.arch},
           {"nvrtc_version", r.nvrtc_version},
           {"compile_ms", r.compile_ms},
+          {"resources_from_log", r.resources_from_log},
           {"functions", functions}};
 }
 
@@ -60,6 +61,7 @@ CompileResult FromJson(const nlohmann::json& j) {
   r.arch = j.at("arch").get<std::string>();
   r.nvrtc_version = j.at("nvrtc_version").get<std::string>();
   r.compile_ms = j.at("compile_ms").get<double>();
+  r.resources_from_log = j.value("resources_from_log", false);
   for (const auto& f : j.at("functions")) {
     r.functions.push_back(FunctionResources{
         .function = f.at("function").get<std::string>(),

@@ -116,6 +116,56 @@ TEST(PtxasLog, ParsesRegistersSpillsStackAndSmem) {
   EXPECT_EQ(m.spill_stores_bytes, 24);
 }
 
+// Several entry points: shared memory, a stack array, none of either.
+constexpr const char* kResourceKernels = R"(
+extern "C" __global__ void kf_stack(float* out, int n, int k) {
+  __shared__ float buf[300];
+  float local[64];
+  for (int i = 0; i < 64; ++i) local[i] = out[(i * n) % 1000];
+  buf[threadIdx.x] = local[k & 63];
+  __syncthreads();
+  out[threadIdx.x] = buf[(threadIdx.x + 1) % 300] + local[(k * 7) & 63];
+}
+extern "C" __global__ void kf_plain(float* out) { out[threadIdx.x] = 1.f; }
+)";
+
+TEST_P(CompileForArch, CubinResourcesMatchThePtxasReport) {
+  CompileRequest req = Small(GetParam());
+  req.source = kResourceKernels;
+  absl::StatusOr<CompileResult> r = Compile(req);
+  ASSERT_TRUE(r.ok() && r->ok) << r->log;
+  std::vector<FunctionResources> elf = ParseCubinResources(r->cubin, GetParam());
+  ASSERT_EQ(elf.size(), 2u);
+  auto find = [](const std::vector<FunctionResources>& v, const std::string& name) {
+    for (const auto& f : v) {
+      if (f.function == name) return f;
+    }
+    return FunctionResources{};
+  };
+  FunctionResources stack = find(elf, "kf_stack"), plain = find(elf, "kf_plain");
+  EXPECT_EQ(stack.static_smem_bytes, 1200);
+  EXPECT_EQ(stack.stack_frame_bytes, 256);
+  EXPECT_GT(stack.registers, 0);
+  EXPECT_EQ(plain.static_smem_bytes, 0);
+  EXPECT_EQ(plain.stack_frame_bytes, 0);
+  EXPECT_GT(plain.registers, 0);
+  if (r->resources_from_log) {
+    std::vector<FunctionResources> log = ParsePtxasLog(r->log);
+    for (const char* name : {"kf_stack", "kf_plain"}) {
+      EXPECT_EQ(find(log, name).registers, find(elf, name).registers) << name;
+      EXPECT_EQ(find(log, name).stack_frame_bytes, find(elf, name).stack_frame_bytes) << name;
+      EXPECT_EQ(find(log, name).static_smem_bytes, find(elf, name).static_smem_bytes) << name;
+    }
+  } else {
+    std::cout << "this NVRTC wrote no ptxas report; log was: [" << r->log << "]\n";
+  }
+}
+
+TEST(CubinResources, NotAnElfImageGivesNothing) {
+  EXPECT_TRUE(ParseCubinResources("", "sm_90a").empty());
+  EXPECT_TRUE(ParseCubinResources(std::string(100, 'x'), "sm_90a").empty());
+}
+
 TEST(CompileKey, DependsOnSourceOptionsAndArch) {
   CompileRequest a = Small("sm_90a");
   CompileRequest b = a;
