@@ -4,6 +4,7 @@
 #include <cctype>
 #include <deque>
 #include <set>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -440,6 +441,61 @@ absl::Status ValidateKernel(const ExtractedKernel& kernel, const ShapeKey& shape
   }
   if (absl::Status s = CheckVariant(kernel.source, *manifest, shape.arch, shape); !s.ok()) return s;
   return absl::OkStatus();
+}
+
+absl::StatusOr<ModelOptions> ParseModelOptions(std::string_view json_text) {
+  json j = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return absl::InvalidArgumentError("model options: not a JSON object");
+  ModelOptions o;
+  OpenAIConfig& c = o.client;
+  auto bad = [](const std::string& key, const char* want) {
+    return absl::InvalidArgumentError(fmt::format("model options: \"{}\" must be {}", key, want));
+  };
+  for (const auto& [key, v] : j.items()) {
+    auto str = [&](std::string& out) -> absl::Status {
+      if (!v.is_string()) return bad(key, "a string");
+      out = v.get<std::string>();
+      return absl::OkStatus();
+    };
+    auto integer = [&](auto& out) -> absl::Status {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0) return bad(key, "a non-negative integer");
+      out = static_cast<std::remove_reference_t<decltype(out)>>(v.get<int64_t>());
+      return absl::OkStatus();
+    };
+    auto millis = [&](std::chrono::milliseconds& out) -> absl::Status {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0) return bad(key, "a non-negative integer (ms)");
+      out = std::chrono::milliseconds(v.get<int64_t>());
+      return absl::OkStatus();
+    };
+    absl::Status s;
+    if (key == "base_url") s = str(c.base_url);
+    else if (key == "model") s = str(c.model);
+    else if (key == "api_key") s = str(c.api_key);
+    else if (key == "api_key_env") s = str(c.api_key_env);
+    else if (key == "connect_timeout_ms") s = millis(c.connect_timeout);
+    else if (key == "total_timeout_ms") s = millis(c.total_timeout);
+    else if (key == "max_retries") s = integer(c.max_retries);
+    else if (key == "initial_backoff_ms") s = millis(c.initial_backoff);
+    else if (key == "max_backoff_ms") s = millis(c.max_backoff);
+    else if (key == "max_tokens") s = integer(c.max_tokens);
+    else if (key == "temperature") {
+      if (!v.is_number()) return bad(key, "a number");
+      c.temperature = v.get<double>();
+    } else if (key == "max_source_bytes") s = integer(o.max_source_bytes);
+    else if (key == "max_prompt_bytes") s = integer(o.max_prompt_bytes);
+    else if (key == "feedback_excerpt_bytes") s = integer(o.feedback_excerpt_bytes);
+    else if (key == "max_feedback") s = integer(o.max_feedback);
+    else if (key == "requests_per_candidate") s = integer(o.requests_per_candidate);
+    else if (key == "min_completion_tokens") s = integer(o.min_completion_tokens);
+    else if (key == "offer_tool") {
+      if (!v.is_boolean()) return bad(key, "true or false");
+      o.offer_tool = v.get<bool>();
+    } else {
+      return absl::InvalidArgumentError(fmt::format("model options: unknown key \"{}\"", key));
+    }
+    if (!s.ok()) return s;
+  }
+  return o;
 }
 
 absl::StatusOr<std::unique_ptr<Proposer>> MakeModelProposer(ModelOptions options) {

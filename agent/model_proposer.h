@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 #include "agent/openai_client.h"
@@ -47,6 +48,19 @@ struct ModelOptions {
   bool offer_tool = true;                  // offer the submit_kernel function
   int64_t min_completion_tokens = 1024;    // a budget that cannot pay for this stops the job
 };
+
+// Options from a JSON object (a config file), every key optional, defaults
+// as above; unknown keys are rejected so typos do not pass silently:
+//   {"base_url": "http://127.0.0.1:8000/v1", "model": "qwen3-coder",
+//    "api_key_env": "OPENAI_API_KEY", "api_key": "",
+//    "connect_timeout_ms": 10000, "total_timeout_ms": 300000,
+//    "max_retries": 4, "initial_backoff_ms": 1000, "max_backoff_ms": 60000,
+//    "max_tokens": 8192, "temperature": 0.7,
+//    "max_source_bytes": 65536, "max_prompt_bytes": 98304,
+//    "feedback_excerpt_bytes": 1200, "max_feedback": 6,
+//    "requests_per_candidate": 2, "offer_tool": true, "min_completion_tokens": 1024}
+// InvalidArgument naming the key for a wrong type or an unknown key.
+absl::StatusOr<ModelOptions> ParseModelOptions(std::string_view json_text);
 
 // Builds the libcurl client from options.client. InvalidArgument for a bad
 // config (no model, no URL).
