@@ -60,7 +60,7 @@ absl::Status CheckVariant(std::string_view source, const Manifest& m, std::strin
     return Reject(fmt::format("source: forbidden construct \"{}\" (host code, printf, allocation "
                               "or trap)", hit.str()));
   }
-  const std::regex kEntry("extern\\s+\"C\"\\s+__global__[^;{(]*\\b" + m.entry_point + "\\s*\\(");
+  const std::regex kEntry("extern\\s+\"C\"\\s+__global__[^;{]*\\b" + m.entry_point + "\\s*\\(");
   if (!std::regex_search(code, kEntry)) {
     return Reject(fmt::format("source: no `extern \"C\" __global__ void {}(` definition",
                               m.entry_point));

@@ -97,3 +97,15 @@ TEST(CheckTest, RejectsSourceProblems) {
 
 }  // namespace
 }  // namespace kforge
+
+namespace kforge {
+namespace {
+TEST(CheckTest, AcceptsLaunchBoundsOnTheEntryPoint) {
+  const std::string s =
+      "#include \"kforge/attn_params.h\"\n"
+      "extern \"C\" __global__ void __launch_bounds__(256, 1)\n"
+      "    kf_attn_fwd(const __grid_constant__ KfAttnParams p) {}\n";
+  EXPECT_TRUE(CheckVariant(s, Good(), "sm_90a", Shape("sm_90a")).ok());
+}
+}  // namespace
+}  // namespace kforge

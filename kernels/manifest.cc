@@ -81,7 +81,7 @@ absl::StatusOr<Manifest> ParseManifest(std::string_view text) {
   static const std::set<std::string> kKnown = {
       "contract_version", "entry_point", "threads", "dynamic_smem_bytes", "grid",
       "tile_m", "tile_n", "workspace", "archs", "features", "head_dims", "ops",
-      "causal", "noncausal", "gqa", "ctas_per_sm"};
+      "causal", "noncausal", "gqa", "ctas_per_sm", "pack_short"};
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (!kKnown.count(it.key())) return Bad(fmt::format("unknown key \"{}\"", it.key()));
   }
@@ -185,6 +185,10 @@ absl::StatusOr<Manifest> ParseManifest(std::string_view text) {
   if (auto s = get_bool("causal", m.causal); !s.ok()) return s;
   if (auto s = get_bool("noncausal", m.noncausal); !s.ok()) return s;
   if (auto s = get_bool("gqa", m.gqa); !s.ok()) return s;
+  if (auto s = get_bool("pack_short", m.pack_short); !s.ok()) return s;
+  if (m.pack_short && m.grid != GridPolicy::kPersistent) {
+    return Bad("pack_short: needs grid \"persistent\"");
+  }
   v = 0;
   if (auto s = get_int("ctas_per_sm", false, 0, 32, v); !s.ok()) return s;
   m.ctas_per_sm = static_cast<int>(v);
@@ -210,6 +214,7 @@ std::string ManifestToJson(const Manifest& m) {
   j["noncausal"] = m.noncausal;
   j["gqa"] = m.gqa;
   j["ctas_per_sm"] = m.ctas_per_sm;
+  j["pack_short"] = m.pack_short;
   return j.dump();
 }
 

@@ -52,6 +52,11 @@ struct Manifest {
   // CTAs resident per SM the persistent grid should assume; 0 = the host
   // estimates it from threads and shared memory (EstimateCtasPerSm).
   int ctas_per_sm = 0;
+  // The variant handles packed tiles (persistent grid only): a tile entry
+  // {b, h, 0, n} with n >= 1 holds the n consecutive short sequences
+  // b .. b+n-1 in one tile (their query rows and keys are contiguous), each
+  // row attending only to its own sequence's keys. See schedule.h.
+  bool pack_short = false;
 };
 
 // Parses and validates the field types and ranges (not arch limits: see

@@ -38,7 +38,8 @@ int64_t TileKeyBlocks(int64_t lq, int64_t lk, int64_t m_block, int tile_m, int t
 
 absl::StatusOr<std::vector<TileWork>> BuildTiles(std::span<const int32_t> cu_q,
                                                  std::span<const int32_t> cu_k, int heads,
-                                                 int tile_m, int tile_n, bool causal) {
+                                                 int tile_m, int tile_n, bool causal,
+                                                 bool pack_short) {
   if (auto s = CheckOffsets(cu_q, "cu_seqlens_q"); !s.ok()) return s;
   if (cu_k.empty()) cu_k = cu_q;
   if (auto s = CheckOffsets(cu_k, "cu_seqlens_k"); !s.ok()) return s;
@@ -55,11 +56,37 @@ absl::StatusOr<std::vector<TileWork>> BuildTiles(std::span<const int32_t> cu_q,
   for (int b = 0; b < batch; ++b) {
     const int64_t lq = cu_q[b + 1] - cu_q[b];
     const int64_t lk = cu_k[b + 1] - cu_k[b];
+    if (pack_short && lq >= 1 && lq <= tile_m && lk <= tile_m) {
+      // Greedy run of consecutive short sequences.
+      int e = b + 1;
+      int64_t rows = lq, keys = lk;
+      int members = 1;
+      while (e < batch) {
+        const int64_t q2 = cu_q[e + 1] - cu_q[e], k2 = cu_k[e + 1] - cu_k[e];
+        if (q2 == 0 && k2 == 0) {
+          ++e;
+          continue;
+        }
+        if (q2 < 1 || q2 > tile_m || k2 > tile_m || rows + q2 > tile_m || keys + k2 > tile_m) break;
+        rows += q2;
+        keys += k2;
+        ++members;
+        ++e;
+      }
+      if (members > 1) {
+        // Trailing absorbed empty sequences are left out of the pack.
+        while (cu_q[e] == cu_q[e - 1] && cu_k[e] == cu_k[e - 1]) --e;
+        const int64_t work = CeilDiv(keys, tile_n) + 1;
+        for (int h = 0; h < heads; ++h) tiles.push_back({b, h, 0, work, e - b});
+        b = e - 1;
+        continue;
+      }
+    }
     const int64_t m_blocks = CeilDiv(lq, tile_m);
     for (int64_t mb = 0; mb < m_blocks; ++mb) {
       const int64_t work = TileKeyBlocks(lq, lk, mb, tile_m, tile_n, causal) + 1;
       for (int h = 0; h < heads; ++h) {
-        tiles.push_back({b, h, static_cast<int32_t>(mb), work});
+        tiles.push_back({b, h, static_cast<int32_t>(mb), work, 0});
       }
     }
   }
@@ -72,7 +99,7 @@ std::vector<int32_t> PackTiles(std::span<const TileWork> tiles) {
   std::vector<int32_t> out;
   out.reserve(tiles.size() * 4);
   for (const auto& t : tiles) {
-    out.insert(out.end(), {t.batch, t.head, t.m_block, 0});
+    out.insert(out.end(), {t.batch, t.head, t.m_block, t.pack});
   }
   return out;
 }
@@ -80,7 +107,8 @@ std::vector<int32_t> PackTiles(std::span<const TileWork> tiles) {
 absl::StatusOr<LaunchPlan> PlanLaunch(const Manifest& m, std::span<const int32_t> cu_q,
                                       std::span<const int32_t> cu_k, int heads, bool causal,
                                       std::string_view arch, int num_sms, int ctas_per_sm) {
-  auto tiles = BuildTiles(cu_q, cu_k, heads, m.tile_m, m.tile_n, causal);
+  auto tiles = BuildTiles(cu_q, cu_k, heads, m.tile_m, m.tile_n, causal,
+                          m.pack_short && m.grid == GridPolicy::kPersistent);
   if (!tiles.ok()) return tiles.status();
   LaunchPlan plan;
   plan.threads = static_cast<unsigned>(m.threads);

@@ -9,6 +9,14 @@
 // prologue/epilogue; ties keep (sequence, query block, head) order so tiles
 // sharing K/V run close together.
 //
+// Packing (variants whose manifest says pack_short): runs of consecutive
+// sequences with 1 <= Lq <= tile_m and Lk <= tile_m whose summed query rows
+// and summed keys both stay within tile_m become one tile {b, h, 0, n}: rows
+// of different sequences share the tile and each attends only to its own
+// keys. Sequences with Lq = 0 and Lk = 0 are absorbed; any other sequence
+// ends the run. A run of one sequence stays a plain tile (n = 0). This turns
+// thousands of tiny tiles (heavy-tailed batches) into a few dense ones.
+//
 // Thread-safe: pure functions.
 #pragma once
 
@@ -27,6 +35,7 @@ struct TileWork {
   int32_t head = 0;
   int32_t m_block = 0;
   int64_t work = 0;  // key blocks visited + 1
+  int32_t pack = 0;  // sequences packed into this tile (0: a plain tile)
 };
 
 // Key blocks (of tile_n) that query block m_block of a sequence with lq
@@ -38,9 +47,9 @@ int64_t TileKeyBlocks(int64_t lq, int64_t lk, int64_t m_block, int tile_m, int t
 absl::StatusOr<std::vector<TileWork>> BuildTiles(std::span<const int32_t> cu_seqlens_q,
                                                  std::span<const int32_t> cu_seqlens_k,
                                                  int heads, int tile_m, int tile_n,
-                                                 bool causal);
+                                                 bool causal, bool pack_short = false);
 
-// Flattens tiles into the int4 {b, h, m_block, 0} array KfAttnParams::tiles points to.
+// Flattens tiles into the int4 {b, h, m_block, pack} array KfAttnParams::tiles points to.
 std::vector<int32_t> PackTiles(std::span<const TileWork> tiles);
 
 struct LaunchPlan {

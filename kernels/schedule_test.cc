@@ -113,3 +113,43 @@ TEST(ScheduleTest, EmptyBatchIsMarkedEmpty) {
 
 }  // namespace
 }  // namespace kforge
+
+namespace kforge {
+namespace {
+
+TEST(ScheduleTest, PacksRunsOfShortSequences) {
+  // lengths 3, 0, 5, 100, 2, 2, 60 with tile 64: {3,0,5} pack (3 members incl. the empty one),
+  // 100 is two plain tiles, {2,2} pack, 60 would overflow {2,2}+60 = 64 -> fits exactly.
+  std::vector<int32_t> cu = {0};
+  for (int l : {3, 0, 5, 100, 2, 2, 60}) cu.push_back(cu.back() + l);
+  auto tiles = BuildTiles(cu, {}, 1, 64, 64, false, /*pack_short=*/true);
+  ASSERT_TRUE(tiles.ok()) << tiles.status();
+  std::vector<std::pair<int, int>> got;  // (batch, pack)
+  for (const auto& t : *tiles) got.push_back({t.batch, t.pack});
+  std::sort(got.begin(), got.end());
+  EXPECT_EQ(got, (std::vector<std::pair<int, int>>{{0, 3}, {3, 0}, {3, 0}, {4, 3}}));
+  int64_t rows = 0;
+  for (const auto& t : *tiles) {
+    if (t.pack > 0) rows += cu[t.batch + t.pack] - cu[t.batch];
+  }
+  EXPECT_EQ(rows, 8 + 64);
+}
+
+TEST(ScheduleTest, PackingIsOffForPerTileAndByDefault) {
+  std::vector<int32_t> cu = {0, 1, 2, 3};
+  auto tiles = BuildTiles(cu, {}, 1, 64, 64, false);
+  ASSERT_TRUE(tiles.ok());
+  EXPECT_EQ(tiles->size(), 3u);
+  for (const auto& t : *tiles) EXPECT_EQ(t.pack, 0);
+}
+
+TEST(ScheduleTest, LoneShortSequenceStaysPlain) {
+  std::vector<int32_t> cu = {0, 10, 200};
+  auto tiles = BuildTiles(cu, {}, 1, 64, 64, false, true);
+  ASSERT_TRUE(tiles.ok());
+  for (const auto& t : *tiles) EXPECT_EQ(t.pack, 0);
+  EXPECT_EQ(tiles->size(), 1u + 3u);
+}
+
+}  // namespace
+}  // namespace kforge

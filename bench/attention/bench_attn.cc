@@ -458,8 +458,10 @@ std::vector<std::map<std::string, int>> MmaSweep(const std::string& mode, int d)
   if (mode == "default") return {};
   std::vector<K> out = {
       {{"BLOCK_M", 128}, {"WARPS", 8}, {"BLOCK_N", 64}, {"STAGES", 2}, {"PERSISTENT", 1}},
-      {{"BLOCK_M", 128}, {"WARPS", 8}, {"BLOCK_N", 64}, {"STAGES", 1}, {"PERSISTENT", 1}},
       {{"BLOCK_M", 64}, {"WARPS", 4}, {"BLOCK_N", 64}, {"STAGES", 2}, {"PERSISTENT", 1}},
+      {{"BLOCK_M", 64}, {"WARPS", 4}, {"BLOCK_N", 64}, {"STAGES", 2}, {"PERSISTENT", 1}, {"PACK", 0}},
+      {{"BLOCK_M", 64}, {"WARPS", 4}, {"BLOCK_N", 32}, {"STAGES", 2}, {"PERSISTENT", 1}},
+      {{"BLOCK_M", 64}, {"WARPS", 4}, {"BLOCK_N", 64}, {"STAGES", 2}, {"PERSISTENT", 1}, {"MIN_BLOCKS", 3}},
       {{"BLOCK_M", 128}, {"WARPS", 8}, {"BLOCK_N", 64}, {"STAGES", 2}, {"PERSISTENT", 0}},
   };
   if (d <= 128) {
@@ -467,7 +469,10 @@ std::vector<std::map<std::string, int>> MmaSweep(const std::string& mode, int d)
     out.push_back({{"BLOCK_M", 64}, {"WARPS", 4}, {"BLOCK_N", 128}, {"STAGES", 2}, {"PERSISTENT", 1}});
   }
   if (d == 64) {
-    out.push_back({{"BLOCK_M", 128}, {"WARPS", 8}, {"BLOCK_N", 128}, {"STAGES", 1}, {"PERSISTENT", 1}});
+    out.push_back({{"BLOCK_M", 128}, {"WARPS", 8}, {"BLOCK_N", 64}, {"STAGES", 2}, {"PERSISTENT", 1},
+                   {"MIN_BLOCKS", 2}});
+    out.push_back({{"BLOCK_M", 128}, {"WARPS", 8}, {"BLOCK_N", 128}, {"STAGES", 1}, {"PERSISTENT", 1},
+                   {"MIN_BLOCKS", 2}});
   }
   return out;
 }
@@ -531,6 +536,20 @@ std::vector<Problem> HostileProblems(int d) {
   const std::vector<int> lq = {0, 1, 63, 64, 65, 127, 128, 129, 200, 300, 517, 1000, 2049, 7};
   const std::vector<int> lk = {5, 0, 100, 64, 300, 1, 128, 129, 70, 3, 400, 1000, 64, 2000};
   std::vector<Problem> out;
+  // Many short sequences: packed tiles (rows of several sequences in one tile).
+  std::vector<int> sq, sk;
+  for (int i = 0; i < 90; ++i) {
+    sq.push_back(i % 7);
+    sk.push_back((i * 3) % 5);
+  }
+  sq.push_back(70);
+  sk.push_back(9);
+  for (bool causal : {false, true}) {
+    out.push_back(MakeProblem(fmt::format("hostile_short_self_{}", causal ? "causal" : "full"), 4,
+                              2, d, causal, sq, sq));
+    out.push_back(MakeProblem(fmt::format("hostile_short_cross_{}", causal ? "causal" : "full"), 4,
+                              4, d, causal, sq, sk));
+  }
   for (bool causal : {false, true}) {
     out.push_back(MakeProblem(fmt::format("hostile_self_{}", causal ? "causal" : "full"), 4, 2, d,
                               causal, lq, lq));

@@ -33,6 +33,8 @@ TemplateDef FwdMmaTemplate() {
       {"WARPS", {4, 8}, 8},
       {"STAGES", {1, 2}, 2},
       {"PERSISTENT", {0, 1}, 1},
+      {"MIN_BLOCKS", {1, 2, 3, 4}, 1},
+      {"PACK", {0, 1}, 1},
   };
   def.info.description =
       "FlashAttention-2-style forward on mma.sync m16n8k16 bf16: 16 query rows per warp with Q in "
@@ -74,6 +76,9 @@ TemplateDef FwdMmaTemplate() {
     m.head_dims = {d};
     m.ops = {"fwd"};
     m.causal = m.noncausal = m.gqa = true;
+    m.ctas_per_sm = Knob(k, "MIN_BLOCKS") > 1 ? Knob(k, "MIN_BLOCKS") : 0;
+    // Packed tiles come from the host's tile list: PACK is ignored per_tile.
+    m.pack_short = Knob(k, "PACK") == 1 && Knob(k, "PERSISTENT") == 1;
     return v;
   };
   def.default_knobs = [](const ShapeKey& s) -> std::map<std::string, int> {

@@ -17,8 +17,15 @@
 //     rest run through an unmasked copy of the loop body;
 //   * KF_PERSISTENT = 1: a grid of about one wave of CTAs takes tiles from the
 //     host's longest-first list with an atomic counter; 0: one CTA per tile.
+//     Thread 0 fetches the next tile's entry and offsets while the current
+//     tile runs, so a tile starts with its loads already known;
+//   * KF_PACK = 1 (persistent only): a tile entry {b, h, 0, n>0} packs the n
+//     consecutive short sequences b..b+n-1 into one tile; every row masks
+//     keys outside its own sequence (per-row key bounds [lo, hi), which also
+//     express the causal limit of plain tiles).
 // Knobs arrive as #defines (KF_BLOCK_M, KF_BLOCK_N, KF_WARPS, KF_STAGES,
-// KF_PERSISTENT, KF_HEAD_DIM) prepended by the catalog.
+// KF_PERSISTENT, KF_MIN_BLOCKS, KF_HEAD_DIM) prepended by the catalog. KF_MIN_BLOCKS is the
+// __launch_bounds__ residency target (2 caps registers at 65536 / (2 * threads)).
 #include "kforge/attn_params.h"
 
 #ifndef KF_HEAD_DIM
@@ -38,6 +45,16 @@
 #endif
 #ifndef KF_PERSISTENT
 #define KF_PERSISTENT 1
+#endif
+#ifndef KF_MIN_BLOCKS
+#define KF_MIN_BLOCKS 1
+#endif
+#ifndef KF_PACK
+#define KF_PACK 0
+#endif
+#if !KF_PERSISTENT
+#undef KF_PACK
+#define KF_PACK 0  // packed tiles exist only in the persistent tile list
 #endif
 
 namespace kf {
@@ -151,9 +168,19 @@ __device__ __forceinline__ void load_tile(unsigned dst, const unsigned short* ba
   }
 }
 
+// One tile and its sequence offsets (packed tiles: the first and last
+// sequence's bounds; q/k ranges cover all members).
 struct Tile {
-  int b, h, m_block;
+  int b, h, m_block, pack;
+  int q_start, q_end, k_start, k_end;
 };
+
+__device__ __forceinline__ Tile make_tile(const KfAttnParams& p, int b, int h, int m_block,
+                                          int pack) {
+  const int last = b + (pack > 0 ? pack : 1);
+  return Tile{b, h, m_block, pack, p.cu_seqlens_q[b], p.cu_seqlens_q[last], p.cu_seqlens_k[b],
+              p.cu_seqlens_k[last]};
+}
 
 __device__ __forceinline__ void run_tile(const KfAttnParams& p, Tile t, unsigned char* smem,
                                          int tid) {
@@ -162,17 +189,18 @@ __device__ __forceinline__ void run_tile(const KfAttnParams& p, Tile t, unsigned
   const int g = lane >> 2;  // row within the 8-row group
   const int tq = lane & 3;  // thread within the row quad
 
-  const int q_start = p.cu_seqlens_q[t.b];
-  const int lq = p.cu_seqlens_q[t.b + 1] - q_start;
-  const int k_start = p.cu_seqlens_k[t.b];
-  const int lk = p.cu_seqlens_k[t.b + 1] - k_start;
+  const int q_start = t.q_start;
+  const int lq = t.q_end - q_start;
+  const int k_start = t.k_start;
+  const int lk = t.k_end - k_start;
   const int m0 = t.m_block * kBM;
   if (m0 >= lq) return;  // uniform across the CTA
   const int shift = lk - lq;
   const int kv_head = t.h / (p.heads / p.kv_heads);
+  const bool packed = KF_PACK && t.pack > 0;
 
   int n_end = lk;
-  if (p.causal) {
+  if (p.causal && !packed) {
     const int last_row = (m0 + kBM < lq ? m0 + kBM : lq) - 1;
     n_end = last_row + 1 + shift;
     n_end = n_end < 0 ? 0 : (n_end > lk ? lk : n_end);
@@ -231,6 +259,39 @@ __device__ __forceinline__ void run_tile(const KfAttnParams& p, Tile t, unsigned
   const float sl2 = p.softmax_scale_log2;
   const int row0 = m0 + warp * 16 + g;  // this thread's rows: row0 and row0 + 8
 
+  // Keys row r may see: [key_lo[r], key_hi[r]) in tile-local key indices.
+  int key_lo[2], key_hi[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row0 + 8 * r;
+    key_lo[r] = 0;
+    key_hi[r] = lk;
+    if (p.causal) {
+      const int lim = row + shift + 1;
+      key_hi[r] = lim < 0 ? 0 : (lim > lk ? lk : lim);
+    }
+#if KF_PACK
+    if (packed) {
+      // The member sequence holding this row: largest s with cu_q[s] <= token.
+      const int token = q_start + row;
+      int lo = t.b, hi = t.b + t.pack - 1;
+      while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (p.cu_seqlens_q[mid] <= token) lo = mid; else hi = mid - 1;
+      }
+      const int sq0 = p.cu_seqlens_q[lo], sq1 = p.cu_seqlens_q[lo + 1];
+      const int sk0 = p.cu_seqlens_k[lo] - k_start, sk1 = p.cu_seqlens_k[lo + 1] - k_start;
+      key_lo[r] = sk0;
+      key_hi[r] = sk1;
+      if (p.causal) {
+        const int lim = sk0 + (token - sq0) + ((sk1 - sk0) - (sq1 - sq0)) + 1;
+        key_hi[r] = lim < sk0 ? sk0 : (lim > sk1 ? sk1 : lim);
+      }
+      if (row >= lq) key_hi[r] = key_lo[r];
+    }
+#endif
+  }
+
   auto step = [&](int it, auto masked) {
     const int n_block = n_blocks - 1 - it;
     const int n0 = n_block * kBN;
@@ -274,8 +335,7 @@ __device__ __forceinline__ void run_tile(const KfAttnParams& p, Tile t, unsigned
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int key = n0 + j * 8 + 2 * tq + (e & 1);
-          const int row = row0 + ((e >> 1) << 3);
-          if (key >= lk || (p.causal && key > row + shift)) s[j][e] = -__int_as_float(0x7f800000);
+          if (key < key_lo[e >> 1] || key >= key_hi[e >> 1]) s[j][e] = -__int_as_float(0x7f800000);
         }
       }
     }
@@ -338,7 +398,8 @@ __device__ __forceinline__ void run_tile(const KfAttnParams& p, Tile t, unsigned
   // Masked blocks first: the sequence tail and those crossing the causal diagonal.
   for (; it < n_blocks; ++it) {
     const int n0 = (n_blocks - 1 - it) * kBN;
-    const bool need_mask = n0 + kBN > lk || (p.causal && n0 + kBN - 1 > m0 + shift);
+    const bool need_mask =
+        packed || n0 + kBN > lk || (p.causal && n0 + kBN - 1 > m0 + shift);
     if (!need_mask) break;
     step(it, Flag<true>{});
   }
@@ -383,24 +444,41 @@ __device__ __forceinline__ void run_tile(const KfAttnParams& p, Tile t, unsigned
 
 }  // namespace kf
 
-extern "C" __global__ void __launch_bounds__(kf::kThreads)
+extern "C" __global__ void __launch_bounds__(kf::kThreads, KF_MIN_BLOCKS)
     kf_attn_fwd(const __grid_constant__ KfAttnParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
   const int tid = threadIdx.x;
 #if KF_PERSISTENT
-  __shared__ int next_tile[2];
+  // next[parity]: the tile after the current one, fetched by thread 0 while
+  // the current tile runs (double-buffered: a slot is rewritten only after
+  // at least one more __syncthreads).
+  __shared__ kf::Tile next[2];
+  __shared__ int next_index[2];
   int tile = blockIdx.x;
+  if (tile >= p.num_tiles) return;
+  const int* e0 = p.tiles + 4 * tile;
+  kf::Tile cur = kf::make_tile(p, e0[0], e0[1], e0[2], e0[3]);
   int parity = 0;
-  while (tile < p.num_tiles) {
-    if (tid == 0) next_tile[parity] = atomicAdd(p.tile_counter, 1) + (int)gridDim.x;
-    const int* e = p.tiles + 4 * tile;
-    kf::run_tile(p, kf::Tile{e[0], e[1], e[2]}, smem, tid);
-    __syncthreads();  // shared memory is reused by the next tile; next_tile is visible
-    tile = next_tile[parity];
+  while (true) {
+    if (tid == 0) {
+      const int n = atomicAdd(p.tile_counter, 1) + (int)gridDim.x;
+      next_index[parity] = n;
+      if (n < p.num_tiles) {
+        const int* e = p.tiles + 4 * n;
+        next[parity] = kf::make_tile(p, e[0], e[1], e[2], e[3]);
+      }
+    }
+    kf::run_tile(p, cur, smem, tid);
+    __syncthreads();  // shared memory is reused by the next tile; next[] is visible
+    tile = next_index[parity];
+    if (tile >= p.num_tiles) break;
+    cur = next[parity];
     parity ^= 1;
   }
 #else
-  kf::run_tile(p, kf::Tile{(int)blockIdx.z, (int)blockIdx.y, (int)(gridDim.x - 1 - blockIdx.x)},
+  kf::run_tile(p,
+               kf::make_tile(p, (int)blockIdx.z, (int)blockIdx.y,
+                             (int)(gridDim.x - 1 - blockIdx.x), 0),
                smem, tid);
 #endif
 }

@@ -1,0 +1,101 @@
+// Compile-only checks of the seed templates with NVRTC (no GPU needed): every
+// knob combination of every template builds for sm_80, sm_90a and sm_100a
+// where the template lists the arch, and the default knobs do not spill.
+#include <future>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "kernels/catalog.h"
+#include "kernels/check.h"
+#include "kernels/testing/nvrtc_util.h"
+
+namespace kforge {
+namespace {
+
+// Every combination of a template's knob values (valid or not).
+std::vector<std::map<std::string, int>> AllCombinations(const TemplateInfo& t) {
+  std::vector<std::map<std::string, int>> out = {{}};
+  for (const auto& k : t.knobs) {
+    std::vector<std::map<std::string, int>> next;
+    for (const auto& partial : out) {
+      for (int v : k.values) {
+        auto m = partial;
+        m[k.name] = v;
+        next.push_back(m);
+      }
+    }
+    out = std::move(next);
+  }
+  return out;
+}
+
+std::string Describe(const std::map<std::string, int>& knobs, int d) {
+  std::string s = "d" + std::to_string(d);
+  for (const auto& [k, v] : knobs) s += " " + k + "=" + std::to_string(v);
+  return s;
+}
+
+class TemplatesCompile : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TemplatesCompile, EveryValidKnobCombinationCompiles) {
+  const std::string arch = GetParam();
+  struct Job {
+    std::string what;
+    std::string source;
+  };
+  std::vector<Job> jobs;
+  for (const auto& t : ListTemplates()) {
+    if (std::find(t.archs.begin(), t.archs.end(), arch) == t.archs.end()) continue;
+    for (int d : t.head_dims) {
+      for (const auto& knobs : AllCombinations(t)) {
+        auto v = Instantiate(t.name, knobs, d);
+        if (!v.ok()) continue;  // impossible combinations are rejected with a reason
+        if (!CheckVariant(v->source, v->manifest, arch, ShapeKey{.head_dim = d, .heads = 4,
+                                                                 .kv_heads = 4, .arch = arch,
+                                                                 .batch = 1})
+                 .ok()) {
+          continue;  // e.g. over sm_80's shared memory
+        }
+        jobs.push_back({t.name + " " + Describe(v->knobs, d), v->source});
+      }
+    }
+  }
+  ASSERT_FALSE(jobs.empty());
+  const unsigned workers = std::max(2u, std::thread::hardware_concurrency());
+  for (size_t start = 0; start < jobs.size(); start += workers) {
+    std::vector<std::future<testing::CompileReport>> fut;
+    for (size_t i = start; i < std::min(jobs.size(), start + workers); ++i) {
+      fut.push_back(std::async(std::launch::async,
+                               [&, i] { return testing::CompileVariant(jobs[i].source, arch); }));
+    }
+    for (size_t i = 0; i < fut.size(); ++i) {
+      auto r = fut[i].get();
+      const auto& job = jobs[start + i];
+      EXPECT_TRUE(r.ok) << arch << " " << job.what << "\n" << r.log;
+      std::printf("%-8s %-70s regs=%3d spill_st=%4d spill_ld=%4d %.2fs\n", arch.c_str(),
+                  job.what.c_str(), r.registers, r.spill_stores, r.spill_loads, r.seconds);
+    }
+  }
+}
+
+TEST_P(TemplatesCompile, DefaultKnobsDoNotSpill) {
+  const std::string arch = GetParam();
+  for (int d : {64, 128}) {
+    ShapeKey s{.head_dim = d, .heads = 4, .kv_heads = 4, .arch = arch, .batch = 128,
+               .max_len_q = 1024, .total_q = 65536, .max_len_k = 1024, .total_k = 65536};
+    auto v = Instantiate("fwd_mma", DefaultKnobs("fwd_mma", s), d);
+    ASSERT_TRUE(v.ok()) << v.status();
+    auto r = testing::CompileVariant(v->source, arch);
+    ASSERT_TRUE(r.ok) << r.log;
+    EXPECT_EQ(r.spill_stores, 0) << arch << " d" << d << "\n" << r.log;
+    EXPECT_EQ(r.spill_loads, 0) << arch << " d" << d << "\n" << r.log;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, TemplatesCompile,
+                         ::testing::Values("sm_80", "sm_90a", "sm_100a"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace kforge
