@@ -28,6 +28,7 @@ struct DriverApi {
   CUresult (*ModuleGetFunction)(CUfunction*, CUmodule, const char*);
   CUresult (*FuncGetAttribute)(int*, CUfunction_attribute, CUfunction);
   CUresult (*FuncSetAttribute)(CUfunction, CUfunction_attribute, int);
+  CUresult (*OccupancyMaxActiveBlocksPerMultiprocessor)(int*, CUfunction, int, size_t);
   CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
                              unsigned, unsigned, CUstream, void**, void**);
   CUresult (*MemAlloc)(CUdeviceptr*, size_t);

@@ -99,6 +99,8 @@ absl::StatusOr<std::unique_ptr<Driver>> Driver::Load() {
   need(api->ModuleGetFunction, {"cuModuleGetFunction"});
   need(api->FuncGetAttribute, {"cuFuncGetAttribute"});
   need(api->FuncSetAttribute, {"cuFuncSetAttribute"});
+  need(api->OccupancyMaxActiveBlocksPerMultiprocessor,
+       {"cuOccupancyMaxActiveBlocksPerMultiprocessor"});
   need(api->LaunchKernel, {"cuLaunchKernel"});
   need(api->MemAlloc, {"cuMemAlloc_v2"});
   need(api->MemFree, {"cuMemFree_v2"});
@@ -425,6 +427,15 @@ absl::Status Kernel::SetMaxDynamicSharedMemory(int bytes) const {
                              CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes),
         "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
   return absl::OkStatus();
+}
+
+absl::StatusOr<int> Kernel::MaxActiveBlocksPerSm(int threads, int dynamic_smem) const {
+  const DriverApi& api = driver_->api();
+  int blocks = 0;
+  KF_CU(api.OccupancyMaxActiveBlocksPerMultiprocessor(&blocks, static_cast<CUfunction>(function_),
+                                                      threads, static_cast<size_t>(dynamic_smem)),
+        "cuOccupancyMaxActiveBlocksPerMultiprocessor");
+  return blocks;
 }
 
 absl::Status Kernel::Launch(const KfAttnParams& params, Dim3 grid, Dim3 block, int dynamic_smem,

@@ -205,6 +205,10 @@ class Kernel {
   // Needed above 48 KB of dynamic shared memory.
   absl::Status SetMaxDynamicSharedMemory(int bytes) const;
 
+  // Blocks of `threads` that fit on one SM at once, by registers, shared
+  // memory and threads (the occupancy calculator); 0 means it cannot launch.
+  absl::StatusOr<int> MaxActiveBlocksPerSm(int threads, int dynamic_smem) const;
+
   // Launches the kernel with `params` as its single (by value) argument:
   // kernels are declared `__global__ void f(const __grid_constant__ KfAttnParams p)`.
   absl::Status Launch(const KfAttnParams& params, Dim3 grid, Dim3 block, int dynamic_smem,

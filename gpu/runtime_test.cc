@@ -61,6 +61,9 @@ extern "C" __global__ void kf_fill(const __grid_constant__ KfAttnParams p) {
   ASSERT_TRUE(attrs.ok()) << attrs.status();
   EXPECT_GT(attrs->num_regs, 0);
   EXPECT_TRUE(kernel->SetMaxDynamicSharedMemory(64 * 1024).ok());
+  absl::StatusOr<int> per_sm = kernel->MaxActiveBlocksPerSm(128, 0);
+  ASSERT_TRUE(per_sm.ok()) << per_sm.status();
+  EXPECT_GE(*per_sm, 1);
 
   absl::StatusOr<Stream> stream = Stream::Create(*driver_);
   ASSERT_TRUE(stream.ok()) << stream.status();

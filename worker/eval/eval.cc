@@ -361,8 +361,22 @@ struct Evaluator::Impl {
                                         std::string& why) {
     const JaggedShape& s = p.shape;
     OutputSet out;
-    absl::StatusOr<LaunchPlan> plan =
-        PlanLaunch(c.manifest, s.cu_q, s.cu_k, s.heads, s.causal, info.arch, info.sm_count);
+    // Persistent grids: as many CTAs per SM as really fit (registers
+    // included), unless the manifest names a number.
+    int ctas_per_sm = c.manifest.ctas_per_sm;
+    if (ctas_per_sm <= 0 && c.manifest.grid == GridPolicy::kPersistent) {
+      absl::StatusOr<int> fit =
+          c.kernel.MaxActiveBlocksPerSm(c.manifest.threads, c.manifest.dynamic_smem_bytes);
+      if (fit.ok() && *fit == 0) {
+        why = fmt::format("launch plan: {} threads with {} B of dynamic shared memory do not fit "
+                          "on one SM",
+                          c.manifest.threads, c.manifest.dynamic_smem_bytes);
+        return out;
+      }
+      if (fit.ok()) ctas_per_sm = *fit;
+    }
+    absl::StatusOr<LaunchPlan> plan = PlanLaunch(c.manifest, s.cu_q, s.cu_k, s.heads, s.causal,
+                                                 info.arch, info.sm_count, ctas_per_sm);
     if (!plan.ok()) {
       why = fmt::format("launch plan: {}", std::string(plan.status().message()));
       return out;
@@ -599,7 +613,8 @@ Evaluator::~Evaluator() = default;
 const gpu::DeviceInfo& Evaluator::device() const { return impl_->info; }
 
 absl::StatusOr<std::unique_ptr<Evaluator>> Evaluator::Create(const gpu::Driver& driver,
-                                                             int ordinal) {
+                                                             int ordinal,
+                                                             gpu::CompileCache* cache) {
   auto impl = std::make_unique<Impl>();
   impl->driver = &driver;
   absl::StatusOr<std::unique_ptr<gpu::Context>> ctx = driver.OpenContext(ordinal);
@@ -609,7 +624,7 @@ absl::StatusOr<std::unique_ptr<Evaluator>> Evaluator::Create(const gpu::Driver& 
   if (!info.ok()) return info.status();
   impl->info = *info;
   absl::StatusOr<std::unique_ptr<reference::GpuReference>> ref =
-      reference::GpuReference::Create(driver, impl->info.arch);
+      reference::GpuReference::Create(driver, impl->info.arch, cache);
   if (!ref.ok()) return ref.status();
   impl->ref = *std::move(ref);
   absl::StatusOr<gpu::Stream> stream = gpu::Stream::Create(driver);

@@ -42,6 +42,7 @@
 #include "core/outcome.h"
 #include "core/shape.h"
 #include "gpu/compile.h"
+#include "gpu/compile_cache.h"
 #include "gpu/gpu.h"
 #include "kernels/manifest.h"
 
@@ -117,10 +118,13 @@ using ReferenceCallback = std::function<void(double reference_ms, int launches)>
 class Evaluator {
  public:
   // Opens device `ordinal`'s primary context (current on the calling thread),
-  // compiles the reference for it and allocates the L2 flush buffer.
-  // `driver` must outlive the Evaluator.
+  // compiles the reference for it (through `cache` when given: a worker's
+  // on-disk cache saves the ~1 s compile in every sandbox child) and
+  // allocates the L2 flush buffer. `driver` must outlive the Evaluator;
+  // `cache` is only used during Create.
   static absl::StatusOr<std::unique_ptr<Evaluator>> Create(const gpu::Driver& driver,
-                                                           int ordinal = 0);
+                                                           int ordinal = 0,
+                                                           gpu::CompileCache* cache = nullptr);
   ~Evaluator();
 
   const gpu::DeviceInfo& device() const;

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+
 #include "fmt/format.h"
 #include "kernels/manifest.h"
 #include "tests/bad_kernels/corpus.h"
@@ -153,6 +155,28 @@ TEST_F(EvalGpu, RetimeTimesBothInterleaved) {
                            "wins {}\n",
                            r->candidate.timing->median_us, r->incumbent.timing->median_us,
                            r->spread_us, r->candidate_wins);
+}
+
+TEST_F(EvalGpu, RealisticShapeTakesSecondsNotMinutes) {
+  // A long-sequence causal batch: how long a whole evaluation of a naive
+  // kernel takes, and what the reference costs (the watchdog scales with it).
+  EvalRequest req;
+  req.shape = Shape(Op::kForward, 128, 4, 4, true, false);
+  req.shape.batch = 32;
+  req.shape.max_len_q = req.shape.max_len_k = 4096;
+  req.shape.total_q = req.shape.total_k = 32 * 2048;
+  req.seed = 12;
+  req.candidate = Good(false);
+  auto start = std::chrono::steady_clock::now();
+  double reference_ms = 0;
+  absl::StatusOr<EvalResult> r =
+      evaluator_->Evaluate(req, [&](double ms, int) { reference_ms = ms; });
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->outcome, Outcome::kVerified) << r->message;
+  EXPECT_LT(seconds, 60);
+  std::cout << fmt::format("realistic: whole evaluation {:.2f} s, reference {:.2f} ms; {}\n",
+                           seconds, reference_ms, r->message);
 }
 
 }  // namespace

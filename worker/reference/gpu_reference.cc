@@ -22,12 +22,14 @@ gpu::Dim3 RowGrid(int rows, int heads) {
 std::string_view ReferenceSource() { return embedded::kReferenceAttnSource; }
 
 absl::StatusOr<std::unique_ptr<GpuReference>> GpuReference::Create(const gpu::Driver& driver,
-                                                                   std::string_view arch) {
+                                                                   std::string_view arch,
+                                                                   gpu::CompileCache* cache) {
   gpu::CompileRequest req;
   req.source = std::string(ReferenceSource());
   req.arch = std::string(arch);
   req.name = "reference_attn.cu";
-  absl::StatusOr<gpu::CompileResult> compiled = gpu::Compile(req);
+  absl::StatusOr<gpu::CompileResult> compiled =
+      cache != nullptr ? cache->GetOrCompile(req) : gpu::Compile(req);
   if (!compiled.ok()) return compiled.status();
   if (!compiled->ok) {
     return absl::InternalError(fmt::format("the reference does not compile for {}:\n{}", arch,

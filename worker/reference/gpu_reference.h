@@ -15,6 +15,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "gpu/compile_cache.h"
 #include "gpu/gpu.h"
 
 namespace kforge::reference {
@@ -27,10 +28,12 @@ std::string_view ReferenceSource();
 
 class GpuReference {
  public:
-  // Compiles for `arch` (e.g. "sm_90a") and loads into the calling thread's
-  // current context. `driver` must outlive the object.
+  // Compiles for `arch` (e.g. "sm_90a"), through `cache` when given (it may
+  // be null; it need not outlive the call), and loads into the calling
+  // thread's current context. `driver` must outlive the object.
   static absl::StatusOr<std::unique_ptr<GpuReference>> Create(const gpu::Driver& driver,
-                                                               std::string_view arch);
+                                                               std::string_view arch,
+                                                               gpu::CompileCache* cache = nullptr);
 
   // O (fp32) and LSE from q, k, v. Asynchronous on `stream`.
   absl::Status Forward(const KfAttnParams& p, const gpu::Stream& stream) const;
