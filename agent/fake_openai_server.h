@@ -99,6 +99,22 @@ class FakeOpenAIServer {
     };
   }
 
+  // Server-sent events, one write per event, then [DONE].
+  static Handler Stream(std::vector<nlohmann::json> chunks) {
+    return [=](const httplib::Request&, httplib::Response& res) {
+      res.set_chunked_content_provider("text/event-stream", [chunks](size_t, httplib::DataSink& sink) {
+        for (const auto& c : chunks) {
+          std::string event = "data: " + c.dump() + "\n\n";
+          sink.write(event.data(), event.size());
+        }
+        std::string done = "data: [DONE]\n\n";
+        sink.write(done.data(), done.size());
+        sink.done();
+        return true;
+      });
+    };
+  }
+
   static Handler Raw(std::string body) {
     return [=](const httplib::Request&, httplib::Response& res) { res.set_content(body, "application/json"); };
   }

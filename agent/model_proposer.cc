@@ -481,6 +481,9 @@ absl::StatusOr<ModelOptions> ParseModelOptions(std::string_view json_text) {
     else if (key == "temperature") {
       if (!v.is_number()) return bad(key, "a number");
       c.temperature = v.get<double>();
+    } else if (key == "stream") {
+      if (!v.is_boolean()) return bad(key, "true or false");
+      c.stream = v.get<bool>();
     } else if (key == "max_source_bytes") s = integer(o.max_source_bytes);
     else if (key == "max_prompt_bytes") s = integer(o.max_prompt_bytes);
     else if (key == "feedback_excerpt_bytes") s = integer(o.feedback_excerpt_bytes);

@@ -55,7 +55,7 @@ struct ModelOptions {
 //    "api_key_env": "OPENAI_API_KEY", "api_key": "",
 //    "connect_timeout_ms": 10000, "total_timeout_ms": 300000,
 //    "max_retries": 4, "initial_backoff_ms": 1000, "max_backoff_ms": 60000,
-//    "max_tokens": 8192, "temperature": 0.7,
+//    "max_tokens": 8192, "temperature": 0.7, "stream": false,
 //    "max_source_bytes": 65536, "max_prompt_bytes": 98304,
 //    "feedback_excerpt_bytes": 1200, "max_feedback": 6,
 //    "requests_per_candidate": 2, "offer_tool": true, "min_completion_tokens": 1024}

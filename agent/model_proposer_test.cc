@@ -369,7 +369,7 @@ TEST(ModelOptionsJson, ReadsEveryKeyAndRejectsTypos) {
   auto o = ParseModelOptions(R"({"base_url": "http://127.0.0.1:9/v1", "model": "m", "api_key_env": "K",
       "connect_timeout_ms": 5, "total_timeout_ms": 6, "max_retries": 2, "initial_backoff_ms": 7,
       "max_backoff_ms": 8, "max_tokens": 99, "temperature": 0.2, "max_source_bytes": 1000,
-      "max_prompt_bytes": 2000, "requests_per_candidate": 3, "offer_tool": false})");
+      "max_prompt_bytes": 2000, "requests_per_candidate": 3, "offer_tool": false, "stream": true})");
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->client.base_url, "http://127.0.0.1:9/v1");
   EXPECT_EQ(o->client.model, "m");
@@ -383,6 +383,7 @@ TEST(ModelOptionsJson, ReadsEveryKeyAndRejectsTypos) {
   EXPECT_EQ(o->max_source_bytes, 1000u);
   EXPECT_EQ(o->requests_per_candidate, 3);
   EXPECT_FALSE(o->offer_tool);
+  EXPECT_TRUE(o->client.stream);
   EXPECT_THAT(Msg(ParseModelOptions(R"({"modle": "x"})").status()), HasSubstr("unknown key \"modle\""));
   EXPECT_THAT(Msg(ParseModelOptions(R"({"max_tokens": "many"})").status()), HasSubstr("max_tokens"));
   EXPECT_FALSE(ParseModelOptions("[1]").ok());

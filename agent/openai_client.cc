@@ -6,6 +6,7 @@
 #include <cctype>
 #include <charconv>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -97,7 +98,10 @@ class OpenAIClient final : public ChatClient {
         last = absl::UnavailableError(
             fmt::format("model endpoint {}: {} ({})", url_, curl_easy_strerror(r.code), r.curl_error));
       } else if (r.status == 200) {
-        absl::StatusOr<ChatResponse> parsed = ParseChatResponse(r.body);
+        // A server may ignore "stream" and answer with one JSON object.
+        const bool sse = config_.stream && r.body.find_first_not_of(" \t\r\n") != std::string::npos &&
+                         r.body[r.body.find_first_not_of(" \t\r\n")] != '{';
+        absl::StatusOr<ChatResponse> parsed = sse ? ParseChatStream(r.body) : ParseChatResponse(r.body);
         if (!parsed.ok()) {
           return absl::Status(parsed.status().code(),
                               fmt::format("model endpoint {}: {}", url_, parsed.status().ToString()));
@@ -141,6 +145,10 @@ class OpenAIClient final : public ChatClient {
                  {"messages", std::move(messages)},
                  {"max_tokens", request.max_tokens > 0 ? request.max_tokens : config_.max_tokens}};
     if (config_.temperature) body["temperature"] = *config_.temperature;
+    if (config_.stream) {
+      body["stream"] = true;
+      body["stream_options"] = {{"include_usage", true}};
+    }
     if (!request.tools.empty()) {
       json tools = json::array();
       for (const ChatTool& t : request.tools) {
@@ -249,6 +257,68 @@ absl::StatusOr<ChatResponse> ParseChatResponse(const std::string& body) {
   }
   if (r.content.empty() && r.tool_calls.empty())
     return absl::InternalError(fmt::format("answer has neither content nor a tool call: {}", Excerpt(body)));
+  return r;
+}
+
+absl::StatusOr<ChatResponse> ParseChatStream(const std::string& body) {
+  ChatResponse r;
+  std::map<int, ToolCall> calls;  // tool call fragments by index
+  bool usage = false, done = false, any = false;
+  size_t pos = 0;
+  while (pos < body.size() && !done) {
+    size_t end = body.find('\n', pos);
+    if (end == std::string::npos) end = body.size();
+    std::string line = body.substr(pos, end - pos);
+    pos = end + 1;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.rfind("data:", 0) != 0) continue;  // comments, event names, blank separators
+    std::string data = line.substr(5);
+    if (!data.empty() && data.front() == ' ') data.erase(0, 1);
+    if (data == "[DONE]") {
+      done = true;
+      break;
+    }
+    json chunk = json::parse(data, nullptr, /*allow_exceptions=*/false);
+    if (!chunk.is_object()) return absl::InternalError(fmt::format("stream chunk is not JSON: {}", Excerpt(data)));
+    if (chunk.contains("error")) return absl::InternalError(fmt::format("stream carries an error: {}", Excerpt(chunk["error"].dump())));
+    any = true;
+    if (auto m = chunk.find("model"); m != chunk.end() && m->is_string()) r.model = m->get<std::string>();
+    if (auto u = chunk.find("usage"); u != chunk.end() && u->is_object()) {
+      usage = true;
+      r.prompt_tokens = u->value("prompt_tokens", int64_t{0});
+      r.completion_tokens = u->value("completion_tokens", int64_t{0});
+      r.total_tokens = u->value("total_tokens", r.prompt_tokens + r.completion_tokens);
+    }
+    auto choices = chunk.find("choices");
+    if (choices == chunk.end() || !choices->is_array() || choices->empty()) continue;
+    const json& choice = (*choices)[0];
+    if (auto fr = choice.find("finish_reason"); fr != choice.end() && fr->is_string()) r.finish_reason = fr->get<std::string>();
+    auto delta = choice.find("delta");
+    if (delta == choice.end() || !delta->is_object()) continue;
+    if (auto c = delta->find("content"); c != delta->end() && c->is_string()) r.content += c->get<std::string>();
+    if (auto tc = delta->find("tool_calls"); tc != delta->end() && tc->is_array()) {
+      for (const json& part : *tc) {
+        if (!part.is_object()) continue;
+        ToolCall& call = calls[part.value("index", 0)];
+        if (!part.contains("function") || !part["function"].is_object()) continue;
+        const json& f = part["function"];
+        if (f.contains("name") && f["name"].is_string()) call.name += f["name"].get<std::string>();
+        if (f.contains("arguments") && f["arguments"].is_string()) call.arguments_json += f["arguments"].get<std::string>();
+      }
+    }
+  }
+  if (!any) return absl::InternalError(fmt::format("stream has no data chunks: {}", Excerpt(body)));
+  for (auto& [index, call] : calls) r.tool_calls.push_back(std::move(call));
+  if (!usage) {
+    size_t bytes = r.content.size();
+    for (const ToolCall& t : r.tool_calls) bytes += t.arguments_json.size();
+    r.completion_tokens = EstimateTokens(bytes);
+    r.total_tokens = r.completion_tokens;
+    r.usage_estimated = true;
+  }
+  if (r.content.empty() && r.tool_calls.empty())
+    return absl::InternalError(fmt::format("streamed answer has neither content nor a tool call{}",
+                                           done ? "" : " (no [DONE]: cut off?)"));
   return r;
 }
 

@@ -44,6 +44,10 @@ struct OpenAIConfig {
   std::chrono::milliseconds max_backoff{60'000};     // also caps Retry-After
   int max_tokens = 8192;                             // completion tokens per request
   std::optional<double> temperature;
+  // Ask for a server-sent-events answer ("stream": true, usage in the last
+  // chunk). The answer is assembled before Complete() returns; streaming
+  // keeps long generations alive through proxies that cut idle connections.
+  bool stream = false;
 };
 
 struct ChatMessage {
@@ -94,5 +98,9 @@ absl::StatusOr<std::unique_ptr<ChatClient>> MakeOpenAIClient(OpenAIConfig config
 // Parses a chat completions answer body (exposed for tests and for the
 // scripted client).
 absl::StatusOr<ChatResponse> ParseChatResponse(const std::string& body);
+
+// Assembles a streamed answer (the "data: {...}" lines of server-sent events,
+// ending with "data: [DONE]") into one response.
+absl::StatusOr<ChatResponse> ParseChatStream(const std::string& body);
 
 }  // namespace kforge::agent

@@ -210,6 +210,46 @@ TEST(OpenAIClient, NothingListeningIsUnavailable) {
   EXPECT_EQ(got.status().code(), absl::StatusCode::kUnavailable);
 }
 
+TEST(OpenAIClient, AssemblesAStreamedAnswer) {
+  FakeOpenAIServer server;
+  using nlohmann::json;
+  auto delta = [](json d, json finish = nullptr) {
+    return json{{"model", "fake-model"}, {"choices", {{{"index", 0}, {"delta", d}, {"finish_reason", finish}}}}};
+  };
+  server.Then(FakeOpenAIServer::Stream({
+      delta({{"role", "assistant"}, {"content", ""}}),
+      delta({{"content", "```cuda\n__global__"}}),
+      delta({{"content", " void k() {}\n```"}}),
+      delta({{"tool_calls", {{{"index", 0}, {"function", {{"name", "submit_kernel"}, {"arguments", "{\"sou"}}}}}}}),
+      delta({{"tool_calls", {{{"index", 0}, {"function", {{"arguments", "rce\": \"x\"}"}}}}}}}, "stop"),
+      json{{"choices", json::array()}, {"usage", {{"prompt_tokens", 7}, {"completion_tokens", 9}, {"total_tokens", 16}}}},
+  }));
+  OpenAIConfig c = Config(server);
+  c.stream = true;
+  auto got = Client(c)->Complete(Hello());
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->content, "```cuda\n__global__ void k() {}\n```");
+  ASSERT_EQ(got->tool_calls.size(), 1u);
+  EXPECT_EQ(got->tool_calls[0].name, "submit_kernel");
+  EXPECT_EQ(got->tool_calls[0].arguments_json, R"({"source": "x"})");
+  EXPECT_EQ(got->finish_reason, "stop");
+  EXPECT_EQ(got->total_tokens, 16);
+  EXPECT_FALSE(got->usage_estimated);
+  auto body = nlohmann::json::parse(server.Requests()[0].body);
+  EXPECT_EQ(body["stream"], true);
+  EXPECT_EQ(body["stream_options"]["include_usage"], true);
+}
+
+TEST(OpenAIClient, StreamWithBrokenChunkIsAnError) {
+  FakeOpenAIServer server;
+  server.Then(FakeOpenAIServer::Raw("data: {\"choices\": [{\"delta\": {\"content\": \"a\"}}]}\n\ndata: {oops\n\n"));
+  OpenAIConfig c = Config(server);
+  c.stream = true;
+  auto got = Client(c)->Complete(Hello());
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(Msg(got.status()), HasSubstr("stream chunk is not JSON"));
+}
+
 TEST(OpenAIClient, RejectsABadConfig) {
   OpenAIConfig c;
   EXPECT_EQ(MakeOpenAIClient(c).status().code(), absl::StatusCode::kInvalidArgument);  // no model
