@@ -18,6 +18,12 @@
 //     the timed region), median/min/max of `iterations`; then checks the
 //     output of the LAST timed launch too.
 //
+// Backward candidates (shape.op == kBackward) are one launch of the
+// manifest's entry point that reads q, k, v, o (bf16, the reference
+// forward's output), lse (fp32) and dout, and writes dq, dk, dv (bf16); the
+// host zeroes `delta` (heads * total_q fp32) and `dq_accum` (total_q * heads *
+// head_dim fp32) before every launch for the kernel's own use.
+//
 // The candidate is device code only: the host owns allocation, the stream,
 // the events and every synchronisation.
 //
