@@ -184,7 +184,7 @@ class ModelProposer final : public Proposer {
     std::string last_refusal;
     int refused = 0;
     for (int request = 0; request < max_requests && static_cast<int>(out.size()) < n; ++request) {
-      std::vector<ChatMessage> messages = BuildMessages(ctx);
+      std::vector<ChatMessage> messages = BuildMessages(ctx, static_cast<int>(out.size()));
       const std::string prompt = RenderPrompt(messages);
       int max_tokens = options_.client.max_tokens;
       if (ctx.tokens_left >= 0) {
@@ -270,7 +270,7 @@ class ModelProposer final : public Proposer {
   std::string Name() const override { return "model"; }
 
  private:
-  struct Note_ {
+  struct RecentResult {
     Outcome outcome;
     std::string message;
     std::string answer;  // refused answers: an excerpt of what was refused
@@ -278,7 +278,7 @@ class ModelProposer final : public Proposer {
   };
 
   void Note(Outcome o, std::string message, std::string answer, const Candidate& c = {}) {
-    notes_.push_back(Note_{o, std::move(message), std::move(answer), c.origin.empty() ? "" : DescribeOrigin(c)});
+    notes_.push_back(RecentResult{o, std::move(message), std::move(answer), c.origin.empty() ? "" : DescribeOrigin(c)});
     while (notes_.size() > static_cast<size_t>(std::max(1, options_.max_feedback))) notes_.pop_front();
   }
 
@@ -292,7 +292,7 @@ class ModelProposer final : public Proposer {
     return ChatTool{kToolName, "Submit one kernel variant: CUDA source and its launch manifest.", params.dump()};
   }
 
-  std::vector<ChatMessage> BuildMessages(const ProposalContext& ctx) const {
+  std::vector<ChatMessage> BuildMessages(const ProposalContext& ctx, int made_this_round) const {
     std::string system = fmt::format(
         "You are an expert CUDA engineer optimising a jagged (variable-length) flash-attention kernel "
         "for kforge. Every variant you write is compiled with NVRTC, checked against a reference on "
@@ -315,6 +315,10 @@ class ModelProposer final : public Proposer {
         "\n## Task\nWrite a variant that is faster than the current best on this target while staying "
         "correct for every jagged batch of this bucket. Explain briefly (a few lines) what you changed, "
         "then give the source and the manifest.\n";
+    if (made_this_round > 0) {
+      task += fmt::format("You already wrote {} other variant(s) in this round that are being evaluated; "
+                          "try a different idea this time.\n", made_this_round);
+    }
 
     std::string best_head, best_source, best_manifest;
     if (ctx.best) {
@@ -333,7 +337,7 @@ class ModelProposer final : public Proposer {
     std::string feedback;
     if (!notes_.empty()) {
       feedback = "\n## Results of recent attempts (newest last)\n";
-      for (const Note_& note : notes_) {
+      for (const RecentResult& note : notes_) {
         feedback += fmt::format("- {}{}: {}\n", OutcomeName(note.outcome),
                                 note.origin.empty() ? "" : fmt::format(" ({})", note.origin),
                                 Truncate(note.message, options_.feedback_excerpt_bytes));
@@ -372,7 +376,7 @@ class ModelProposer final : public Proposer {
   std::unique_ptr<ChatClient> client_;
   const ModelOptions options_;
   std::set<std::string> hashes_;  // sources proposed or seen
-  std::deque<Note_> notes_;       // recent results and refusals, oldest first
+  std::deque<RecentResult> notes_;       // recent results and refusals, oldest first
   // Tokens of refused answers not yet attached to a returned candidate.
   int64_t unreported_tokens_ = 0;
 };

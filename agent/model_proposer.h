@@ -18,8 +18,9 @@
 // budget; when what is left cannot pay for a request, Propose() fails with
 // ResourceExhausted ("token budget exhausted...").
 //
-// Errors of Propose(): the endpoint's (see openai_client.h), ResourceExhausted
-// for the budget, Unavailable when every answer was refused (the message
+// Errors of Propose(): the endpoint's (see openai_client.h; Unavailable and
+// DeadlineExceeded are worth retrying later), ResourceExhausted only for the
+// job's token budget, Unavailable when every answer was refused (the message
 // names the last reason). Candidates made before an error in the same call
 // are returned instead of the error.
 //
@@ -44,7 +45,7 @@ struct ModelOptions {
   size_t max_prompt_bytes = 96 * 1024;     // feedback, then the best source, trimmed to fit
   size_t feedback_excerpt_bytes = 1200;    // per failure message in the prompt
   int max_feedback = 6;                    // most recent failures shown
-  int requests_per_candidate = 2;          // Propose(n) makes at most n * this requests
+  int requests_per_candidate = 3;          // Propose(n) makes at most n * this requests
   bool offer_tool = true;                  // offer the submit_kernel function
   int64_t min_completion_tokens = 1024;    // a budget that cannot pay for this stops the job
 };
@@ -58,7 +59,7 @@ struct ModelOptions {
 //    "max_tokens": 8192, "temperature": 0.7, "stream": false,
 //    "max_source_bytes": 65536, "max_prompt_bytes": 98304,
 //    "feedback_excerpt_bytes": 1200, "max_feedback": 6,
-//    "requests_per_candidate": 2, "offer_tool": true, "min_completion_tokens": 1024}
+//    "requests_per_candidate": 3, "offer_tool": true, "min_completion_tokens": 1024}
 // InvalidArgument naming the key for a wrong type or an unknown key.
 absl::StatusOr<ModelOptions> ParseModelOptions(std::string_view json_text);
 

@@ -187,6 +187,17 @@ TEST(ModelProposer, OnlyRefusedAnswersIsAnErrorNamingTheReason) {
   EXPECT_EQ(server.Requests().size(), 3u);
 }
 
+TEST(ModelProposer, SeveralCandidatesPerRoundAskForDifferentIdeas) {
+  FakeOpenAIServer server;
+  server.Then(FakeOpenAIServer::Answer(Fenced(GoodKernel(20))));
+  server.Then(FakeOpenAIServer::Answer(Fenced(GoodKernel(21))));
+  auto got = Make(Options(server))->Propose(Ctx(), 2);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->size(), 2u);
+  EXPECT_THAT(UserMessage(server, 0), Not(HasSubstr("different idea")));
+  EXPECT_THAT(UserMessage(server, 1), HasSubstr("1 other variant(s) in this round"));
+}
+
 TEST(ModelProposer, NeverProposesTheSameSourceTwice) {
   FakeOpenAIServer server;
   server.Then(FakeOpenAIServer::Answer(Fenced(GoodKernel(5))));
@@ -369,7 +380,7 @@ TEST(ModelOptionsJson, ReadsEveryKeyAndRejectsTypos) {
   auto o = ParseModelOptions(R"({"base_url": "http://127.0.0.1:9/v1", "model": "m", "api_key_env": "K",
       "connect_timeout_ms": 5, "total_timeout_ms": 6, "max_retries": 2, "initial_backoff_ms": 7,
       "max_backoff_ms": 8, "max_tokens": 99, "temperature": 0.2, "max_source_bytes": 1000,
-      "max_prompt_bytes": 2000, "requests_per_candidate": 3, "offer_tool": false, "stream": true})");
+      "max_prompt_bytes": 2000, "requests_per_candidate": 5, "offer_tool": false, "stream": true})");
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->client.base_url, "http://127.0.0.1:9/v1");
   EXPECT_EQ(o->client.model, "m");
@@ -381,7 +392,7 @@ TEST(ModelOptionsJson, ReadsEveryKeyAndRejectsTypos) {
   EXPECT_EQ(o->client.max_tokens, 99);
   EXPECT_DOUBLE_EQ(*o->client.temperature, 0.2);
   EXPECT_EQ(o->max_source_bytes, 1000u);
-  EXPECT_EQ(o->requests_per_candidate, 3);
+  EXPECT_EQ(o->requests_per_candidate, 5);
   EXPECT_FALSE(o->offer_tool);
   EXPECT_TRUE(o->client.stream);
   EXPECT_THAT(Msg(ParseModelOptions(R"({"modle": "x"})").status()), HasSubstr("unknown key \"modle\""));

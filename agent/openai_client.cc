@@ -114,7 +114,9 @@ class OpenAIClient final : public ChatClient {
         return parsed;
       } else if (r.status == 429 || r.status >= 500) {
         std::string what = fmt::format("model endpoint {}: HTTP {}: {}", url_, r.status, Excerpt(r.body));
-        last = r.status == 429 ? absl::ResourceExhaustedError(what) : absl::UnavailableError(what);
+        // 429 maps to Unavailable as in gRPC's HTTP mapping: retry later. It
+        // keeps ResourceExhausted for the job's own token budget.
+        last = absl::UnavailableError(r.status == 429 ? what + " (rate limited)" : what);
         if (r.retry_after_s) wait = std::chrono::milliseconds(*r.retry_after_s * 1000);
       } else if (r.status == 401) {
         return absl::UnauthenticatedError(

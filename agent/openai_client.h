@@ -8,8 +8,8 @@
 //
 // Errors (absl::Status codes, which map onto gRPC codes):
 //   DeadlineExceeded  connect or total timeout of the last attempt
-//   ResourceExhausted still 429 after all retries
-//   Unavailable       still 5xx after all retries, or the connection failed
+//   Unavailable       still 429 ("rate limited") or 5xx after all retries, or
+//                     the connection failed: worth trying again later
 //   Unauthenticated / PermissionDenied  401 / 403
 //   InvalidArgument   another 4xx (the message carries the body excerpt)
 //   Internal          an answer that is not the expected JSON (no choices...)

@@ -160,13 +160,14 @@ TEST(OpenAIClient, GivesUpAfterTheRetriesWithBackoff) {
   EXPECT_GE(seen[3].at - seen[0].at, 65ms);
 }
 
-TEST(OpenAIClient, Still429AfterRetriesIsResourceExhausted) {
+TEST(OpenAIClient, Still429AfterRetriesIsUnavailable) {
   FakeOpenAIServer server;
   server.Then(FakeOpenAIServer::Status(429, "{}", "0"));
   OpenAIConfig c = Config(server);
   c.max_retries = 1;
   auto got = Client(c)->Complete(Hello());
-  EXPECT_EQ(got.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(Msg(got.status()), HasSubstr("rate limited"));
   EXPECT_EQ(server.Requests().size(), 2u);
 }
 
