@@ -316,6 +316,7 @@ int main(int argc, char** argv) {
   if (const char* t = std::getenv("KFORGE_TOKEN")) g.token = t;
   CLI::App app{"kforge: get tuned jagged attention kernels, run and watch tuning jobs"};
   app.require_subcommand(1);
+  app.fallthrough();  // global flags (--json, --server...) also after the subcommand
   app.add_option("--server", g.server, "kforge-server address (env KFORGE_SERVER)")->capture_default_str();
   app.add_option("--token", g.token, "client bearer token (env KFORGE_TOKEN)");
   app.add_flag("--json", g.json, "machine-readable output");

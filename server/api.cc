@@ -119,6 +119,21 @@ absl::Status KforgeApi::GetKernel(const v1::GetKernelRequest& req, v1::GetKernel
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::shared_ptr<const std::string>> KforgeApi::GetKernelBytes(
+    const v1::GetKernelRequest& req) {
+  if (req.has_shape()) {
+    auto key = ShapeFromProto(req.shape(), "shape", options_.limits);
+    if (!key.ok()) return key.status();
+    auto served = cache_->Lookup(*key, BucketOf(*key));
+    if (served.ok() && served->tuned && served->response_bytes) return served->response_bytes;
+  }
+  // Untuned (nearest or seed, maybe enqueueing a job) or invalid: the
+  // general path, which also produces the error.
+  v1::GetKernelResponse resp;
+  if (absl::Status s = GetKernel(req, &resp); !s.ok()) return s;
+  return std::make_shared<const std::string>(resp.SerializeAsString());
+}
+
 absl::Status KforgeApi::ListShapes(const v1::ListShapesRequest& req,
                                    v1::ListShapesResponse* resp) {
   auto page = PageFromProto(req.page_size(), req.page_token());

@@ -51,6 +51,10 @@ class KforgeApi {
 
   // KernelService.
   absl::Status GetKernel(const v1::GetKernelRequest& req, v1::GetKernelResponse* resp);
+  // GetKernel answered as serialized GetKernelResponse bytes: for a tuned
+  // bucket these are shared, pre-serialized bytes (no per-call copy).
+  absl::StatusOr<std::shared_ptr<const std::string>> GetKernelBytes(
+      const v1::GetKernelRequest& req);
   absl::Status ListShapes(const v1::ListShapesRequest& req, v1::ListShapesResponse* resp);
   absl::Status ListVariants(const v1::ListVariantsRequest& req, v1::ListVariantsResponse* resp);
   absl::Status SubmitJob(const v1::SubmitJobRequest& req, v1::Job* resp);

@@ -1,21 +1,29 @@
 #include "server/components.h"
 
+#include <optional>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
-#include "agent/builtin_proposer.h"
+#include "agent/factory.h"
 #include "gpu/compile.h"
 #include "kernels/catalog.h"
 
 namespace kforge::server {
 
-ProposerFactory DefaultProposerFactory() {
-  return [](const std::string& name,
-            uint64_t seed) -> absl::StatusOr<std::unique_ptr<agent::Proposer>> {
-    if (name == "builtin") return agent::MakeBuiltinProposer(seed);
-    return absl::NotFoundError(fmt::format("unknown proposer '{}' (available: builtin)", name));
-  };
+absl::StatusOr<ProposerFactory> DefaultProposerFactory(const std::string& model_options_json) {
+  agent::ProposerOptions options;
+  if (!model_options_json.empty()) {
+    auto parsed = agent::ParseModelOptions(model_options_json);
+    if (!parsed.ok())
+      return absl::InvalidArgumentError(
+          fmt::format("model_proposer: {}", std::string(parsed.status().message())));
+    options.model = *std::move(parsed);
+  }
+  return ProposerFactory([options](const std::string& name, uint64_t seed) {
+    return agent::MakeProposer(name, seed, options);
+  });
 }
 
 SeedProvider DefaultSeedProvider() {

@@ -10,8 +10,11 @@
 
 namespace kforge::server {
 
-// "builtin": agent::MakeBuiltinProposer. "model" is not wired yet (NOT_FOUND).
-ProposerFactory DefaultProposerFactory();
+// "builtin": agent::MakeBuiltinProposer. "model": agent::MakeModelProposer
+// with `model_options_json` (agent::ParseModelOptions's format); when that is
+// empty the model proposer is not available (NOT_FOUND saying how to
+// configure it). INVALID_ARGUMENT for bad model options.
+absl::StatusOr<ProposerFactory> DefaultProposerFactory(const std::string& model_options_json);
 
 // kernels::DefaultVariant(shape) compiled with NVRTC for shape.arch. When
 // compiling fails the kernel is still served, without a cubin (clients can

@@ -100,6 +100,12 @@ absl::Status ApplyConfigFile(const std::string& path, ServerConfig& cfg) {
       {"drain_timeout_ms", int_key(0, 3600 * 1000, cfg.server.drain_timeout_ms)},
       {"http_port", int_key(0, 65535, cfg.http_port)},
       {"tune_max_variants", int_key(1, kMaxVariantsLimit, cfg.server.api.tune_max_variants)},
+      {"model_proposer",
+       [&](const std::string& key, const json& v) -> absl::Status {
+         if (!v.is_object()) return bad(key, "must be an object (see agent/model_proposer.h)");
+         cfg.model_proposer_json = v.dump();
+         return absl::OkStatus();
+       }},
       {"log_level",
        [&](const std::string& key, const json& v) -> absl::Status {
          static const std::set<std::string> kLevels = {"trace", "debug", "info", "warn", "error", "off"};

@@ -17,6 +17,8 @@
 //   http_port            0        reserved for the dashboard (not served yet)
 //   tune_max_variants    16       budget of jobs GetKernel enqueues
 //   log_level            "info"
+//   model_proposer       {...}    OpenAI-compatible endpoint for proposer
+//                                 "model" (agent/model_proposer.h keys)
 // Environment: KFORGE_CLIENT_TOKEN, KFORGE_WORKER_TOKEN (comma-separated
 // lists) add to the tokens.
 #pragma once
@@ -33,6 +35,7 @@ struct ServerConfig {
   std::string database = "kforge.db";
   int http_port = 0;
   std::string log_level = "info";
+  std::string model_proposer_json;  // "" = the model proposer is off
 
   ServerConfig() {
     server.shutdown_grace_ms = 1000;

@@ -36,8 +36,13 @@ absl::Status KernelCache::Refresh(const std::string& bucket_id, const std::strin
   if (!best.ok()) return best.status();
   auto kernel = Build(*best);
   if (!kernel.ok()) return kernel.status();
+  v1::GetKernelResponse resp;
+  *resp.mutable_kernel() = **kernel;
+  resp.mutable_kernel()->set_tuned(true);
+  resp.mutable_kernel()->set_requested_bucket(bucket_id);
+  auto bytes = std::make_shared<const std::string>(resp.SerializeAsString());
   std::unique_lock lock(mu_);
-  best_[bucket_id] = Entry{*std::move(bucket), *std::move(kernel)};
+  best_[bucket_id] = Entry{*std::move(bucket), *std::move(kernel), std::move(bytes)};
   return absl::OkStatus();
 }
 
@@ -89,7 +94,8 @@ absl::StatusOr<Served> KernelCache::Lookup(const ShapeKey& key, const Bucket& bu
   const std::string id = bucket.Id();
   {
     std::shared_lock lock(mu_);
-    if (auto it = best_.find(id); it != best_.end()) return Served{it->second.kernel, true};
+    if (auto it = best_.find(id); it != best_.end())
+      return Served{it->second.kernel, true, it->second.response_bytes};
     const Entry* nearest = nullptr;
     int best_distance = std::numeric_limits<int>::max();
     for (const auto& [other_id, e] : best_) {
@@ -99,11 +105,11 @@ absl::StatusOr<Served> KernelCache::Lookup(const ShapeKey& key, const Bucket& bu
         nearest = &e;
       }
     }
-    if (nearest) return Served{nearest->kernel, false};
+    if (nearest) return Served{nearest->kernel, false, nullptr};
   }
   auto seed = Seed(key, id);
   if (!seed.ok()) return seed.status();
-  return Served{*std::move(seed), false};
+  return Served{*std::move(seed), false, nullptr};
 }
 
 absl::StatusOr<std::shared_ptr<const v1::Kernel>> KernelCache::Seed(const ShapeKey& key,

@@ -44,6 +44,9 @@ using SeedProvider = std::function<absl::StatusOr<SeedKernel>(const ShapeKey&)>;
 struct Served {
   std::shared_ptr<const v1::Kernel> kernel;  // requested_bucket/tuned still to set
   bool tuned = false;
+  // Exact hits only: the whole GetKernelResponse, serialized once when the
+  // best was loaded, so the hot path sends shared bytes without copying.
+  std::shared_ptr<const std::string> response_bytes;
 };
 
 class KernelCache {
@@ -74,6 +77,7 @@ class KernelCache {
   struct Entry {
     Bucket bucket;
     std::shared_ptr<const v1::Kernel> kernel;
+    std::shared_ptr<const std::string> response_bytes;
   };
   mutable std::shared_mutex mu_;
   std::map<std::string, Entry> best_;  // by bucket id (includes the arch); guarded by mu_

@@ -76,8 +76,13 @@ int main(int argc, char** argv) {
     return 1;
   }
   cfg.server.api.limits.head_dims = kforge::server::CatalogHeadDims();
-  auto server = kforge::server::Server::Start(cfg.server, store->get(),
-                                              kforge::server::DefaultProposerFactory(),
+  auto proposers = kforge::server::DefaultProposerFactory(cfg.model_proposer_json);
+  if (!proposers.ok()) {
+    std::fprintf(stderr, "kforge-server: config %s: %s\n", config_path.c_str(),
+                 std::string(proposers.status().message()).c_str());
+    return 2;
+  }
+  auto server = kforge::server::Server::Start(cfg.server, store->get(), *std::move(proposers),
                                               kforge::server::DefaultSeedProvider());
   if (!server.ok()) {
     std::fprintf(stderr, "kforge-server: %s\n", std::string(server.status().message()).c_str());

@@ -28,21 +28,50 @@ grpc::Status ToGrpcStatus(const absl::Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(std::string(s.message())));
 }
 
-std::optional<std::string_view> AuthHeader(const grpc::ServerContext* ctx) {
+std::optional<std::string_view> AuthHeader(const grpc::ServerContextBase* ctx) {
   const auto& md = ctx->client_metadata();
   auto it = md.find("authorization");
   if (it == md.end()) return std::nullopt;
   return std::string_view(it->second.data(), it->second.size());
 }
 
-class KernelServiceImpl final : public v1::KernelService::Service {
+void ReleaseBytes(void* p) { delete static_cast<std::shared_ptr<const std::string>*>(p); }
+
+// GetKernel is the hot path: a raw callback method, so that a tuned
+// bucket's pre-serialized response goes out as a slice that borrows the
+// cached bytes (no copy, no serialization, no thread hand-off); every other
+// method is a plain synchronous one.
+class KernelServiceImpl final
+    : public v1::KernelService::WithRawCallbackMethod_GetKernel<v1::KernelService::Service> {
  public:
   KernelServiceImpl(KforgeApi* api, const Authenticator* auth) : api_(api), auth_(auth) {}
 
-  grpc::Status GetKernel(grpc::ServerContext* ctx, const v1::GetKernelRequest* req,
-                         v1::GetKernelResponse* resp) override {
-    return Run(ctx, [&] { return api_->GetKernel(*req, resp); });
+  grpc::ServerUnaryReactor* GetKernel(grpc::CallbackServerContext* ctx,
+                                      const grpc::ByteBuffer* req,
+                                      grpc::ByteBuffer* resp) override {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    reactor->Finish(ToGrpcStatus(ServeGetKernel(ctx, req, resp)));
+    return reactor;
   }
+  absl::Status ServeGetKernel(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                              grpc::ByteBuffer* resp) {
+    if (absl::Status s = auth_->Check(Role::kClient, AuthHeader(ctx)); !s.ok()) return s;
+    std::vector<grpc::Slice> slices;
+    if (!req->Dump(&slices).ok()) return absl::InvalidArgumentError("request: unreadable");
+    std::string bytes;
+    for (const auto& sl : slices) bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+    v1::GetKernelRequest request;
+    if (!request.ParseFromString(bytes))
+      return absl::InvalidArgumentError("request: not a GetKernelRequest");
+    auto out = api_->GetKernelBytes(request);
+    if (!out.ok()) return out.status();
+    const std::string& data = **out;
+    grpc::Slice slice(const_cast<char*>(data.data()), data.size(), &ReleaseBytes,
+                      new std::shared_ptr<const std::string>(*out));
+    *resp = grpc::ByteBuffer(&slice, 1);
+    return absl::OkStatus();
+  }
+
   grpc::Status ListShapes(grpc::ServerContext* ctx, const v1::ListShapesRequest* req,
                           v1::ListShapesResponse* resp) override {
     return Run(ctx, [&] { return api_->ListShapes(*req, resp); });

@@ -1,0 +1,90 @@
+#include "server/config.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+namespace kforge::server {
+namespace {
+
+std::string WriteConfig(const std::string& text) {
+  static int n = 0;
+  auto path = std::filesystem::temp_directory_path() /
+              ("kforge_config_test_" + std::to_string(getpid()) + "_" + std::to_string(n++) + ".json");
+  std::ofstream(path) << text;
+  return path.string();
+}
+
+TEST(ConfigTest, AppliesEveryKey) {
+  ServerConfig cfg;
+  const std::string path = WriteConfig(R"({
+    "listen": "0.0.0.0:6000", "database": "/var/lib/kforge.db",
+    "client_tokens": ["cccccccccccccccccccc"], "worker_tokens": ["wwwwwwwwwwwwwwwwwwww"],
+    "lease_ttl_ms": 20000, "heartbeat_interval_ms": 5000, "max_lease_wait_ms": 1000,
+    "reaper_interval_ms": 500, "shutdown_grace_ms": 0, "drain_timeout_ms": 3000,
+    "http_port": 8080, "tune_max_variants": 8, "log_level": "debug",
+    "model_proposer": {"model": "m"}})");
+  ASSERT_TRUE(ApplyConfigFile(path, cfg).ok());
+  EXPECT_EQ(cfg.server.listen_address, "0.0.0.0:6000");
+  EXPECT_EQ(cfg.database, "/var/lib/kforge.db");
+  EXPECT_EQ(cfg.server.client_tokens.size(), 1u);
+  EXPECT_EQ(cfg.server.api.lease_ttl_ms, 20000);
+  EXPECT_EQ(cfg.server.api.heartbeat_interval_ms, 5000);
+  EXPECT_EQ(cfg.http_port, 8080);
+  EXPECT_EQ(cfg.log_level, "debug");
+  EXPECT_EQ(cfg.model_proposer_json, R"({"model":"m"})");
+  EXPECT_TRUE(ValidateConfig(cfg).ok());
+}
+
+TEST(ConfigTest, ErrorsNameTheFileAndTheKey) {
+  ServerConfig cfg;
+  const std::string path = WriteConfig(R"({"lease_ttl_ms": "ten"})");
+  absl::Status s = ApplyConfigFile(path, cfg);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find(path), absl::string_view::npos) << s;
+  EXPECT_NE(s.message().find("lease_ttl_ms"), absl::string_view::npos) << s;
+  EXPECT_NE(s.message().find("\"ten\""), absl::string_view::npos) << s;
+
+  absl::Status unknown = ApplyConfigFile(WriteConfig(R"({"listn": "x:1"})"), cfg);
+  EXPECT_NE(unknown.message().find("listn: unknown key"), absl::string_view::npos) << unknown;
+  absl::Status json = ApplyConfigFile(WriteConfig("{not json"), cfg);
+  EXPECT_NE(json.message().find("not valid JSON"), absl::string_view::npos) << json;
+  absl::Status missing = ApplyConfigFile("/nonexistent/kforge.json", cfg);
+  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound);
+  absl::Status token = ApplyConfigFile(WriteConfig(R"({"client_tokens": ["short"]})"), cfg);
+  EXPECT_NE(token.message().find("client_tokens[0]"), absl::string_view::npos) << token;
+}
+
+TEST(ConfigTest, NoTokensIsRefusedUnlessInsecure) {
+  ServerConfig cfg;
+  absl::Status s = ValidateConfig(cfg);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("--insecure-no-auth"), absl::string_view::npos);
+  cfg.server.insecure_no_auth = true;
+  EXPECT_TRUE(ValidateConfig(cfg).ok());
+}
+
+TEST(ConfigTest, EnvironmentAddsTokens) {
+  setenv("KFORGE_CLIENT_TOKEN", "a-client-token,b-client-token", 1);
+  setenv("KFORGE_WORKER_TOKEN", "a-worker-token", 1);
+  ServerConfig cfg;
+  ApplyEnvironment(cfg);
+  EXPECT_EQ(cfg.server.client_tokens.size(), 2u);
+  EXPECT_EQ(cfg.server.worker_tokens.size(), 1u);
+  EXPECT_TRUE(ValidateConfig(cfg).ok());
+  unsetenv("KFORGE_CLIENT_TOKEN");
+  unsetenv("KFORGE_WORKER_TOKEN");
+}
+
+TEST(ConfigTest, HeartbeatMustFitTwiceIntoTheLease) {
+  ServerConfig cfg;
+  cfg.server.insecure_no_auth = true;
+  cfg.server.api.lease_ttl_ms = 1000;
+  cfg.server.api.heartbeat_interval_ms = 800;
+  EXPECT_FALSE(ValidateConfig(cfg).ok());
+}
+
+}  // namespace
+}  // namespace kforge::server

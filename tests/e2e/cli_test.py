@@ -1,0 +1,77 @@
+"""The kforge CLI against the real kforge-server: get (table, --json, --out),
+tune with a shapes file and a progress display until the job ends, jobs
+list/show/cancel, variants, shapes, and the unreachable-server message.
+
+usage: cli_test.py <kforge-server binary> <repo root> <kforge binary>
+"""
+import json
+import os
+import subprocess
+import sys
+
+import kfe2e
+
+
+def run(cli, server, *args, ok=True):
+    env = dict(os.environ, KFORGE_TOKEN=kfe2e.CLIENT_TOKEN)
+    p = subprocess.run([cli, "--server", server] + list(args), capture_output=True, text=True,
+                       env=env, timeout=240)
+    if ok and p.returncode != 0:
+        raise AssertionError("kforge %s failed (%d): %s %s" % (args, p.returncode, p.stdout, p.stderr))
+    return p
+
+
+def main():
+    binary, repo, cli = sys.argv[1], sys.argv[2], sys.argv[3]
+    work = kfe2e.tempdir()
+    p = run(cli, "127.0.0.1:1", "shapes", ok=False)
+    assert p.returncode == 1 and "cannot reach kforge-server at 127.0.0.1:1" in p.stderr, p.stderr
+
+    server = kfe2e.ServerProcess(binary, os.path.join(work, "kforge.db"), kfe2e.free_port())
+    server.start()
+    addr = server.address
+    shape = ["--head-dim", "128", "--heads", "4", "--causal", "--batch", "8",
+             "--max-len-q", "1024", "--total-q", "6000"]
+    p = run(cli, addr, "get", *shape, "--out", os.path.join(work, "k"))
+    assert "tuned        no" in p.stdout and "(seed default)" in p.stdout, p.stdout
+    assert os.path.getsize(os.path.join(work, "k", "kernel.cu")) > 0
+    assert json.load(open(os.path.join(work, "k", "manifest.json")))["entry_point"]
+    p = run(cli, addr, "--json", "get", *shape)
+    assert json.loads(p.stdout)["kernel"]["requested_bucket"].startswith("fwd.bf16.d128.h4"), p.stdout
+
+    with open(os.path.join(work, "lens.json"), "w") as f:
+        json.dump([0, 100, 1000, 1500], f)
+    p = run(cli, addr, "get", "--head-dim", "64", "--heads", "8",
+            "--cu-seqlens-file", os.path.join(work, "lens.json"))
+    assert "b4.mq1024" in p.stdout, p.stdout
+    p = run(cli, addr, "get", "--head-dim", "100", "--heads", "4", "--batch", "1",
+            "--max-len-q", "8", "--total-q", "8", ok=False)
+    assert p.returncode == 1 and "shape.head_dim: 100" in p.stderr, p.stderr
+
+    # No worker runs here, so the job ends on its 2 s time budget.
+    p = run(cli, addr, "tune", "--shapes", os.path.join(repo, "bench/shapes.json"),
+            "--max-variants", "4", "--max-seconds", "2", "--name", "cli")
+    assert "submitted job" in p.stdout and "evaluated" in p.stdout, p.stdout
+    assert "state=succeeded" in p.stdout and "time budget" in p.stdout, p.stdout
+    p = run(cli, addr, "tune", *shape, "--no-watch", "--json")
+    job_id = json.loads(p.stdout)["id"]
+    p = run(cli, addr, "jobs")
+    assert job_id in p.stdout and "cli" in p.stdout, p.stdout
+    p = run(cli, addr, "jobs", "show", job_id)
+    assert "state=running" in p.stdout, p.stdout
+    p = run(cli, addr, "jobs", "cancel", job_id)
+    assert "state=cancelled" in p.stdout, p.stdout
+    p = run(cli, addr, "jobs", "show", "j424242", ok=False)
+    assert p.returncode == 1 and "not found" in p.stderr.lower(), p.stderr
+    p = run(cli, addr, "variants", "--limit", "5")
+    assert p.stdout.count("\n") == 6, p.stdout
+    p = run(cli, addr, "shapes")
+    assert p.stdout.startswith("BUCKET"), p.stdout
+    p = run(cli, addr, "--json", "shapes")
+    json.loads(p.stdout)
+    assert server.terminate() == 0
+    print("OK: kforge CLI")
+
+
+if __name__ == "__main__":
+    main()
