@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -64,6 +65,30 @@ int RunSelfTest(const std::string& mode, int fd) {
     WriteLine(fd, ResultEventJson(r));
     return 0;
   }
+  if (mode == "nan_metrics") {
+    ChildReport r;
+    r.outcome = Outcome::kWrong;
+    r.message = "O is NaN";
+    r.errors = ErrorStats{.max_abs_error = std::nan(""), .rel_l2_error = std::nan(""),
+                          .worst_output = "O", .detail = "row 0: NaN"};
+    WriteLine(fd, ReferenceEventJson(1.0, 10));
+    WriteLine(fd, ResultEventJson(r));
+    return 0;
+  }
+  if (mode == "verified_without_timing") {
+    ChildReport r = FakeVerified();
+    r.timing.reset();
+    WriteLine(fd, ReferenceEventJson(1.0, 10));
+    WriteLine(fd, ResultEventJson(r));
+    return 0;
+  }
+  if (mode == "retime") {
+    ChildReport r = FakeVerified();
+    r.incumbent_timing = TimingStats{.median_us = 20, .min_us = 19, .max_us = 22, .samples = 5};
+    WriteLine(fd, ReferenceEventJson(1.0, 20));
+    WriteLine(fd, ResultEventJson(r));
+    return 0;
+  }
   if (mode == "hang") SleepForever();
   if (mode == "hang_after_reference") {
     WriteLine(fd, ReferenceEventJson(0.001, 10));
@@ -111,7 +136,7 @@ int RunSelfTest(const std::string& mode, int fd) {
 
 }  // namespace
 
-int RunEvalChild(const std::string& request_dir, int result_fd) {
+int RunEvalChild(const std::string& request_dir, int result_fd, const std::string& self_test) {
   // A parent that went away must not leave this child blocked on a write.
   signal(SIGPIPE, SIG_DFL);
   absl::StatusOr<ChildRequest> request = ReadRequestDir(request_dir);
@@ -121,6 +146,7 @@ int RunEvalChild(const std::string& request_dir, int result_fd) {
     WriteLine(result_fd, FaultEventJson(msg));
     return 2;
   }
+  if (!self_test.empty()) request->self_test = self_test;
   if (!request->self_test.empty()) return RunSelfTest(request->self_test, result_fd);
 
   bool reference_sent = false;

@@ -15,7 +15,9 @@
 namespace kforge::worker {
 
 // The child's whole life; returns its exit code (0 after a result event).
-int RunEvalChild(const std::string& request_dir, int result_fd);
+// `self_test` (test only, `--self-test=MODE`) overrides the request's
+// self_test, so tests can drive the whole worker path without a GPU.
+int RunEvalChild(const std::string& request_dir, int result_fd, const std::string& self_test = "");
 
 // Called by the evaluator once the reference has run, before any candidate
 // launch: `launches` is how many candidate launches are still to come.

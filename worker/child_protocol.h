@@ -53,7 +53,8 @@ struct ChildRequest {
   std::optional<ChildKernel> incumbent;  // kRetime
   // Test only: makes the child misbehave on purpose without a GPU
   // ("hang", "hang_after_reference", "segv", "abort", "garbage", "fault",
-  // "exit_silently", "verified", "spam_stderr", "crash_after_result").
+  // "exit_silently", "verified", "wrong", "retime", "nan_metrics",
+  // "verified_without_timing", "spam_stderr", "crash_after_result").
   std::string self_test;
 };
 

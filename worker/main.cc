@@ -73,6 +73,7 @@ int main(int argc, char** argv) {
   bool eval_child = false;
   std::string request_dir;
   int result_fd = kChildResultFd;
+  std::string self_test;  // test only: see child.h
 
   app.add_option("--server", server, "kforge server address (host:port)")->capture_default_str();
   app.add_option("--token", token, "worker token (default: $KFORGE_WORKER_TOKEN)");
@@ -105,6 +106,7 @@ int main(int argc, char** argv) {
   app.add_flag("--eval-child", eval_child)->group("");
   app.add_option("--request-dir", request_dir)->group("");
   app.add_option("--result-fd", result_fd)->group("");
+  app.add_option("--self-test", self_test)->group("");
   CLI11_PARSE(app, argc, argv);
 
   spdlog::set_level(spdlog::level::from_str(log_level));
@@ -114,7 +116,7 @@ int main(int argc, char** argv) {
       fmt::print(stderr, "--eval-child needs --request-dir\n");
       return 2;
     }
-    return RunEvalChild(request_dir, result_fd);
+    return RunEvalChild(request_dir, result_fd, self_test);
   }
   spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%^%l%$] %v");
   // SIGINT/SIGTERM stop the worker; every thread started from here on (compile pool, gRPC)

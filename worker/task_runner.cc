@@ -42,6 +42,20 @@ std::string FirstErrorLine(const std::string& log) {
   return line;
 }
 
+// Keeps the head and tail of a long text: compile logs can be huge (one
+// warning per unrolled line) and a report must stay far below gRPC's 4 MB.
+std::string ClipMiddle(std::string text, size_t max_bytes) {
+  if (text.size() <= max_bytes) return text;
+  const size_t half = max_bytes / 2;
+  std::string out = text.substr(0, half);
+  out += fmt::format("\n... [{} bytes cut] ...\n", text.size() - 2 * half);
+  out += text.substr(text.size() - half);
+  return out;
+}
+
+constexpr size_t kMaxLogBytes = 64 * 1024;
+constexpr size_t kMaxMessageBytes = 4 * 1024;
+
 bool ValidTiming(const std::optional<TimingStats>& t) {
   return t && std::isfinite(t->median_us) && std::isfinite(t->min_us) &&
          std::isfinite(t->max_us) && t->median_us > 0 && t->min_us > 0 &&
@@ -52,7 +66,10 @@ bool ValidTiming(const std::optional<TimingStats>& t) {
 // that is NaN somewhere) become +inf, since NaN never compares as bad; a
 // "verified" without believable timing is not trusted.
 void Sanitize(TaskKind kind, TaskResult& r) {
+  r.compile.log = ClipMiddle(std::move(r.compile.log), kMaxLogBytes);
+  r.message = ClipMiddle(std::move(r.message), kMaxMessageBytes);
   if (r.errors) {
+    r.errors->detail = ClipMiddle(std::move(r.errors->detail), kMaxMessageBytes);
     if (std::isnan(r.errors->max_abs_error)) r.errors->max_abs_error = HUGE_VAL;
     if (std::isnan(r.errors->rel_l2_error)) r.errors->rel_l2_error = HUGE_VAL;
   }
@@ -96,6 +113,13 @@ std::string LocalTaskRunner::TargetArch(const TaskSpec& task) const {
 
 std::optional<TaskResult> LocalTaskRunner::Run(const TaskSpec& task,
                                                const std::atomic<bool>& cancel) {
+  std::optional<TaskResult> result = RunUnchecked(task, cancel);
+  if (result) Sanitize(task.kind, *result);
+  return result;
+}
+
+std::optional<TaskResult> LocalTaskRunner::RunUnchecked(const TaskSpec& task,
+                                                        const std::atomic<bool>& cancel) {
   TaskResult result;
   result.gpu = options_.gpu;
   const std::string arch = TargetArch(task);
@@ -226,7 +250,6 @@ std::optional<TaskResult> LocalTaskRunner::Run(const TaskSpec& task,
   result.errors = run->report.errors;
   result.timing = run->report.timing;
   result.incumbent_timing = run->report.incumbent_timing;
-  Sanitize(task.kind, result);
   return result;
 }
 

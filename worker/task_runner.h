@@ -56,6 +56,9 @@ class LocalTaskRunner final : public TaskRunner {
   // The NVRTC target for `task`: the GPU's own for work that runs, the
   // shape's for compile checks (sm_100a checks run everywhere).
   std::string TargetArch(const TaskSpec& task) const;
+  // Run() before the result is made fit to report (NaN metrics, log size,
+  // timing sanity).
+  std::optional<TaskResult> RunUnchecked(const TaskSpec& task, const std::atomic<bool>& cancel);
 
   gpu::CompilePool* const pool_;  // must outlive this
   Sandbox* const sandbox_;        // must outlive this; null when compile-only

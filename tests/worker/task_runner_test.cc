@@ -1,0 +1,171 @@
+// The task runner's whole EVALUATE/RETIME path without a GPU: real NVRTC
+// compiles, a real sandboxed child (kforge-worker --eval-child) whose
+// evaluation is replaced by a self-test mode (--self-test=MODE).
+#include "worker/task_runner.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <filesystem>
+#include <thread>
+
+#include "gpu/compile.h"
+#include "gpu/compile_cache.h"
+#include "tests/worker/worker_bin.h"
+#include "worker/sandbox.h"
+
+namespace kforge::worker {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr char kGood[] = R"(#include "kforge/attn_params.h"
+extern "C" __global__ void kf_attn_fwd(const __grid_constant__ KfAttnParams p) {
+  if (threadIdx.x == 0) p.lse[blockIdx.x] = 2.0f;
+}
+)";
+constexpr char kBroken[] = R"(#include "kforge/attn_params.h"
+extern "C" __global__ void kf_attn_fwd(const __grid_constant__ KfAttnParams p) { oops }
+)";
+
+class TaskRunnerTest : public ::testing::Test {
+ protected:
+  TaskRunnerTest() : pool_(2, nullptr) {}
+
+  std::optional<TaskResult> Run(const std::string& self_test, TaskSpec task,
+                                std::atomic<bool>* cancel = nullptr) {
+    SandboxOptions so;
+    so.executable = testing::WorkerBinary();
+    so.child_args = {"--eval-child", "--self-test=" + self_test};
+    so.scratch_dir = std::filesystem::temp_directory_path() / "kforge-runner-test";
+    so.setup_limit = 800ms;
+    so.min_run_limit = 500ms;
+    Sandbox sandbox(so);
+    RunnerOptions ro;
+    ro.gpu.name = "Fake GPU";
+    ro.gpu.arch = "sm_90a";
+    LocalTaskRunner runner(&pool_, &sandbox, ro);
+    std::atomic<bool> no_cancel{false};
+    return runner.Run(task, cancel ? *cancel : no_cancel);
+  }
+
+  static TaskSpec Evaluate(const std::string& source = kGood) {
+    TaskSpec t;
+    t.task_id = "t1";
+    t.kind = TaskKind::kEvaluate;
+    t.shape.key.head_dim = 64;
+    t.shape.key.heads = 2;
+    t.shape.key.kv_heads = 2;
+    t.shape.key.arch = "sm_90a";
+    t.variant = {"v1", source, R"({"entry_point":"kf_attn_fwd","threads":64})", ""};
+    t.seed = 5;
+    return t;
+  }
+
+  gpu::CompilePool pool_;
+};
+
+TEST_F(TaskRunnerTest, EvaluateCompilesThenReportsWhatTheChildMeasured) {
+  std::optional<TaskResult> r = Run("verified", Evaluate());
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->outcome, Outcome::kVerified) << r->message;
+  ASSERT_TRUE(r->timing.has_value());
+  EXPECT_EQ(r->timing->median_us, 10);
+  EXPECT_FALSE(r->compile.cubin.empty());
+  EXPECT_GT(r->compile.compile_ms, 0);
+  EXPECT_EQ(r->gpu.name, "Fake GPU");
+  EXPECT_EQ(r->reference_version, "self-test");
+}
+
+TEST_F(TaskRunnerTest, ABrokenSourceIsACompileErrorAndNeverRuns) {
+  std::optional<TaskResult> r = Run("segv", Evaluate(kBroken));
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->outcome, Outcome::kCompileError) << r->message;
+  EXPECT_FALSE(r->compile.log.empty());
+}
+
+TEST_F(TaskRunnerTest, HangingChildIsATimeout) {
+  std::optional<TaskResult> r = Run("hang", Evaluate());
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->outcome, Outcome::kTimeout) << r->message;
+  EXPECT_FALSE(r->timing.has_value());
+}
+
+TEST_F(TaskRunnerTest, CrashingChildIsCrashedWithTheReason) {
+  std::optional<TaskResult> r = Run("fault", Evaluate());
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->outcome, Outcome::kCrashed);
+  EXPECT_NE(r->message.find("CUDA_ERROR_ILLEGAL_ADDRESS"), std::string::npos) << r->message;
+}
+
+TEST_F(TaskRunnerTest, NaNErrorMetricsAreReportedAsInfinite) {
+  std::optional<TaskResult> r = Run("nan_metrics", Evaluate());
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->outcome, Outcome::kWrong);
+  ASSERT_TRUE(r->errors.has_value());
+  EXPECT_TRUE(std::isinf(r->errors->max_abs_error));
+  EXPECT_TRUE(std::isinf(r->errors->rel_l2_error));
+}
+
+TEST_F(TaskRunnerTest, VerifiedWithoutTimingIsNotTrusted) {
+  std::optional<TaskResult> r = Run("verified_without_timing", Evaluate());
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->outcome, Outcome::kCrashed);
+  EXPECT_NE(r->message.find("without valid timing"), std::string::npos) << r->message;
+}
+
+TEST_F(TaskRunnerTest, RetimeReportsBothTimings) {
+  TaskSpec t = Evaluate();
+  t.kind = TaskKind::kRetime;
+  t.incumbent = VariantSpec{"v0", kGood, R"({"entry_point":"kf_attn_fwd","threads":64})", "-DX=1"};
+  std::optional<TaskResult> r = Run("retime", t);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->outcome, Outcome::kVerified) << r->message;
+  ASSERT_TRUE(r->incumbent_timing.has_value());
+  EXPECT_EQ(r->incumbent_timing->median_us, 20);
+}
+
+TEST_F(TaskRunnerTest, RetimeWithoutIncumbentTimingIsNotTrusted) {
+  TaskSpec t = Evaluate();
+  t.kind = TaskKind::kRetime;
+  t.incumbent = t.variant;
+  std::optional<TaskResult> r = Run("verified", t);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->outcome, Outcome::kCrashed) << r->message;
+}
+
+TEST_F(TaskRunnerTest, RetimeWithABrokenIncumbentSaysWhich) {
+  TaskSpec t = Evaluate();
+  t.kind = TaskKind::kRetime;
+  t.incumbent = VariantSpec{"v0", kBroken, "{}", ""};
+  std::optional<TaskResult> r = Run("retime", t);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->outcome, Outcome::kCompileError);
+  EXPECT_NE(r->message.find("incumbent v0"), std::string::npos) << r->message;
+}
+
+TEST_F(TaskRunnerTest, CancelDuringTheChildReportsNothing) {
+  std::atomic<bool> cancel{false};
+  std::thread t([&] {
+    std::this_thread::sleep_for(300ms);
+    cancel.store(true);
+  });
+  std::optional<TaskResult> r = Run("hang", Evaluate(), &cancel);
+  t.join();
+  EXPECT_FALSE(r.has_value());
+}
+
+TEST_F(TaskRunnerTest, VariantCompileOptionsArePassedToNvrtc) {
+  TaskSpec t = Evaluate();
+  t.kind = TaskKind::kCompile;
+  t.variant.compile_options = "-DKF_TEST_OPTION=1  -lineinfo";
+  std::optional<TaskResult> r = Run("verified", t);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->outcome, Outcome::kCompiled) << r->compile.log;
+  EXPECT_NE(r->compile.options.find("-DKF_TEST_OPTION=1"), std::string::npos) << r->compile.options;
+  EXPECT_NE(r->compile.options.find("-lineinfo"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kforge::worker
