@@ -92,3 +92,18 @@ TEST(CatalogTest, DefaultKnobsAreValidForEveryHeadDim) {
 
 }  // namespace
 }  // namespace kforge
+
+namespace kforge {
+namespace {
+TEST(CatalogTest, TinySequenceBatchesGetThePackedPortableKernel) {
+  ShapeKey s = Shape(128, "sm_90a", 993);
+  s.batch = 4096;
+  s.total_q = s.total_k = 17306;
+  auto v = DefaultVariant(s);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->template_name, "fwd_mma");
+  EXPECT_TRUE(v->manifest.pack_short);
+  EXPECT_EQ(v->manifest.grid, GridPolicy::kPersistent);
+}
+}  // namespace
+}  // namespace kforge

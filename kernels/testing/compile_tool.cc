@@ -44,6 +44,14 @@ int main(int argc, char** argv) {
                         {"PERSISTENT", pers}},
                        d, arch, false);
               }
+              if (bn == 64 && st == 2) {
+                for (int mb : {2, 3}) {
+                  Report("fwd_mma",
+                         {{"BLOCK_M", bm}, {"WARPS", bm / 16}, {"BLOCK_N", bn}, {"STAGES", st},
+                          {"MIN_BLOCKS", mb}},
+                         d, arch, false);
+                }
+              }
             }
           }
         }
