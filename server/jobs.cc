@@ -21,6 +21,7 @@ struct JobEngine::BucketState {
   std::unique_ptr<agent::Proposer> proposer;
   BucketProgress progress;
   int outstanding = 0;  // EVALUATE tasks queued or leased
+  int rounds = 0;       // rounds proposed so far
   bool exhausted = false;
   std::string error;  // the proposer failed; the bucket proposes no more
   std::map<std::string, agent::Candidate> candidates;  // by variant id
@@ -451,14 +452,17 @@ absl::Status JobEngine::ResumeJob(const JobRecord& record) {
   }
 
   // Replay: Remember() every candidate and Observe() every recorded result
-  // in the order they happened (by time, then kind, then id).
+  // in the order they happened. A bucket's next round is proposed only when
+  // every task of the previous one is complete, so the original order is:
+  // per round, its candidates (task id order), then its results (evaluation
+  // id order).
   auto tasks = store_->ListTasks(record.id);
   if (!tasks.ok()) return tasks.status();
   std::sort(tasks->begin(), tasks->end(), [](const TaskRecord& a, const TaskRecord& b) {
     return IdNumber(a.id) < IdNumber(b.id);
   });
   struct Event {
-    int64_t at_ms;
+    int64_t round;
     int kind;  // 0 remember, 1 observe
     int64_t order;
     size_t bucket;
@@ -477,11 +481,14 @@ absl::Status JobEngine::ResumeJob(const JobRecord& record) {
     auto bi = bucket_index.find(t.bucket);
     if (bi == bucket_index.end()) continue;
     BucketState& b = job->buckets[bi->second];
+    json shape = json::parse(t.shape_json, nullptr, /*allow_exceptions=*/false);
+    const int64_t round = shape.is_object() ? shape.value("round", int64_t{0}) : 0;
+    b.rounds = std::max<int>(b.rounds, static_cast<int>(round) + 1);
     if (!b.candidates.count(t.variant_id)) {
       auto v = store_->GetVariant(t.variant_id);
       if (!v.ok()) return v.status();
       b.candidates[t.variant_id] = CandidateOf(*v);
-      events.push_back(Event{t.created_unix_ms, 0, IdNumber(t.id), bi->second, t.variant_id, {}});
+      events.push_back(Event{round, 0, IdNumber(t.id), bi->second, t.variant_id, {}});
     }
     b.progress.proposed++;
     if (t.state == TaskState::kQueued || t.state == TaskState::kLeased) {
@@ -492,12 +499,13 @@ absl::Status JobEngine::ResumeJob(const JobRecord& record) {
       if (!evals.ok()) return evals.status();
       for (const auto& e : *evals) {
         if (e.task_id != t.id) continue;
-        events.push_back(Event{e.created_unix_ms, 1, e.id, bi->second, t.variant_id, e});
+        events.push_back(Event{round, 1, e.id, bi->second, t.variant_id, e});
       }
     }
   }
   std::sort(events.begin(), events.end(), [](const Event& a, const Event& b) {
-    return std::tie(a.at_ms, a.kind, a.order) < std::tie(b.at_ms, b.kind, b.order);
+    return std::tie(a.bucket, a.round, a.kind, a.order) <
+           std::tie(b.bucket, b.round, b.kind, b.order);
   });
   for (const auto& ev : events) {
     BucketState& b = job->buckets[ev.bucket];
@@ -630,7 +638,12 @@ void JobEngine::ProposeRound(JobState& job, BucketState& b) {
     t.variant_id = *id;
     t.bucket = b.id;
     t.arch = b.bucket.arch;
-    t.shape_json = EncodeShapeKey(b.shape);
+    // The round rides along in the task's shape JSON (ignored by readers of
+    // the shape): replay after a restart needs the round structure, and
+    // millisecond timestamps cannot order events of one round.
+    json shape = ShapeToJson(b.shape);
+    shape["round"] = b.rounds;
+    t.shape_json = shape.dump();
     t.seed = SplitMix(job.spec.seed + ++job.tasks_made);
     tasks.push_back(std::move(t));
     variant_ids.push_back(*id);
@@ -649,6 +662,7 @@ void JobEngine::ProposeRound(JobState& job, BucketState& b) {
   }
   const size_t index = static_cast<size_t>(&b - job.buckets.data());
   for (const auto& id : *ids) job.task_bucket[id] = index;
+  b.rounds++;
   b.outstanding += static_cast<int>(ids->size());
   b.progress.proposed += static_cast<int>(ids->size());
   Persist(job, fmt::format("proposed {} candidate(s) for {}", ids->size(), b.id));

@@ -1,0 +1,235 @@
+// The job engine without gRPC: rounds, budget, exhaustion, cancellation and
+// the restart replay (Remember/Observe in original order), on the in-memory
+// store with a recording proposer.
+#include "server/jobs.h"
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+namespace kforge::server {
+namespace {
+
+struct Log {
+  std::mutex mu;
+  std::vector<std::string> calls;
+  void Add(std::string s) {
+    std::lock_guard lock(mu);
+    calls.push_back(std::move(s));
+  }
+  std::vector<std::string> Get() {
+    std::lock_guard lock(mu);
+    return calls;
+  }
+};
+
+// Proposes "cand <k>" for k = 0.. up to `limit`, continuing after replay.
+class Recording : public agent::Proposer {
+ public:
+  Recording(Log* log, int limit) : log_(log), limit_(limit) {}
+  absl::StatusOr<std::vector<agent::Candidate>> Propose(const agent::ProposalContext&, int n) override {
+    std::vector<agent::Candidate> out;
+    while (n-- > 0 && next_ < limit_) {
+      agent::Candidate c;
+      c.source = fmt::format("cand {}", next_++);
+      c.manifest_json = "{}";
+      c.origin = "template";
+      log_->Add("propose:" + c.source);
+      out.push_back(c);
+    }
+    return out;
+  }
+  void Observe(const agent::Feedback& f) override { log_->Add("observe:" + f.candidate.source); }
+  void Remember(const agent::Candidate& c) override {
+    log_->Add("remember:" + c.source);
+    ++next_;
+  }
+  std::string Name() const override { return "builtin"; }
+
+ private:
+  Log* log_;
+  int limit_;
+  int next_ = 0;
+};
+
+ShapeKey Shape() {
+  ShapeKey k;
+  k.head_dim = 128;
+  k.heads = 4;
+  k.kv_heads = 4;
+  k.arch = "sm_90a";
+  k.batch = 8;
+  k.max_len_q = 512;
+  k.total_q = 4000;
+  k.max_len_k = 512;
+  k.total_k = 4000;
+  return k;
+}
+
+int64_t Now() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+class JobsTest : public ::testing::Test {
+ protected:
+  void SetUp() override { store_ = NewMemoryStore(); }
+  std::unique_ptr<JobEngine> Engine(int limit, int per_round = 2) {
+    JobEngineOptions o;
+    o.candidates_per_round = per_round;
+    auto e = std::make_unique<JobEngine>(
+        store_.get(),
+        [this, limit](const std::string& name, uint64_t)
+            -> absl::StatusOr<std::unique_ptr<agent::Proposer>> {
+          if (name != "builtin") return absl::NotFoundError("no such proposer");
+          return std::make_unique<Recording>(&log_, limit);
+        },
+        o);
+    EXPECT_TRUE(e->Start().ok());
+    return e;
+  }
+  // Leases and completes one task as a worker would; false when none is queued.
+  bool CompleteOne(JobEngine& engine, Outcome outcome, double us) {
+    auto w = store_->UpsertWorker(WorkerRecord{.name = "w", .arch = "sm_90a"});
+    auto t = store_->LeaseTask(*w, "sm_90a", false, Now(), 60000);
+    if (!t.ok() || !t->has_value()) return false;
+    EvaluationRecord e;
+    e.outcome = outcome;
+    e.timing = {us, us, us, 3};
+    auto ok = store_->CompleteTask((*t)->id, *w, e, std::nullopt);
+    EXPECT_TRUE(ok.ok() && *ok);
+    engine.OnTaskCompleted(**t, e);
+    return true;
+  }
+  JobView WaitFor(JobEngine& e, const std::string& id, std::function<bool(const JobView&)> pred) {
+    JobView v;
+    for (int i = 0; i < 300; ++i) {
+      auto got = e.Get(id);
+      if (got.ok()) {
+        v = *got;
+        if (pred(v)) break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return v;
+  }
+  std::unique_ptr<Store> store_;
+  Log log_;
+};
+
+TEST_F(JobsTest, RunsRoundsUntilTheBudgetIsSpent) {
+  auto engine = Engine(/*limit=*/100, /*per_round=*/2);
+  JobSpec spec;
+  spec.shapes = {Shape(), Shape()};  // one bucket
+  spec.max_variants = 5;
+  auto job = engine->Submit(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_EQ(job->progress.size(), 1u);
+  int done = 0;
+  for (int i = 0; i < 200 && done < 5; ++i) {
+    if (CompleteOne(*engine, done % 2 ? Outcome::kWrong : Outcome::kVerified, 100.0 - done)) ++done;
+    else std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(done, 5);
+  JobView v = WaitFor(*engine, job->record.id, [](const JobView& v) { return IsFinal(v.record.state); });
+  EXPECT_EQ(v.record.state, JobState::kSucceeded);
+  ASSERT_EQ(v.progress.size(), 1u);
+  EXPECT_EQ(v.progress[0].proposed, 5);
+  EXPECT_EQ(v.progress[0].evaluated, 5);
+  EXPECT_EQ(v.progress[0].verified, 3);
+  EXPECT_EQ(v.progress[0].failed, 2);
+  EXPECT_DOUBLE_EQ(v.progress[0].best_timing.median_us, 96.0);
+}
+
+TEST_F(JobsTest, AnExhaustedProposerEndsTheJob) {
+  auto engine = Engine(/*limit=*/1);
+  JobSpec spec;
+  spec.shapes = {Shape()};
+  spec.max_variants = 10;
+  auto job = engine->Submit(spec);
+  ASSERT_TRUE(job.ok());
+  for (int i = 0; i < 100 && !CompleteOne(*engine, Outcome::kVerified, 5); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  JobView v = WaitFor(*engine, job->record.id, [](const JobView& v) { return IsFinal(v.record.state); });
+  EXPECT_EQ(v.record.state, JobState::kSucceeded);
+  EXPECT_EQ(v.progress[0].proposed, 1);
+}
+
+TEST_F(JobsTest, UnknownProposerIsRejectedAtSubmit) {
+  auto engine = Engine(1);
+  JobSpec spec;
+  spec.shapes = {Shape()};
+  spec.proposer = "model";
+  auto job = engine->Submit(spec);
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(job.status().message().find("proposer"), absl::string_view::npos);
+}
+
+TEST_F(JobsTest, RestartReplaysHistoryAndContinuesWithoutRepeats) {
+  std::string id;
+  {
+    auto engine = Engine(/*limit=*/100, /*per_round=*/2);
+    JobSpec spec;
+    spec.shapes = {Shape()};
+    spec.max_variants = 6;
+    spec.seed = 9;
+    auto job = engine->Submit(spec);
+    ASSERT_TRUE(job.ok());
+    id = job->record.id;
+    int done = 0;
+    for (int i = 0; i < 200 && done < 3; ++i) {
+      if (CompleteOne(*engine, Outcome::kVerified, 50.0 + done)) ++done;
+      else std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_EQ(done, 3);
+    WaitFor(*engine, id, [](const JobView& v) { return v.progress[0].proposed == 4; });
+    engine->Stop();  // "crash": the engine's memory is gone, the store stays
+  }
+  const std::vector<std::string> before = log_.Get();
+  log_.calls.clear();
+  auto engine = Engine(100, 2);
+  const std::vector<std::string> replay = log_.Get();
+  // Proposed cand 0..3; results for 0, 1, 2 (round 2 was proposed after
+  // round 1's results): the replay follows that order.
+  const std::vector<std::string> expected = {"remember:cand 0", "remember:cand 1",
+                                             "observe:cand 0",  "observe:cand 1",
+                                             "remember:cand 2", "remember:cand 3",
+                                             "observe:cand 2"};
+  ASSERT_GE(replay.size(), expected.size());
+  EXPECT_EQ(std::vector<std::string>(replay.begin(), replay.begin() + expected.size()), expected);
+  auto v = engine->Get(id);
+  ASSERT_TRUE(v.ok());
+  EXPECT_EQ(v->record.state, JobState::kRunning);
+  int done = 0;
+  for (int i = 0; i < 300 && done < 3; ++i) {
+    if (CompleteOne(*engine, Outcome::kVerified, 40.0)) ++done;
+    else std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  JobView end = WaitFor(*engine, id, [](const JobView& v) { return IsFinal(v.record.state); });
+  EXPECT_EQ(end.record.state, JobState::kSucceeded);
+  EXPECT_EQ(end.progress[0].proposed, 6);
+  EXPECT_EQ(end.progress[0].evaluated, 6);
+  for (const auto& c : log_.Get())
+    EXPECT_NE(c, "propose:cand 0") << "a replayed proposer proposed again";
+}
+
+TEST_F(JobsTest, CancelStopsTheJobAndItsTasks) {
+  auto engine = Engine(100);
+  JobSpec spec;
+  spec.shapes = {Shape()};
+  auto job = engine->Submit(spec);
+  ASSERT_TRUE(job.ok());
+  WaitFor(*engine, job->record.id, [](const JobView& v) { return v.progress[0].proposed > 0; });
+  auto c = engine->Cancel(job->record.id, "test");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->record.state, JobState::kCancelled);
+  EXPECT_FALSE(CompleteOne(*engine, Outcome::kVerified, 1.0));
+  EXPECT_EQ(engine->Cancel("j999999", "x").status().code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace kforge::server
