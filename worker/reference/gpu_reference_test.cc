@@ -21,6 +21,8 @@ using testing::Offsets;
 struct Case {
   std::string name;
   JaggedShape shape;
+  // Keeps test names free of the raw bytes gtest prints otherwise.
+  friend void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 };
 
 std::vector<Case> Cases() {
