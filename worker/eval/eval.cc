@@ -714,8 +714,7 @@ absl::StatusOr<RetimeResult> Evaluator::Retime(const EvalRequest& req, const Can
                                                const ReferenceCallback& on_reference) {
   Impl& m = *impl_;
   KF_RETURN_IF_ERROR(m.context->MakeCurrent());
-  EvalOptions o = req.options;
-  o.checks = std::max(1, std::min(o.checks, 1));
+  const EvalOptions& o = req.options;  // Retime verifies on one check batch each
   const bool backward = req.shape.op == Op::kBackward;
 
   RetimeResult result;
@@ -770,13 +769,14 @@ absl::StatusOr<RetimeResult> Evaluator::Retime(const EvalRequest& req, const Can
     return result;
   }
 
-  std::string why;
-  absl::StatusOr<OutputSet> out0 = m.MakeOutputs(loaded[0], *timing, why);
-  absl::StatusOr<OutputSet> out1 = m.MakeOutputs(loaded[1], *timing, why);
+  std::string why0, why1;
+  absl::StatusOr<OutputSet> out0 = m.MakeOutputs(loaded[0], *timing, why0);
+  absl::StatusOr<OutputSet> out1 = m.MakeOutputs(loaded[1], *timing, why1);
   if (!out0.ok()) return out0.status();
   if (!out1.ok()) return out1.status();
-  if (!why.empty()) {
-    result.candidate = MakeResult(Outcome::kCompileError, why);
+  if (!why0.empty() || !why1.empty()) {
+    if (!why0.empty()) result.candidate = MakeResult(Outcome::kCompileError, why0);
+    if (!why1.empty()) result.incumbent = MakeResult(Outcome::kCompileError, why1);
     return result;
   }
   std::vector<std::vector<double>> samples;
