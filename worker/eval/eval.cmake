@@ -1,6 +1,5 @@
-# Included from worker/CMakeLists.txt (not a CMakeLists.txt yet: the worker's
-# build switches to its child_eval.cc as soon as worker/eval/CMakeLists.txt
-# exists; rename this file then and use add_subdirectory(eval)).
+# Included from worker/CMakeLists.txt (an include rather than a subdirectory,
+# so the targets and tests land in the worker's build folder).
 # kforge_eval: verifies a compiled candidate against the GPU reference on
 # random jagged batches and times it (in-process; the worker runs it inside
 # its sandboxed child).
