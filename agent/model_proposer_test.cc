@@ -7,6 +7,7 @@
 
 #include "agent/fake_openai_server.h"
 #include "agent/hash.h"
+#include "agent/scripted_chat_client.h"
 #include "kernels/catalog.h"
 
 namespace kforge::agent {
@@ -374,6 +375,74 @@ TEST(ModelProposerExtract, PrefersTheToolCall) {
   EXPECT_THAT(Msg(ExtractKernel(r).status()), HasSubstr("no \"source\""));
   r.tool_calls[0].name = "run_shell";
   EXPECT_THAT(Msg(ExtractKernel(r).status()), HasSubstr("unknown function \"run_shell\""));
+}
+
+// The same behaviours through both chat clients: the HTTP client against a
+// loopback server, and the scripted client other components' tests use.
+class HttpBackend {
+ public:
+  void Answer(std::string content, int prompt_tokens, int completion_tokens) {
+    server_.Then(FakeOpenAIServer::Answer(std::move(content), prompt_tokens, completion_tokens));
+  }
+  std::unique_ptr<Proposer> Make() { return kforge::agent::Make(Options(server_)); }
+  size_t Requests() const { return server_.Requests().size(); }
+  std::string User(size_t i) const { return UserMessage(server_, i); }
+
+ private:
+  FakeOpenAIServer server_;
+};
+
+class ScriptedBackend {
+ public:
+  void Answer(std::string content, int prompt_tokens, int completion_tokens) {
+    client_->ThenText(std::move(content), prompt_tokens, completion_tokens);
+  }
+  std::unique_ptr<Proposer> Make() { return MakeModelProposer(std::move(client_), ModelOptions{}); }
+  size_t Requests() const { return log_->requests.size(); }
+  std::string User(size_t i) const { return log_->requests.at(i).messages.at(1).content; }
+
+ private:
+  std::shared_ptr<ScriptedChatClient::Log> log_ = std::make_shared<ScriptedChatClient::Log>();
+  std::unique_ptr<ScriptedChatClient> client_ = std::make_unique<ScriptedChatClient>(log_);
+};
+
+template <typename B>
+class ModelProposerOn : public ::testing::Test {
+ protected:
+  B backend;
+};
+using Backends = ::testing::Types<HttpBackend, ScriptedBackend>;
+TYPED_TEST_SUITE(ModelProposerOn, Backends);
+
+TYPED_TEST(ModelProposerOn, AGoodAnswerIsACandidateWithItsPromptAndTokens) {
+  this->backend.Answer(Fenced(GoodKernel(30)), 700, 300);
+  auto p = this->backend.Make();
+  auto got = p->Propose(Ctx(), 1);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), 1u);
+  EXPECT_EQ((*got)[0].tokens_used, 1000);
+  EXPECT_EQ((*got)[0].prompt_hash, Sha256Hex((*got)[0].prompt));
+  EXPECT_THAT((*got)[0].prompt, HasSubstr(Ctx().bucket.Id()));
+  EXPECT_EQ(this->backend.Requests(), 1u);
+}
+
+TYPED_TEST(ModelProposerOn, ARefusalIsFeedbackForTheNextRequest) {
+  this->backend.Answer("```cuda\n__global__ void k() {}\n```\n", 10, 10);
+  this->backend.Answer(Fenced(GoodKernel(31)), 10, 10);
+  auto got = this->backend.Make()->Propose(Ctx(), 1);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ((*got)[0].tokens_used, 40);
+  ASSERT_EQ(this->backend.Requests(), 2u);
+  EXPECT_THAT(this->backend.User(1), HasSubstr("no ```json manifest block"));
+}
+
+TYPED_TEST(ModelProposerOn, AnExhaustedBudgetMakesNoRequest) {
+  this->backend.Answer(Fenced(GoodKernel(32)), 10, 10);
+  ProposalContext ctx = Ctx();
+  ctx.tokens_left = 0;
+  auto got = this->backend.Make()->Propose(ctx, 1);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(this->backend.Requests(), 0u);
 }
 
 TEST(ModelOptionsJson, ReadsEveryKeyAndRejectsTypos) {
