@@ -30,6 +30,15 @@ def main():
     assert health.Check(hpb.HealthCheckRequest(service="kforge.v1.KernelService")).status == \
         hpb.HealthCheckResponse.SERVING
 
+    # Server reflection is on (open, like health): it lists both services.
+    import kf_reflection_pb2 as rpb
+    import kf_reflection_pb2_grpc as rrpc
+    refl = rrpc.ServerReflectionStub(ch)
+    answers = list(refl.ServerReflectionInfo(iter([rpb.ServerReflectionRequest(list_services="*")]),
+                                             timeout=10))
+    names = {s.name for s in answers[0].list_services_response.service}
+    assert {"kforge.v1.KernelService", "kforge.v1.WorkerService"} <= names, names
+
     # No token: UNAUTHENTICATED, saying what is missing.
     try:
         k.ListJobs(pb.ListJobsRequest())

@@ -24,8 +24,10 @@ def generate_stubs(repo, out):
     os.makedirs(health_dir, exist_ok=True)
     shutil.copy(os.path.join(repo, "server/testdata/grpc/health/v1/health.proto"),
                 os.path.join(health_dir, "kf_health.proto"))
+    shutil.copy(os.path.join(repo, "server/testdata/grpc/reflection/v1alpha/reflection.proto"),
+                os.path.join(health_dir, "kf_reflection.proto"))
     for include, proto in ((os.path.join(repo, "proto"), "kforge/v1/kforge.proto"),
-                           (health_dir, "kf_health.proto")):
+                           (health_dir, "kf_health.proto"), (health_dir, "kf_reflection.proto")):
         rc = protoc.main(["protoc", "-I", include, "--python_out=" + out,
                           "--grpc_python_out=" + out, os.path.join(include, proto)])
         if rc != 0:
