@@ -409,8 +409,14 @@ absl::StatusOr<ExtractedKernel> ExtractKernel(const ChatResponse& answer) {
   std::vector<Block> blocks = FencedBlocks(answer.content, unterminated);
   const Block* code = nullptr;
   const Block* manifest = nullptr;
+  // Answers often show a snippet before the full source: among the code
+  // blocks, the largest one defining a kernel wins, else the first.
   for (const Block& b : blocks) {
-    if (!code && IsCodeLang(b.lang)) code = &b;
+    if (IsCodeLang(b.lang)) {
+      bool kernel = b.text.find("__global__") != std::string::npos;
+      bool code_kernel = code && code->text.find("__global__") != std::string::npos;
+      if (!code || (kernel && (!code_kernel || b.text.size() > code->text.size()))) code = &b;
+    }
     if (!manifest && b.lang == "json") manifest = &b;
   }
   for (const Block& b : blocks) {  // unlabeled blocks, by content

@@ -363,6 +363,16 @@ TEST(ModelProposerExtract, AcceptsCppFencesAndComments) {
   EXPECT_TRUE(ValidateKernel(*got, Shape(), 64 * 1024).ok()) << ValidateKernel(*got, Shape(), 64 * 1024);
 }
 
+TEST(ModelProposerExtract, TakesTheFullKernelNotASnippet) {
+  ChatResponse r;
+  ExtractedKernel k = GoodKernel(12);
+  r.content = "The change:\n```cuda\n  acc += s * v;  // fused\n```\nFull source:\n" + Fenced(k) +
+              "\nAnd a helper for reference:\n```cpp\n__global__ void tiny() {}\n```\n";
+  auto got = ExtractKernel(r);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->source, k.source);
+}
+
 TEST(ModelProposerExtract, PrefersTheToolCall) {
   ChatResponse r;
   r.content = "no code here";
