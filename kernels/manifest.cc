@@ -33,6 +33,10 @@ std::string_view GridPolicyName(GridPolicy g) {
   return g == GridPolicy::kPersistent ? "persistent" : "per_tile";
 }
 
+std::string_view TileOrderName(TileOrder o) {
+  return o == TileOrder::kGrouped ? "grouped" : "lpt";
+}
+
 bool ArchHasFeature(std::string_view arch, std::string_view feature) {
   const int n = ArchNumber(arch);
   const bool arch_specific = !arch.empty() && arch.back() == 'a';
@@ -81,7 +85,7 @@ absl::StatusOr<Manifest> ParseManifest(std::string_view text) {
   static const std::set<std::string> kKnown = {
       "contract_version", "entry_point", "threads", "dynamic_smem_bytes", "grid",
       "tile_m", "tile_n", "workspace", "archs", "features", "head_dims", "ops",
-      "causal", "noncausal", "gqa", "ctas_per_sm", "pack_short"};
+      "causal", "noncausal", "gqa", "ctas_per_sm", "pack_short", "tile_order"};
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (!kKnown.count(it.key())) return Bad(fmt::format("unknown key \"{}\"", it.key()));
   }
@@ -186,6 +190,13 @@ absl::StatusOr<Manifest> ParseManifest(std::string_view text) {
   if (auto s = get_bool("noncausal", m.noncausal); !s.ok()) return s;
   if (auto s = get_bool("gqa", m.gqa); !s.ok()) return s;
   if (auto s = get_bool("pack_short", m.pack_short); !s.ok()) return s;
+  if (j.contains("tile_order")) {
+    const json& o = j["tile_order"];
+    if (!o.is_string() || (o != "lpt" && o != "grouped")) {
+      return Bad("tile_order: must be \"lpt\" or \"grouped\"");
+    }
+    m.tile_order = o == "grouped" ? TileOrder::kGrouped : TileOrder::kLongestFirst;
+  }
   if (m.pack_short && m.grid != GridPolicy::kPersistent) {
     return Bad("pack_short: needs grid \"persistent\"");
   }
@@ -215,6 +226,7 @@ std::string ManifestToJson(const Manifest& m) {
   j["gqa"] = m.gqa;
   j["ctas_per_sm"] = m.ctas_per_sm;
   j["pack_short"] = m.pack_short;
+  j["tile_order"] = std::string(TileOrderName(m.tile_order));
   return j.dump();
 }
 

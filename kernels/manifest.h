@@ -30,6 +30,9 @@ enum class GridPolicy {
 
 std::string_view GridPolicyName(GridPolicy g);  // "per_tile" | "persistent"
 
+enum class TileOrder { kLongestFirst, kGrouped };
+std::string_view TileOrderName(TileOrder o);  // "lpt" | "grouped"
+
 struct Manifest {
   int contract_version = 1;
   std::string entry_point = "kf_attn_fwd";
@@ -57,6 +60,11 @@ struct Manifest {
   // b .. b+n-1 in one tile (their query rows and keys are contiguous), each
   // row attending only to its own sequence's keys. See schedule.h.
   bool pack_short = false;
+  // Order of the persistent tile list: kLongestFirst sorts every tile by
+  // descending work; kGrouped keeps the tiles of one (sequence, head)
+  // adjacent (descending work inside) and orders the groups by descending
+  // work, so concurrently running CTAs share K/V in L2.
+  TileOrder tile_order = TileOrder::kLongestFirst;
 };
 
 // Parses and validates the field types and ranges (not arch limits: see

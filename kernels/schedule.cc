@@ -1,6 +1,7 @@
 #include "kernels/schedule.h"
 
 #include <algorithm>
+#include <map>
 
 #include <fmt/format.h>
 
@@ -39,7 +40,7 @@ int64_t TileKeyBlocks(int64_t lq, int64_t lk, int64_t m_block, int tile_m, int t
 absl::StatusOr<std::vector<TileWork>> BuildTiles(std::span<const int32_t> cu_q,
                                                  std::span<const int32_t> cu_k, int heads,
                                                  int tile_m, int tile_n, bool causal,
-                                                 bool pack_short) {
+                                                 bool pack_short, TileOrder order) {
   if (auto s = CheckOffsets(cu_q, "cu_seqlens_q"); !s.ok()) return s;
   if (cu_k.empty()) cu_k = cu_q;
   if (auto s = CheckOffsets(cu_k, "cu_seqlens_k"); !s.ok()) return s;
@@ -90,6 +91,19 @@ absl::StatusOr<std::vector<TileWork>> BuildTiles(std::span<const int32_t> cu_q,
       }
     }
   }
+  if (order == TileOrder::kGrouped) {
+    // Group = (sequence, head); a group's weight is its total work.
+    std::map<std::pair<int32_t, int32_t>, int64_t> total;
+    for (const auto& t : tiles) total[{t.batch, t.head}] += t.work;
+    std::stable_sort(tiles.begin(), tiles.end(), [&](const TileWork& a, const TileWork& b) {
+      const int64_t wa = total[{a.batch, a.head}], wb = total[{b.batch, b.head}];
+      if (wa != wb) return wa > wb;
+      if (a.batch != b.batch) return a.batch < b.batch;
+      if (a.head != b.head) return a.head < b.head;
+      return a.work > b.work;
+    });
+    return tiles;
+  }
   std::stable_sort(tiles.begin(), tiles.end(),
                    [](const TileWork& a, const TileWork& b) { return a.work > b.work; });
   return tiles;
@@ -108,7 +122,7 @@ absl::StatusOr<LaunchPlan> PlanLaunch(const Manifest& m, std::span<const int32_t
                                       std::span<const int32_t> cu_k, int heads, bool causal,
                                       std::string_view arch, int num_sms, int ctas_per_sm) {
   auto tiles = BuildTiles(cu_q, cu_k, heads, m.tile_m, m.tile_n, causal,
-                          m.pack_short && m.grid == GridPolicy::kPersistent);
+                          m.pack_short && m.grid == GridPolicy::kPersistent, m.tile_order);
   if (!tiles.ok()) return tiles.status();
   LaunchPlan plan;
   plan.threads = static_cast<unsigned>(m.threads);

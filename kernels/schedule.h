@@ -47,7 +47,8 @@ int64_t TileKeyBlocks(int64_t lq, int64_t lk, int64_t m_block, int tile_m, int t
 absl::StatusOr<std::vector<TileWork>> BuildTiles(std::span<const int32_t> cu_seqlens_q,
                                                  std::span<const int32_t> cu_seqlens_k,
                                                  int heads, int tile_m, int tile_n,
-                                                 bool causal, bool pack_short = false);
+                                                 bool causal, bool pack_short = false,
+                                                 TileOrder order = TileOrder::kLongestFirst);
 
 // Flattens tiles into the int4 {b, h, m_block, pack} array KfAttnParams::tiles points to.
 std::vector<int32_t> PackTiles(std::span<const TileWork> tiles);

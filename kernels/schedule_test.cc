@@ -153,3 +153,26 @@ TEST(ScheduleTest, LoneShortSequenceStaysPlain) {
 
 }  // namespace
 }  // namespace kforge
+
+namespace kforge {
+namespace {
+TEST(ScheduleTest, GroupedOrderKeepsASequencesTilesTogether) {
+  const std::vector<int32_t> cu = {0, 200, 500, 520};  // 200, 300, 20
+  auto tiles = BuildTiles(cu, {}, 2, 64, 64, true, false, TileOrder::kGrouped);
+  ASSERT_TRUE(tiles.ok());
+  // Groups: (1,h) longest, then (0,h), then (2,h); inside a group work descends.
+  std::vector<std::pair<int, int>> order;
+  for (const auto& t : *tiles) {
+    if (order.empty() || order.back() != std::make_pair(t.batch, t.head)) {
+      order.push_back({t.batch, t.head});
+    }
+  }
+  EXPECT_EQ(order, (std::vector<std::pair<int, int>>{{1, 0}, {1, 1}, {0, 0}, {0, 1}, {2, 0}, {2, 1}}));
+  for (size_t i = 1; i < tiles->size(); ++i) {
+    const auto& a = (*tiles)[i - 1];
+    const auto& b = (*tiles)[i];
+    if (a.batch == b.batch && a.head == b.head) EXPECT_GE(a.work, b.work);
+  }
+}
+}  // namespace
+}  // namespace kforge

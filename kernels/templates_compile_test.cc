@@ -16,7 +16,9 @@ namespace {
 // Knobs that do not change the code's structure (launch-bounds residency,
 // the packed-tile path) are varied one at a time around the defaults instead
 // of multiplied into the product, which keeps the suite near 200 compiles.
-bool Secondary(const std::string& knob) { return knob == "MIN_BLOCKS" || knob == "PACK"; }
+bool Secondary(const std::string& knob) {
+  return knob == "MIN_BLOCKS" || knob == "PACK" || knob == "ORDER";
+}
 
 // Every combination of a template's primary knob values (valid or not), with
 // secondary knobs at their defaults, plus each secondary value on the defaults.

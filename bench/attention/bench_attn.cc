@@ -467,6 +467,8 @@ std::vector<std::map<std::string, int>> MmaSweep(const std::string& mode, int d)
   if (d <= 128) {
     out.push_back({{"BLOCK_M", 128}, {"WARPS", 8}, {"BLOCK_N", 128}, {"STAGES", 2}, {"PERSISTENT", 1}});
     out.push_back({{"BLOCK_M", 64}, {"WARPS", 4}, {"BLOCK_N", 128}, {"STAGES", 2}, {"PERSISTENT", 1}});
+    out.push_back({{"BLOCK_M", 128}, {"WARPS", 8}, {"BLOCK_N", 128}, {"STAGES", 2}, {"PERSISTENT", 1},
+                   {"ORDER", 1}});
   }
   if (d == 64) {
     out.push_back({{"BLOCK_M", 128}, {"WARPS", 8}, {"BLOCK_N", 64}, {"STAGES", 2}, {"PERSISTENT", 1},
@@ -520,11 +522,29 @@ std::vector<Candidate> MakeCandidates(const Problem& pr, const std::string& arch
     c.variant = *std::move(v);
     out.push_back(std::move(c));
   };
+  // The same kernel with the grouped tile order (host-side only), for templates
+  // without an order knob.
+  auto add_grouped = [&](absl::StatusOr<Variant> v) {
+    if (!v.ok() || !wanted(v->template_name) || v->manifest.grid != GridPolicy::kPersistent) return;
+    if (!CheckVariant(v->source, v->manifest, arch, key).ok()) return;
+    Candidate c;
+    c.variant = *std::move(v);
+    c.variant.manifest.tile_order = TileOrder::kGrouped;
+    c.variant.manifest_json = ManifestToJson(c.variant.manifest);
+    c.label = Label(c.variant) + " +grouped";
+    out.push_back(std::move(c));
+  };
   add(DefaultVariant(key));
   for (const auto& t : ListTemplates()) {
     if (std::find(t.archs.begin(), t.archs.end(), arch) == t.archs.end()) continue;
     if (std::find(t.head_dims.begin(), t.head_dims.end(), pr.head_dim) == t.head_dims.end()) continue;
     add(Instantiate(t.name, DefaultKnobs(t.name, key), pr.head_dim));
+    if (t.name != "fwd_mma" && pr.max_q() > 512) {
+      auto k = DefaultKnobs(t.name, key);
+      if (k.count("PERSISTENT")) k["PERSISTENT"] = 1;
+      add(Instantiate(t.name, k, pr.head_dim));
+      add_grouped(Instantiate(t.name, k, pr.head_dim));
+    }
     if (t.name == "fwd_mma") {
       for (const auto& k : MmaSweep(mode, pr.head_dim)) add(Instantiate(t.name, k, pr.head_dim));
     }

@@ -35,6 +35,7 @@ TemplateDef FwdMmaTemplate() {
       {"PERSISTENT", {0, 1}, 1},
       {"MIN_BLOCKS", {1, 2, 3, 4}, 1},
       {"PACK", {0, 1}, 1},
+      {"ORDER", {0, 1}, 0},  // persistent tile list: 0 longest-first, 1 grouped by sequence
   };
   def.info.description =
       "FlashAttention-2-style forward on mma.sync m16n8k16 bf16: 16 query rows per warp with Q in "
@@ -79,6 +80,7 @@ TemplateDef FwdMmaTemplate() {
     m.ctas_per_sm = Knob(k, "MIN_BLOCKS") > 1 ? Knob(k, "MIN_BLOCKS") : 0;
     // Packed tiles come from the host's tile list: PACK is ignored per_tile.
     m.pack_short = Knob(k, "PACK") == 1 && Knob(k, "PERSISTENT") == 1;
+    m.tile_order = Knob(k, "ORDER") == 1 ? TileOrder::kGrouped : TileOrder::kLongestFirst;
     return v;
   };
   // Defaults from the H200 sweep (kernels/notes/portable.md, bench/RESULTS.md).

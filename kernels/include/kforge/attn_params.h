@@ -49,8 +49,12 @@ struct KfAttnParams {
 
   // Persistent scheduling (grid policy "persistent"): the host builds a list
   // of non-empty tiles, longest work first; each entry is one int4
-  // {batch index, head, query tile index, 0}. Kernels take tiles from
-  // tile_counter with atomicAdd; the host zeroes it before every launch.
+  // {batch index, head, query tile index, pack}. pack is 0 except for
+  // variants whose manifest sets pack_short: then pack = n >= 1 means the
+  // tile holds the n consecutive short sequences batch..batch+n-1 (query
+  // tile index 0), each row attending only to its own sequence's keys.
+  // Kernels take tiles from tile_counter with atomicAdd; the host zeroes it
+  // before every launch.
   const int* tiles;
   int num_tiles;
   int* tile_counter;
