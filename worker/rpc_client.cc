@@ -160,9 +160,13 @@ class GrpcServerClient final : public ServerClient {
     ToProto(registration.gpu, req.mutable_gpu());
     req.set_compile_only(registration.compile_only);
     pb::RegisterResponse resp;
-    absl::Status s = Call("Register", options_.call_timeout, [&](grpc::ClientContext* ctx) {
-      return stub_->Register(ctx, req, &resp);
-    });
+    // Register waits for the channel to (re)connect, up to its deadline,
+    // instead of failing fast while the channel backs off: a restarted
+    // server is found as soon as it listens again.
+    absl::Status s = Call(
+        "Register", options_.call_timeout,
+        [&](grpc::ClientContext* ctx) { return stub_->Register(ctx, req, &resp); },
+        /*wait_for_ready=*/true);
     if (!s.ok()) return s;
     if (resp.worker_id().empty()) return absl::InternalError("Register: server sent no worker id");
     Session session;
@@ -225,9 +229,11 @@ class GrpcServerClient final : public ServerClient {
 
  private:
   template <typename Fn>
-  absl::Status Call(std::string_view name, std::chrono::milliseconds timeout, Fn&& fn) {
+  absl::Status Call(std::string_view name, std::chrono::milliseconds timeout, Fn&& fn,
+                    bool wait_for_ready = false) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+    ctx.set_wait_for_ready(wait_for_ready);
     if (!options_.token.empty()) ctx.AddMetadata("authorization", "Bearer " + options_.token);
     {
       std::lock_guard<std::mutex> lock(mu_);

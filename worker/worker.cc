@@ -212,6 +212,7 @@ void Worker::Report(const Session& session, const TaskSpec& task, const TaskResu
 }
 
 void Worker::HeartbeatLoop() {
+  int64_t failures_in_a_row = 0;
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
     if (!session_) {
@@ -233,8 +234,14 @@ void Worker::HeartbeatLoop() {
     lock.lock();
     if (!cancelled.ok()) {
       ++stats_.heartbeats_failed;
+      ++failures_in_a_row;
       const absl::StatusCode code = cancelled.status().code();
-      spdlog::warn("heartbeat failed: {}", std::string(cancelled.status().message()));
+      // Every interval while the server is away would flood the log: the
+      // 1st, 2nd, 4th, 8th... failure in a row.
+      if ((failures_in_a_row & (failures_in_a_row - 1)) == 0) {
+        spdlog::warn("heartbeat failed ({} in a row): {}", failures_in_a_row,
+                     std::string(cancelled.status().message()));
+      }
       // The task loop notices an unreachable server by itself; a server that
       // answers but does not know us any more means: register again.
       if (code != absl::StatusCode::kUnavailable && code != absl::StatusCode::kCancelled &&
@@ -246,6 +253,7 @@ void Worker::HeartbeatLoop() {
       continue;
     }
     ++stats_.heartbeats_ok;
+    failures_in_a_row = 0;
     for (const std::string& id : *cancelled) {
       if (id == current_task_id_ && current_cancel_ != nullptr) {
         spdlog::info("task {}: cancelled by the server", id);
