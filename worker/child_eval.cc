@@ -2,6 +2,7 @@
 // child only (a faulting or hanging candidate takes this process with it).
 #include <fmt/format.h>
 
+#include "gpu/compile_cache.h"
 #include "gpu/gpu.h"
 #include "kernels/manifest.h"
 #include "worker/child.h"
@@ -49,8 +50,10 @@ absl::StatusOr<ChildReport> EvaluateInChild(const ChildRequest& request,
                                             const ReferenceCallback& on_reference) {
   absl::StatusOr<std::unique_ptr<gpu::Driver>> driver = gpu::Driver::Load();
   if (!driver.ok()) return driver.status();
+  std::optional<gpu::CompileCache> cache;
+  if (!request.compile_cache_dir.empty()) cache.emplace(request.compile_cache_dir);
   absl::StatusOr<std::unique_ptr<eval::Evaluator>> evaluator =
-      eval::Evaluator::Create(**driver, request.gpu_ordinal);
+      eval::Evaluator::Create(**driver, request.gpu_ordinal, cache ? &*cache : nullptr);
   if (!evaluator.ok()) return evaluator.status();
 
   absl::StatusOr<Manifest> manifest = ParseManifest(request.candidate.manifest_json);

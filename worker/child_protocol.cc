@@ -112,7 +112,8 @@ std::string RequestToJson(const ChildRequest& r) {
           {{"variant_id", r.candidate.variant_id},
            {"manifest_json", r.candidate.manifest_json},
            {"cubin_file", kCandidateFile}}},
-         {"self_test", r.self_test}};
+         {"self_test", r.self_test},
+         {"compile_cache_dir", r.compile_cache_dir}};
   if (r.incumbent) {
     j["incumbent"] = {{"variant_id", r.incumbent->variant_id},
                       {"manifest_json", r.incumbent->manifest_json},
@@ -152,6 +153,7 @@ absl::StatusOr<ChildRequest> RequestFromJson(std::string_view text) {
           .manifest_json = j.at("incumbent").at("manifest_json").get<std::string>()};
     }
     r.self_test = j.value("self_test", "");
+    r.compile_cache_dir = j.value("compile_cache_dir", "");
     return r;
   } catch (const json::exception& e) {
     return absl::InvalidArgumentError(fmt::format("request: {}", e.what()));

@@ -51,6 +51,9 @@ struct ChildRequest {
   uint64_t seed = 0;
   ChildKernel candidate;
   std::optional<ChildKernel> incumbent;  // kRetime
+  // The worker's on-disk compile cache: the child compiles the reference
+  // through it (once per worker, not once per child). Empty: no cache.
+  std::string compile_cache_dir;
   // Test only: makes the child misbehave on purpose without a GPU
   // ("hang", "hang_after_reference", "segv", "abort", "garbage", "fault",
   // "exit_silently", "verified", "wrong", "retime", "nan_metrics",

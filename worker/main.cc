@@ -207,6 +207,7 @@ int main(int argc, char** argv) {
   ro.compile_only = registration.compile_only;
   ro.gpu_ordinal = gpu_ordinal;
   ro.extra_compile_options = nvrtc_options;
+  ro.compile_cache_dir = (cache / "cubins").string();
   LocalTaskRunner runner(&compile_pool, sandbox.get(), ro);
 
   GrpcClientOptions co;

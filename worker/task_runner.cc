@@ -209,6 +209,7 @@ std::optional<TaskResult> LocalTaskRunner::RunUnchecked(const TaskSpec& task,
   request.gpu_ordinal = options_.gpu_ordinal;
   request.shape = task.shape;
   request.seed = task.seed;
+  request.compile_cache_dir = options_.compile_cache_dir;
   request.candidate = ChildKernel{.variant_id = task.variant.variant_id,
                                   .manifest_json = task.variant.manifest_json,
                                   .cubin = candidate->stats.cubin};

@@ -42,6 +42,9 @@ struct RunnerOptions {
   int gpu_ordinal = 0;  // passed to the child
   // NVRTC options added before each variant's own (e.g. include paths).
   std::vector<std::string> extra_compile_options;
+  // Handed to the evaluator child for the reference's compile (see
+  // ChildRequest::compile_cache_dir). Empty: none.
+  std::string compile_cache_dir;
 };
 
 class LocalTaskRunner final : public TaskRunner {

@@ -34,6 +34,7 @@ ChildRequest SampleRequest() {
   r.shape.cu_seqlens_k = {0, 9, 12};
   r.candidate = {"cand", R"({"threads":128})", std::string("\0\1\2binary\xff", 10)};
   r.incumbent = ChildKernel{"inc", R"({"threads":256})", "incumbent-image"};
+  r.compile_cache_dir = "/var/cache/kforge/cubins";
   return r;
 }
 
@@ -60,6 +61,7 @@ TEST(ChildProtocol, RequestDirectoryRoundTripsEveryField) {
   ASSERT_TRUE(out->incumbent.has_value());
   EXPECT_EQ(out->incumbent->cubin, "incumbent-image");
   EXPECT_EQ(out->incumbent->variant_id, "inc");
+  EXPECT_EQ(out->compile_cache_dir, "/var/cache/kforge/cubins");
 }
 
 TEST(ChildProtocol, RequestOfAnotherVersionIsRejected) {

@@ -100,6 +100,13 @@ SandboxOptions GpuSandboxOptions() {
   return o;
 }
 
+// The reference's compile is cached here across the children of this test.
+std::string CacheDir() {
+  std::filesystem::path d = std::filesystem::temp_directory_path() / "kforge-worker-gpu-test-cache";
+  std::filesystem::create_directories(d);
+  return d.string();
+}
+
 TaskSpec CorpusTask(const CorpusCase& c, const std::string& arch, uint64_t seed) {
   TaskSpec t;
   t.task_id = "t-" + c.file;
@@ -126,6 +133,7 @@ TEST_P(WorkerGpu, CorpusKernelGetsItsExpectedOutcomeInTheSandbox) {
   Sandbox sandbox(GpuSandboxOptions());
   RunnerOptions ro;
   ro.gpu = Describe(TheGpu().info);
+  ro.compile_cache_dir = CacheDir();
   LocalTaskRunner runner(&pool, &sandbox, ro);
   std::atomic<bool> cancel{false};
   const auto start = std::chrono::steady_clock::now();
@@ -179,6 +187,7 @@ TEST_F(WorkerGpuSequence, TheWorkerKeepsGoingAfterCrashesAndHangs) {
   Sandbox sandbox(GpuSandboxOptions());
   RunnerOptions ro;
   ro.gpu = Describe(TheGpu().info);
+  ro.compile_cache_dir = CacheDir();
   LocalTaskRunner runner(&pool, &sandbox, ro);
   std::vector<CorpusCase> corpus = LoadCorpus();
   CorpusCase good;
@@ -205,6 +214,7 @@ TEST_F(WorkerGpuSequence, RetimeTimesCandidateAndIncumbentInOneChild) {
   Sandbox sandbox(GpuSandboxOptions());
   RunnerOptions ro;
   ro.gpu = Describe(TheGpu().info);
+  ro.compile_cache_dir = CacheDir();
   LocalTaskRunner runner(&pool, &sandbox, ro);
   CorpusCase good;
   for (const CorpusCase& c : LoadCorpus())
@@ -232,6 +242,7 @@ TEST_F(WorkerGpuSequence, EvaluateTaskEndToEndThroughTheWorkerLoop) {
   Sandbox sandbox(GpuSandboxOptions());
   RunnerOptions ro;
   ro.gpu = Describe(TheGpu().info);
+  ro.compile_cache_dir = CacheDir();
   LocalTaskRunner runner(&pool, &sandbox, ro);
   GrpcClientOptions co;
   co.target = server.address();
