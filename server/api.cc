@@ -119,6 +119,13 @@ absl::Status KforgeApi::GetKernel(const v1::GetKernelRequest& req, v1::GetKernel
   return absl::OkStatus();
 }
 
+std::shared_ptr<const std::string> KforgeApi::GetKernelCached(const v1::GetKernelRequest& req) {
+  if (!req.has_shape()) return nullptr;
+  auto key = ShapeFromProto(req.shape(), "shape", options_.limits);
+  if (!key.ok()) return nullptr;
+  return cache_->Cached(BucketOf(*key));
+}
+
 absl::StatusOr<std::shared_ptr<const std::string>> KforgeApi::GetKernelBytes(
     const v1::GetKernelRequest& req) {
   if (req.has_shape()) {

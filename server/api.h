@@ -55,6 +55,9 @@ class KforgeApi {
   // bucket these are shared, pre-serialized bytes (no per-call copy).
   absl::StatusOr<std::shared_ptr<const std::string>> GetKernelBytes(
       const v1::GetKernelRequest& req);
+  // The cached bytes when `req` names a tuned bucket; nullptr otherwise
+  // (invalid request, nearest/seed path), which never blocks.
+  std::shared_ptr<const std::string> GetKernelCached(const v1::GetKernelRequest& req);
   absl::Status ListShapes(const v1::ListShapesRequest& req, v1::ListShapesResponse* resp);
   absl::Status ListVariants(const v1::ListVariantsRequest& req, v1::ListVariantsResponse* resp);
   absl::Status SubmitJob(const v1::SubmitJobRequest& req, v1::Job* resp);

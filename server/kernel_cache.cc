@@ -160,6 +160,12 @@ absl::StatusOr<std::shared_ptr<const v1::Kernel>> KernelCache::Seed(const ShapeK
   return fut.get();
 }
 
+std::shared_ptr<const std::string> KernelCache::Cached(const Bucket& bucket) const {
+  std::shared_lock lock(mu_);
+  auto it = best_.find(bucket.Id());
+  return it == best_.end() ? nullptr : it->second.response_bytes;
+}
+
 size_t KernelCache::size() const {
   std::shared_lock lock(mu_);
   return best_.size();

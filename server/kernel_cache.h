@@ -63,6 +63,8 @@ class KernelCache {
 
   // The kernel for a validated shape: exact winner, nearest winner, or seed.
   absl::StatusOr<Served> Lookup(const ShapeKey& key, const Bucket& bucket);
+  // The serialized response of a tuned bucket, or nullptr; never blocks.
+  std::shared_ptr<const std::string> Cached(const Bucket& bucket) const;
 
   size_t size() const;
 

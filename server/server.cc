@@ -6,6 +6,8 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -37,6 +39,57 @@ std::optional<std::string_view> AuthHeader(const grpc::ServerContextBase* ctx) {
 
 void ReleaseBytes(void* p) { delete static_cast<std::shared_ptr<const std::string>*>(p); }
 
+// A few threads for GetKernel calls that may block (a seed kernel compiled
+// by NVRTC takes seconds, a tuning job touches the store): callback
+// handlers must not block gRPC's own threads.
+class SlowPool {
+ public:
+  explicit SlowPool(int threads) {
+    for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Run(); });
+  }
+  ~SlowPool() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  void Post(std::function<void()> fn) {
+    {
+      std::lock_guard lock(mu_);
+      queue_.push_back(std::move(fn));
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  void Run() {
+    for (;;) {
+      std::function<void()> fn;
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stopping, and everything posted ran
+        fn = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      fn();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;  // guarded by mu_
+  bool stop_ = false;                        // guarded by mu_
+  std::vector<std::thread> threads_;
+};
+
+void SetResponse(const std::shared_ptr<const std::string>& bytes, grpc::ByteBuffer* resp) {
+  grpc::Slice slice(const_cast<char*>(bytes->data()), bytes->size(), &ReleaseBytes,
+                    new std::shared_ptr<const std::string>(bytes));
+  *resp = grpc::ByteBuffer(&slice, 1);
+}
+
 // GetKernel is the hot path: a raw callback method, so that a tuned
 // bucket's pre-serialized response goes out as a slice that borrows the
 // cached bytes (no copy, no serialization, no thread hand-off); every other
@@ -44,31 +97,40 @@ void ReleaseBytes(void* p) { delete static_cast<std::shared_ptr<const std::strin
 class KernelServiceImpl final
     : public v1::KernelService::WithRawCallbackMethod_GetKernel<v1::KernelService::Service> {
  public:
-  KernelServiceImpl(KforgeApi* api, const Authenticator* auth) : api_(api), auth_(auth) {}
+  KernelServiceImpl(KforgeApi* api, const Authenticator* auth)
+      : api_(api), auth_(auth), slow_(4) {}
 
   grpc::ServerUnaryReactor* GetKernel(grpc::CallbackServerContext* ctx,
                                       const grpc::ByteBuffer* req,
                                       grpc::ByteBuffer* resp) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    reactor->Finish(ToGrpcStatus(ServeGetKernel(ctx, req, resp)));
+    auto request = std::make_shared<v1::GetKernelRequest>();
+    if (absl::Status s = Parse(ctx, req, request.get()); !s.ok()) {
+      reactor->Finish(ToGrpcStatus(s));
+      return reactor;
+    }
+    if (auto bytes = api_->GetKernelCached(*request)) {
+      SetResponse(bytes, resp);
+      reactor->Finish(grpc::Status::OK);
+      return reactor;
+    }
+    // ctx, resp and reactor stay valid until Finish.
+    slow_.Post([this, request, resp, reactor] {
+      auto out = api_->GetKernelBytes(*request);
+      if (out.ok()) SetResponse(*out, resp);
+      reactor->Finish(ToGrpcStatus(out.status()));
+    });
     return reactor;
   }
-  absl::Status ServeGetKernel(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
-                              grpc::ByteBuffer* resp) {
+  absl::Status Parse(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                     v1::GetKernelRequest* request) {
     if (absl::Status s = auth_->Check(Role::kClient, AuthHeader(ctx)); !s.ok()) return s;
     std::vector<grpc::Slice> slices;
     if (!req->Dump(&slices).ok()) return absl::InvalidArgumentError("request: unreadable");
     std::string bytes;
     for (const auto& sl : slices) bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
-    v1::GetKernelRequest request;
-    if (!request.ParseFromString(bytes))
+    if (!request->ParseFromString(bytes))
       return absl::InvalidArgumentError("request: not a GetKernelRequest");
-    auto out = api_->GetKernelBytes(request);
-    if (!out.ok()) return out.status();
-    const std::string& data = **out;
-    grpc::Slice slice(const_cast<char*>(data.data()), data.size(), &ReleaseBytes,
-                      new std::shared_ptr<const std::string>(*out));
-    *resp = grpc::ByteBuffer(&slice, 1);
     return absl::OkStatus();
   }
 
@@ -114,6 +176,7 @@ class KernelServiceImpl final
   }
   KforgeApi* api_;            // must outlive this
   const Authenticator* auth_;  // must outlive this
+  SlowPool slow_;              // last: joined first, while api_ is still alive
 };
 
 class WorkerServiceImpl final : public v1::WorkerService::Service {
