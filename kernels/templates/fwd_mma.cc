@@ -26,7 +26,9 @@ TemplateDef FwdMmaTemplate() {
   def.info.name = "fwd_mma";
   def.info.archs = {"sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_100", "sm_100a"};
   def.info.ops = {"fwd"};
-  def.info.head_dims = {64, 128, 256};
+  // 256 compiles (with 30-600 B of spills, see notes/portable.md) but has not
+  // been verified on a GPU yet, so it is not offered.
+  def.info.head_dims = {64, 128};
   def.info.knobs = {
       {"BLOCK_M", {64, 128}, 128},
       {"BLOCK_N", {32, 64, 128}, 64},
@@ -93,15 +95,15 @@ TemplateDef FwdMmaTemplate() {
       // 168 registers, 3 CTAs of 4 warps per SM: best mma variant on both D=64 shapes.
       k = {{"BLOCK_M", 64}, {"WARPS", 4}, {"BLOCK_N", 64}, {"STAGES", 2},
            {"PERSISTENT", 1}, {"MIN_BLOCKS", 3}, {"PACK", 1}};
-    } else if (s.head_dim == 256) {
-      k["BLOCK_M"] = 64;
-      k["WARPS"] = 4;
-      k["BLOCK_N"] = 32;
     } else if (mean_q <= 256 || (s.max_len_q > 0 && s.max_len_q <= 256)) {
       // Short sequences: small tiles, packed (powerlaw_short 53 us vs 62 us at BM=128).
       k["BLOCK_M"] = 64;
       k["WARPS"] = 4;
       k["BLOCK_N"] = 64;
+    }
+    // sm_100a's ptxas spills BLOCK_N=128 with two stages (8-16 B); one stage fits.
+    if (s.head_dim == 128 && k["BLOCK_N"] == 128 && s.arch.rfind("sm_100", 0) == 0) {
+      k["STAGES"] = 1;
     }
     return k;
   };

@@ -34,7 +34,7 @@ int main(int argc, char** argv) {
   std::string name = argc > 1 ? argv[1] : "fwd_mma";
   if (name == "--all") {
     for (const char* arch : {"sm_80", "sm_90a", "sm_100a"}) {
-      for (int d : {64, 128, 256}) {
+      for (int d : {64, 128}) {
         for (int bm : {64, 128}) {
           for (int bn : {32, 64, 128}) {
             for (int st : {1, 2}) {
