@@ -392,6 +392,11 @@ absl::StatusOr<SandboxRun> Sandbox::Run(const ChildRequest& request,
     }
     if (!why.empty()) r.message += ": " + why;
   }
+  // No candidate code runs before the reference event (the evaluator calls
+  // back before the first candidate launch, and loading a module runs no
+  // device code): a child that died, hung or babbled before it failed on its
+  // own (driver, context, memory, reference), not because of the candidate.
+  run.infrastructure_failure = !cancelled && !report && run.reference_ms < 0;
   return run;
 }
 

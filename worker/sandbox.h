@@ -15,7 +15,8 @@
 // Expiry → SIGKILL → kTimeout. A child killed by a signal, exiting non-zero,
 // exiting without a result, or writing anything but well-formed events →
 // kCrashed with the reason. A result followed by an unclean exit is not
-// trusted: a "verified" becomes kCrashed.
+// trusted: a "verified" becomes kCrashed. A failure before the child's
+// reference event is flagged as the worker's own (infrastructure_failure).
 //
 // Thread-safety: Run() may be called from several threads at once (each call
 // has its own child); the usual worker runs one at a time per GPU.
@@ -56,6 +57,10 @@ struct SandboxRun {
   ChildReport report;
   bool cancelled = false;      // Run()'s cancel flag was raised; report nothing
   bool protocol_error = false;  // the child wrote something that is not an event
+  // The child failed before the reference event, i.e. before any candidate
+  // code ran: the fault is the worker's (driver, GPU, evaluator), and
+  // `report` must not be charged to the candidate.
+  bool infrastructure_failure = false;
   double reference_ms = -1;     // as the child reported it; -1: never
   int launches = 0;
   double wall_ms = 0;

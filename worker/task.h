@@ -112,6 +112,10 @@ struct TaskResult {
   GpuDescription gpu;
   std::string message;  // one line: why it failed, or a summary
   std::string reference_version;
+  // The worker, not the candidate, failed (no GPU, driver or evaluator
+  // broken, sandbox could not start): not reported, so the task is retried
+  // when its lease expires; `message` says why.
+  bool worker_fault = false;
 };
 
 std::string_view TaskKindName(TaskKind kind);  // "evaluate" | "retime" | "compile"

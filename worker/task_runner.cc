@@ -29,6 +29,7 @@ struct Compiled {
   bool ok = false;
   CompileStats stats;
   std::string error;  // why it did not compile (first line of the log or the status)
+  bool worker_fault = false;  // NVRTC failed, not the source
 };
 
 std::string FirstErrorLine(const std::string& log) {
@@ -144,9 +145,10 @@ std::optional<TaskResult> LocalTaskRunner::RunUnchecked(const TaskSpec& task,
     Compiled c;
     c.stats.dynamic_smem_bytes = ManifestDynamicSmem(v.manifest_json);
     if (!r.ok()) {
-      // NVRTC itself failed (not the source): still a result, named as ours.
+      // NVRTC itself failed, not the source.
       c.error = fmt::format("worker compile failure: {}", std::string(r.status().message()));
       c.stats.log = c.error;
+      c.worker_fault = true;
       return c;
     }
     c.ok = r->ok;
@@ -184,6 +186,7 @@ std::optional<TaskResult> LocalTaskRunner::RunUnchecked(const TaskSpec& task,
   if (!candidate->ok) {
     result.outcome = Outcome::kCompileError;
     result.message = candidate->error;
+    result.worker_fault = candidate->worker_fault;
     return result;
   }
   if (task.kind == TaskKind::kCompile) {
@@ -200,6 +203,7 @@ std::optional<TaskResult> LocalTaskRunner::RunUnchecked(const TaskSpec& task,
     result.outcome = Outcome::kCrashed;
     result.message = fmt::format("worker has no GPU: cannot run a {} task (compiled fine)",
                                  TaskKindName(task.kind));
+    result.worker_fault = true;
     return result;
   }
 
@@ -222,6 +226,7 @@ std::optional<TaskResult> LocalTaskRunner::RunUnchecked(const TaskSpec& task,
     std::optional<Compiled> incumbent = wait(*incumbent_future, *task.incumbent);
     if (!incumbent) return std::nullopt;
     if (!incumbent->ok) {
+      result.worker_fault = incumbent->worker_fault;
       result.outcome = Outcome::kCompileError;
       result.message = fmt::format("incumbent {} does not compile: {}", task.incumbent->variant_id,
                                    incumbent->error);
@@ -236,6 +241,7 @@ std::optional<TaskResult> LocalTaskRunner::RunUnchecked(const TaskSpec& task,
   if (!run.ok()) {
     result.outcome = Outcome::kCrashed;
     result.message = fmt::format("worker sandbox failure: {}", std::string(run.status().message()));
+    result.worker_fault = true;
     return result;
   }
   if (run->cancelled) return std::nullopt;
@@ -251,6 +257,11 @@ std::optional<TaskResult> LocalTaskRunner::RunUnchecked(const TaskSpec& task,
   result.errors = run->report.errors;
   result.timing = run->report.timing;
   result.incumbent_timing = run->report.incumbent_timing;
+  if (run->infrastructure_failure) {
+    result.worker_fault = true;
+    result.message = fmt::format("evaluator child failed before running the candidate: {}",
+                                 run->report.message);
+  }
   return result;
 }
 

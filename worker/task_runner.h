@@ -8,8 +8,10 @@
 //
 // Every failure of the candidate is a result. The runner returns nullopt
 // only when the task was cancelled (the server no longer wants a result).
-// A compile-only runner (no CUDA driver) answers EVALUATE and RETIME with a
-// kCrashed result saying so; the server should not send it those.
+// Failures of the worker itself (NVRTC broken, the child failing before any
+// candidate code ran, a compile-only worker asked to run a kernel) come back
+// with TaskResult::worker_fault set: the worker does not report those, so
+// no candidate is charged with them.
 //
 // Thread-safety: Run() may be called from several threads at once.
 #pragma once

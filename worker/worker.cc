@@ -158,6 +158,21 @@ void Worker::Run() {
       spdlog::info("task {}: cancelled, not reported", task.task_id);
       continue;
     }
+    if (result->worker_fault) {
+      ++faults_in_a_row_;
+      std::chrono::milliseconds pause = options_.fault_pause_initial;
+      for (int i = 1; i < faults_in_a_row_ && pause < options_.fault_pause_max; ++i) pause *= 2;
+      pause = std::min(pause, options_.fault_pause_max);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++stats_.worker_faults;
+      }
+      spdlog::error("task {}: not reported, this worker failed ({} in a row): {}; pausing {} s",
+                    task.task_id, faults_in_a_row_, result->message, pause.count() / 1000.0);
+      if (!SleepFor(pause)) break;
+      continue;
+    }
+    faults_in_a_row_ = 0;
     spdlog::info("task {}: {}{}{}", task.task_id, OutcomeName(result->outcome),
                  result->message.empty() ? "" : ": ", result->message);
     Report(session, task, *result);

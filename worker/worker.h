@@ -8,6 +8,10 @@
 // result whose report fails is retried (same worker id, it is that id's
 // lease) until the server answers or says it no longer knows the worker.
 //
+// A task the worker itself failed (TaskResult::worker_fault) is not reported:
+// its lease expires and the server hands it out again; the worker pauses,
+// longer with each such fault in a row.
+//
 // Heartbeats go out every heartbeat_interval_ms the server asked for, naming
 // the task in progress (renewing its lease); a task the server reports
 // cancelled is stopped (its child killed) and not reported.
@@ -37,6 +41,12 @@ struct WorkerOptions {
   std::chrono::milliseconds backoff_initial{250};
   std::chrono::milliseconds backoff_max{10000};
   int max_report_attempts = 8;
+  // After a task the worker itself failed (TaskResult::worker_fault), it
+  // pauses before leasing again: this long, doubling with each fault in a
+  // row up to the maximum. A broken GPU thus never turns the queue into a
+  // row of false results, and a recovered one resumes by itself.
+  std::chrono::milliseconds fault_pause_initial{5000};
+  std::chrono::milliseconds fault_pause_max{600000};
 };
 
 struct WorkerStats {
@@ -46,6 +56,7 @@ struct WorkerStats {
   int64_t results_rejected = 0;  // lease had expired
   int64_t results_dropped = 0;   // could not be reported at all
   int64_t tasks_cancelled = 0;
+  int64_t worker_faults = 0;  // tasks not reported: the worker failed, not the candidate
   int64_t heartbeats_ok = 0;
   int64_t heartbeats_failed = 0;
   int64_t connection_errors = 0;
@@ -94,6 +105,7 @@ class Worker {
   std::atomic<bool>* current_cancel_ = nullptr;  // guarded by mu_
   WorkerStats stats_;                  // guarded by mu_
   std::chrono::milliseconds backoff_{0};  // task loop only
+  int faults_in_a_row_ = 0;               // task loop only
   std::mt19937_64 rng_{std::random_device{}()};  // task loop only
   std::thread heartbeat_;
 };

@@ -86,6 +86,7 @@ TEST_F(SandboxTest, ChildThatHangsBeforeTheReferenceIsKilledAsTimeout) {
   EXPECT_EQ(run.report.outcome, Outcome::kTimeout) << run.report.message;
   EXPECT_NE(run.report.message.find("setup limit"), std::string::npos) << run.report.message;
   EXPECT_LT(run.wall_ms, 5000);
+  EXPECT_TRUE(run.infrastructure_failure);  // no candidate code had run
 }
 
 TEST_F(SandboxTest, HangAfterTheReferenceGetsTheReferenceDerivedLimit) {
@@ -95,6 +96,7 @@ TEST_F(SandboxTest, HangAfterTheReferenceGetsTheReferenceDerivedLimit) {
   EXPECT_NE(run.report.message.find("run limit"), std::string::npos) << run.report.message;
   EXPECT_GE(run.wall_ms, 500);
   EXPECT_LT(run.wall_ms, 5000);
+  EXPECT_FALSE(run.infrastructure_failure);  // the candidate's hang
 }
 
 TEST_F(SandboxTest, AbsoluteLimitCapsEverything) {
@@ -110,6 +112,7 @@ TEST_F(SandboxTest, SegfaultIsCrashedWithTheSignal) {
   SandboxRun run = RunChild("segv");
   EXPECT_EQ(run.report.outcome, Outcome::kCrashed);
   EXPECT_NE(run.report.message.find("SIGSEGV"), std::string::npos) << run.report.message;
+  EXPECT_FALSE(run.infrastructure_failure);
 }
 
 TEST_F(SandboxTest, AbortIsCrashed) {
@@ -140,6 +143,7 @@ TEST_F(SandboxTest, ExitWithoutAResultIsCrashed) {
   SandboxRun run = RunChild("exit_silently");
   EXPECT_EQ(run.report.outcome, Outcome::kCrashed);
   EXPECT_NE(run.report.message.find("without a result"), std::string::npos) << run.report.message;
+  EXPECT_TRUE(run.infrastructure_failure);
 }
 
 TEST_F(SandboxTest, VerifiedThenCrashIsNotTrusted) {

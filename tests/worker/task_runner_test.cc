@@ -85,11 +85,21 @@ TEST_F(TaskRunnerTest, ABrokenSourceIsACompileErrorAndNeverRuns) {
   EXPECT_FALSE(r->compile.log.empty());
 }
 
-TEST_F(TaskRunnerTest, HangingChildIsATimeout) {
-  std::optional<TaskResult> r = Run("hang", Evaluate());
+TEST_F(TaskRunnerTest, HangingCandidateIsATimeout) {
+  std::optional<TaskResult> r = Run("hang_after_reference", Evaluate());
   ASSERT_TRUE(r.has_value());
   EXPECT_EQ(r->outcome, Outcome::kTimeout) << r->message;
   EXPECT_FALSE(r->timing.has_value());
+  EXPECT_FALSE(r->worker_fault);
+}
+
+TEST_F(TaskRunnerTest, ChildFailingBeforeTheReferenceIsTheWorkersFault) {
+  for (const char* mode : {"hang", "exit_silently", "garbage"}) {
+    std::optional<TaskResult> r = Run(mode, Evaluate());
+    ASSERT_TRUE(r.has_value());
+    EXPECT_TRUE(r->worker_fault) << mode << ": " << r->message;
+    EXPECT_NE(r->message.find("before running the candidate"), std::string::npos) << r->message;
+  }
 }
 
 TEST_F(TaskRunnerTest, CrashingChildIsCrashedWithTheReason) {
@@ -97,6 +107,7 @@ TEST_F(TaskRunnerTest, CrashingChildIsCrashedWithTheReason) {
   ASSERT_TRUE(r.has_value());
   EXPECT_EQ(r->outcome, Outcome::kCrashed);
   EXPECT_NE(r->message.find("CUDA_ERROR_ILLEGAL_ADDRESS"), std::string::npos) << r->message;
+  EXPECT_FALSE(r->worker_fault);
 }
 
 TEST_F(TaskRunnerTest, NaNErrorMetricsAreReportedAsInfinite) {
