@@ -89,6 +89,13 @@ int RunSelfTest(const std::string& mode, int fd) {
     WriteLine(fd, ResultEventJson(r));
     return 0;
   }
+  if (mode == "report_env") {  // which credentials reached the child
+    ChildReport r = FakeVerified();
+    r.message = std::getenv("KFORGE_WORKER_TOKEN") != nullptr ? "token visible" : "no token";
+    WriteLine(fd, ReferenceEventJson(1.0, 10));
+    WriteLine(fd, ResultEventJson(r));
+    return 0;
+  }
   if (mode == "hang") SleepForever();
   if (mode == "hang_after_reference") {
     WriteLine(fd, ReferenceEventJson(0.001, 10));

@@ -16,6 +16,8 @@
 
 #include <fmt/format.h>
 
+extern char** environ;
+
 namespace kforge::worker {
 namespace {
 
@@ -71,8 +73,8 @@ std::string LastLine(std::string_view text) {
 }
 
 // Runs in the forked child before exec: async-signal-safe calls only.
-[[noreturn]] void ExecChild(const std::vector<char*>& argv, int result_w, int out_w,
-                            pid_t parent) {
+[[noreturn]] void ExecChild(const std::vector<char*>& argv, const std::vector<char*>& envp,
+                            int result_w, int out_w, pid_t parent) {
   setpgid(0, 0);
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != parent) _exit(126);  // the worker died before prctl took effect
@@ -100,7 +102,7 @@ std::string LastLine(std::string_view text) {
   sigprocmask(SIG_SETMASK, &none, nullptr);
   signal(SIGPIPE, SIG_DFL);
 
-  execv(argv[0], argv.data());
+  execve(argv[0], argv.data(), envp.data());
   _exit(127);
 }
 
@@ -162,12 +164,24 @@ absl::StatusOr<SandboxRun> Sandbox::Run(const ChildRequest& request,
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
+  // The child gets the worker's environment minus its credentials: it never
+  // talks to the server.
+  std::vector<char*> envp;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string_view entry(*e);
+    if (entry.starts_with("KFORGE_WORKER_TOKEN=") || entry.starts_with("KFORGE_TOKEN=") ||
+        entry.starts_with("KFORGE_CLIENT_TOKEN=")) {
+      continue;
+    }
+    envp.push_back(*e);
+  }
+  envp.push_back(nullptr);
 
   const pid_t parent = getpid();
   const Clock::time_point start = Clock::now();
   const pid_t pid = fork();
   if (pid < 0) return absl::InternalError(fmt::format("sandbox: fork: {}", std::strerror(errno)));
-  if (pid == 0) ExecChild(argv, result_w.get(), out_w.get(), parent);
+  if (pid == 0) ExecChild(argv, envp, result_w.get(), out_w.get(), parent);
 
   result_w.Reset();
   out_w.Reset();

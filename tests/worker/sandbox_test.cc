@@ -73,6 +73,13 @@ TEST_F(SandboxTest, WellBehavedChildResultPassesThrough) {
   EXPECT_FALSE(run.protocol_error);
 }
 
+TEST_F(SandboxTest, TheChildDoesNotSeeTheWorkersToken) {
+  setenv("KFORGE_WORKER_TOKEN", "secret", 1);
+  SandboxRun run = RunChild("report_env");
+  unsetenv("KFORGE_WORKER_TOKEN");
+  EXPECT_EQ(run.report.message, "no token");
+}
+
 TEST_F(SandboxTest, WrongResultKeepsItsErrorMetrics) {
   SandboxRun run = RunChild("wrong");
   EXPECT_EQ(run.report.outcome, Outcome::kWrong);
