@@ -7,7 +7,7 @@
 # DIR: a bundle made by deploy/bundle.sh (default .bundle; binaries in bin/,
 # libraries in lib/) or a build directory (server/, worker/, cli/).
 # Env: SMOKE_MAX_VARIANTS (default 4), SMOKE_MAX_SECONDS (default 300),
-# SMOKE_KEEP=1 keeps the work directory with the logs.
+# SMOKE_KEEP=1 keeps the work directory with the logs, SMOKE_ARCH.
 # Prints "N passed, M failed" and exits non-zero unless the job succeeded
 # with at least one verified variant.
 set -uo pipefail
@@ -26,9 +26,14 @@ worker_bin=$(find_bin kforge-worker worker) || exit 2
 cli_bin=$(find_bin kforge cli) || exit 2
 [ -d "$dir/lib" ] && export LD_LIBRARY_PATH="$dir/lib:${CUDA_HOME:-/usr/local/cuda}/lib64:${LD_LIBRARY_PATH:-}"
 
-cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader -i 0 2>/dev/null | tr -d ' .')
-[ -n "$cc" ] || { echo "gpu-smoke: no GPU (nvidia-smi found none)"; echo "0 passed, 1 failed"; exit 1; }
-case "$cc" in 90) arch=sm_90a ;; 100) arch=sm_100a ;; *) arch="sm_$cc" ;; esac
+# SMOKE_ARCH overrides the GPU's arch (and lets the script's plumbing be
+# tried on a machine without a GPU, where the job cannot finish).
+arch="${SMOKE_ARCH:-}"
+if [ -z "$arch" ]; then
+  cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader -i 0 2>/dev/null | tr -d ' .')
+  [ -n "$cc" ] || { echo "gpu-smoke: no GPU (nvidia-smi found none)"; echo "0 passed, 1 failed"; exit 1; }
+  case "$cc" in 90) arch=sm_90a ;; 100) arch=sm_100a ;; *) arch="sm_$cc" ;; esac
+fi
 
 work=$(mktemp -d /tmp/kforge-smoke.XXXXXX)
 port=$((20000 + RANDOM % 20000))
@@ -76,7 +81,7 @@ verified=$(grep -c "\]: verified\|: verified" "$work/worker.log" || true)
 echo "worker outcomes:"; grep -oE "task [^:]+: (verified|wrong|crashed|timeout|compile_error|compiled)" "$work/worker.log" \
   | awk '{print $3}' | sort | uniq -c
 [ "$verified" -gt 0 ]; check "at least one variant verified ($verified)" $?
-grep -q "No such\|Segmentation\|terminate called" "$work/worker.log"; [ $? -ne 0 ]; check "worker log has no crash of the worker itself" $?
+! grep -qE "Segmentation fault|terminate called|Aborted|core dumped" "$work/worker.log"; check "worker log shows no crash of the worker itself" $?
 kill -0 "${pids[1]}" 2>/dev/null; check "worker still running" $?
 
 "$cli_bin" --server "$addr" --token smoke-client get "${shape[@]}" --out "$work/kernel" > "$work/get.log" 2>&1
