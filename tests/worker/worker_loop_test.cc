@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cmath>
+#include <mutex>
 #include <chrono>
 #include <thread>
 
@@ -259,6 +261,92 @@ TEST(WorkerLoop, CancelledTaskIsStoppedAndNotReported) {
   ASSERT_TRUE(Eventually([&] { return runner.saw_cancel_.load(); }, 10s));
   ASSERT_TRUE(Eventually([&] { return h.worker().stats().tasks_cancelled == 1; }, 5s));
   EXPECT_EQ(server.service().reports().size(), 0u);
+}
+
+// Records the task it was given and answers with a fixed result.
+class RecordingRunner final : public TaskRunner {
+ public:
+  std::optional<TaskResult> Run(const TaskSpec& task, const std::atomic<bool>&) override {
+    std::lock_guard<std::mutex> lock(mu);
+    seen = task;
+    TaskResult r;
+    r.outcome = Outcome::kVerified;
+    r.timing = TimingStats{.median_us = 5, .min_us = 4, .max_us = 6, .samples = 10};
+    r.incumbent_timing = TimingStats{.median_us = 7, .min_us = 6, .max_us = 8, .samples = 10};
+    r.errors = ErrorStats{.max_abs_error = HUGE_VAL, .rel_l2_error = 0.001, .worst_output = "LSE",
+                          .detail = "d"};
+    r.compile.registers = 99;
+    r.compile.cubin = std::string("\0cubin\xff", 7);
+    r.gpu.name = "G";
+    r.reference_version = "ref";
+    r.message = "m";
+    return r;
+  }
+  std::mutex mu;
+  std::optional<TaskSpec> seen;
+};
+
+TEST(WorkerLoop, TasksAndResultsCrossTheWireIntact) {
+  FakeServer server(kToken);
+  RecordingRunner runner;
+  WorkerHarness h(server.address(), kToken, &runner);
+  pb::Task t = CompileTask("rt", kGoodSource);
+  t.set_kind(pb::TASK_KIND_RETIME);
+  t.set_seed(0xfedcba9876543210ULL);
+  t.set_lease_expires_unix_ms(123456789);
+  pb::Shape* s = t.mutable_shape();
+  s->set_kv_heads(0);  // 0: equal to heads
+  s->set_causal(true);
+  s->set_cross(true);
+  s->set_max_len_k(80);
+  s->set_total_k(150);
+  s->add_cu_seqlens_q(0);
+  s->add_cu_seqlens_q(36);
+  s->add_cu_seqlens_q(100);
+  s->add_cu_seqlens_k(0);
+  s->add_cu_seqlens_k(80);
+  s->add_cu_seqlens_k(150);
+  t.mutable_variant()->set_compile_options("-DA=1");
+  t.mutable_incumbent()->set_variant_id("inc");
+  t.mutable_incumbent()->set_source("incumbent source");
+  t.mutable_incumbent()->set_manifest_json("{}");
+  server.service().Enqueue(t);
+  ASSERT_TRUE(server.service().WaitFor([](auto& sv) { return sv.reports_locked() == 1; }));
+
+  std::lock_guard<std::mutex> lock(runner.mu);
+  ASSERT_TRUE(runner.seen.has_value());
+  const TaskSpec& got = *runner.seen;
+  EXPECT_EQ(got.task_id, "rt");
+  EXPECT_EQ(got.kind, TaskKind::kRetime);
+  EXPECT_EQ(got.job_id, "job1");
+  EXPECT_EQ(got.seed, 0xfedcba9876543210ULL);
+  EXPECT_EQ(got.lease_expires_unix_ms, 123456789);
+  EXPECT_EQ(got.shape.key.heads, 4);
+  EXPECT_EQ(got.shape.key.kv_heads, 4);
+  EXPECT_EQ(got.shape.key.head_dim, 128);
+  EXPECT_TRUE(got.shape.key.causal);
+  EXPECT_TRUE(got.shape.key.cross);
+  EXPECT_EQ(got.shape.key.arch, "sm_90a");
+  EXPECT_EQ(got.shape.key.total_k, 150);
+  EXPECT_EQ(got.shape.cu_seqlens_q, (std::vector<int32_t>{0, 36, 100}));
+  EXPECT_EQ(got.shape.cu_seqlens_k, (std::vector<int32_t>{0, 80, 150}));
+  EXPECT_EQ(got.variant.compile_options, "-DA=1");
+  ASSERT_TRUE(got.incumbent.has_value());
+  EXPECT_EQ(got.incumbent->variant_id, "inc");
+  EXPECT_EQ(got.incumbent->source, "incumbent source");
+
+  const pb::EvalResult r = server.service().reports()[0].result();
+  EXPECT_EQ(r.outcome(), pb::EVAL_OUTCOME_VERIFIED);
+  EXPECT_EQ(r.timing().median_us(), 5);
+  EXPECT_EQ(r.timing().samples(), 10);
+  EXPECT_EQ(r.incumbent_timing().median_us(), 7);
+  EXPECT_TRUE(std::isinf(r.errors().max_abs_error()));
+  EXPECT_EQ(r.errors().worst_output(), "LSE");
+  EXPECT_EQ(r.compile().registers(), 99);
+  EXPECT_EQ(r.compile().cubin(), std::string("\0cubin\xff", 7));
+  EXPECT_EQ(r.gpu().name(), "G");
+  EXPECT_EQ(r.reference_version(), "ref");
+  EXPECT_EQ(r.message(), "m");
 }
 
 }  // namespace
