@@ -10,6 +10,8 @@
 #include <filesystem>
 #include <thread>
 
+#include <unistd.h>
+
 #include "gpu/compile.h"
 #include "gpu/compile_cache.h"
 #include "tests/worker/worker_bin.h"
@@ -31,14 +33,18 @@ extern "C" __global__ void kf_attn_fwd(const __grid_constant__ KfAttnParams p) {
 
 class TaskRunnerTest : public ::testing::Test {
  protected:
-  TaskRunnerTest() : pool_(2, nullptr) {}
+  TaskRunnerTest()
+      : pool_(2, nullptr),
+        scratch_(std::filesystem::temp_directory_path() /
+                 ("kforge-runner-test-" + std::to_string(getpid()))) {}
+  ~TaskRunnerTest() override { std::filesystem::remove_all(scratch_); }
 
   std::optional<TaskResult> Run(const std::string& self_test, TaskSpec task,
                                 std::atomic<bool>* cancel = nullptr) {
     SandboxOptions so;
     so.executable = testing::WorkerBinary();
     so.child_args = {"--eval-child", "--self-test=" + self_test};
-    so.scratch_dir = std::filesystem::temp_directory_path() / "kforge-runner-test";
+    so.scratch_dir = scratch_;
     so.setup_limit = 800ms;
     so.min_run_limit = 500ms;
     Sandbox sandbox(so);
@@ -64,6 +70,7 @@ class TaskRunnerTest : public ::testing::Test {
   }
 
   gpu::CompilePool pool_;
+  std::filesystem::path scratch_;
 };
 
 TEST_F(TaskRunnerTest, EvaluateCompilesThenReportsWhatTheChildMeasured) {
