@@ -1,5 +1,6 @@
 #include "worker/task_runner.h"
 
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <future>
