@@ -78,7 +78,7 @@ absl::Status KforgeApi::Init() {
   auto workers = store_->ListWorkers();
   if (!workers.ok()) return workers.status();
   std::lock_guard lock(workers_mu_);
-  for (const auto& w : *workers) workers_[w.id] = WorkerInfo{w.arch, w.compile_only};
+  for (const auto& w : *workers) workers_[w.id] = WorkerInfo{w.arch, w.compile_only, w};
   return absl::OkStatus();
 }
 
@@ -341,7 +341,8 @@ absl::Status KforgeApi::Register(const v1::RegisterRequest& req, v1::RegisterRes
   if (!id.ok()) return id.status();
   {
     std::lock_guard lock(workers_mu_);
-    workers_[*id] = WorkerInfo{w.arch, w.compile_only};
+    w.id = *id;
+    workers_[*id] = WorkerInfo{w.arch, w.compile_only, w};
   }
   spdlog::info("worker {} registered as {} ({}{})", w.name, *id, w.arch,
                w.compile_only ? ", compile only" : "");
@@ -370,6 +371,21 @@ absl::Status KforgeApi::Heartbeat(const v1::HeartbeatRequest& req, v1::Heartbeat
   for (const auto& id : ids) {
     auto t = store_->GetTask(id);
     if (t.ok() && t->state == TaskState::kCancelled) resp->add_cancelled_task_ids(id);
+  }
+  // Record that the worker is alive (for operators), at most every 10 s.
+  std::optional<WorkerRecord> seen;
+  {
+    std::lock_guard lock(workers_mu_);
+    auto it = workers_.find(req.worker_id());
+    const int64_t now = NowMs();
+    if (it != workers_.end() && now - it->second.record.last_seen_unix_ms >= 10000) {
+      it->second.record.last_seen_unix_ms = now;
+      seen = it->second.record;
+    }
+  }
+  if (seen) {
+    if (auto s = store_->UpsertWorker(*seen); !s.ok())
+      spdlog::warn("worker {}: recording last seen: {}", req.worker_id(), std::string(s.status().message()));
   }
   return absl::OkStatus();
 }

@@ -90,6 +90,7 @@ class KforgeApi {
   struct WorkerInfo {
     std::string arch;
     bool compile_only = false;
+    WorkerRecord record;         // as registered; last_seen refreshed by heartbeats
   };
   absl::StatusOr<WorkerInfo> KnownWorker(const std::string& worker_id);
   absl::Status FillTask(const TaskRecord& t, v1::Task* out);
