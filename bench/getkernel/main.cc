@@ -103,7 +103,7 @@ absl::Status Seed(kforge::Store& store, size_t source_bytes, size_t cubin_bytes)
 int main(int argc, char** argv) {
   CLI::App app{"GetKernel load generator"};
   std::string server_addr, token = kToken;
-  int threads = 4, seconds = 10, server_threads = 0, inflight = 0;
+  int threads = 4, seconds = 10, server_threads = 0, inflight = 0, lookahead_kb = 0;
   size_t source_bytes = 16 * 1024, cubin_bytes = 64 * 1024;
   app.add_option("--server", server_addr, "external server (default: host one in-process)");
   app.add_option("--token", token, "client token for --server");
@@ -112,6 +112,8 @@ int main(int argc, char** argv) {
   app.add_option("--inflight", inflight,
                  "0: blocking calls, one per thread; N: N outstanding async calls per thread's channel")
       ->capture_default_str();
+  app.add_option("--lookahead-kb", lookahead_kb,
+                 "client HTTP/2 receive window per stream (0: gRPC default)")->capture_default_str();
   app.add_option("--source-bytes", source_bytes, "self-hosted variant source size")->capture_default_str();
   app.add_option("--cubin-bytes", cubin_bytes, "self-hosted cubin size")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
@@ -224,6 +226,7 @@ int main(int argc, char** argv) {
     grpc::ChannelArguments args;
     args.SetInt("grpc.channel_id", i);
     args.SetMaxReceiveMessageSize(64 << 20);
+    if (lookahead_kb > 0) args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, lookahead_kb * 1024);
     stubs.push_back(v1::KernelService::NewStub(
         grpc::CreateCustomChannel(server_addr, grpc::InsecureChannelCredentials(), args)));
     for (int k = 0; k < inflight; ++k) {
@@ -248,6 +251,7 @@ int main(int argc, char** argv) {
       grpc::ChannelArguments args;
       args.SetInt("grpc.channel_id", i);  // distinct connections per thread
       args.SetMaxReceiveMessageSize(64 << 20);
+      if (lookahead_kb > 0) args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, lookahead_kb * 1024);
       auto ch = grpc::CreateCustomChannel(server_addr, grpc::InsecureChannelCredentials(), args);
       auto stub = v1::KernelService::NewStub(ch);
       auto& lat = latencies[i];
