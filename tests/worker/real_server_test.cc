@@ -334,6 +334,31 @@ TEST_F(RealServer, HeartbeatsRenewTheLeaseOfALongCompile) {
   EXPECT_EQ(evals->front().outcome, Outcome::kCompiled) << evals->front().message;
 }
 
+TEST_F(RealServer, ATaskCancelledOnTheServerIsStoppedAndNotReported) {
+  StartWorker();
+  ASSERT_TRUE(Eventually([&] { return RegisteredWorker().has_value(); }, 20s));
+  std::string variant;
+  const std::string task = EnqueueCompile(kSlowSource, &variant);
+  ASSERT_TRUE(Eventually(
+      [&] {
+        auto t = store_->GetTask(task);
+        return t.ok() && t->state == TaskState::kLeased;
+      },
+      20s));
+  auto cancelled = store_->CancelTasks(job_id_);
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  ASSERT_TRUE(Eventually([&] { return worker_->Log().find("cancelled, not reported") != std::string::npos; },
+                         30s))
+      << worker_->Log();
+  EXPECT_NE(worker_->Log().find("cancelled by the server"), std::string::npos);
+  auto evals = store_->ListEvaluations(variant);
+  ASSERT_TRUE(evals.ok());
+  EXPECT_TRUE(evals->empty());
+  // The worker goes on serving.
+  std::string next;
+  ASSERT_TRUE(WaitDone(EnqueueCompile(kGoodSource, &next)));
+}
+
 TEST_F(RealServer, WorkerComesBackAfterTheServerRestartsOnTheSamePort) {
   StartWorker();
   ASSERT_TRUE(Eventually([&] { return RegisteredWorker().has_value(); }, 20s));
