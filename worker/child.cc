@@ -41,7 +41,7 @@ ChildReport FakeVerified() {
   r.outcome = Outcome::kVerified;
   r.message = "self-test";
   r.reference_version = "self-test";
-  r.errors = ErrorStats{.max_abs_error = 0.001, .rel_l2_error = 0.002, .worst_output = "O"};
+  r.errors = ErrorStats{.max_abs_error = 0.001, .rel_l2_error = 0.002, .worst_output = "O", .detail = ""};
   r.timing = TimingStats{.median_us = 10, .min_us = 9, .max_us = 12, .samples = 5};
   return r;
 }

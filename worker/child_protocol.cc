@@ -150,7 +150,8 @@ absl::StatusOr<ChildRequest> RequestFromJson(std::string_view text) {
     if (j.contains("incumbent")) {
       r.incumbent = ChildKernel{
           .variant_id = j.at("incumbent").at("variant_id").get<std::string>(),
-          .manifest_json = j.at("incumbent").at("manifest_json").get<std::string>()};
+          .manifest_json = j.at("incumbent").at("manifest_json").get<std::string>(),
+          .cubin = {}};
     }
     r.self_test = j.value("self_test", "");
     r.compile_cache_dir = j.value("compile_cache_dir", "");

@@ -162,7 +162,9 @@ TEST_P(WorkerGpu, CorpusKernelGetsItsExpectedOutcomeInTheSandbox) {
     ASSERT_TRUE(r->errors.has_value());
     EXPECT_FALSE(r->errors->detail.empty());
   }
-  if (got == "timeout") EXPECT_LT(s, 120);
+  if (got == "timeout") {
+    EXPECT_LT(s, 120);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Corpus, WorkerGpu, ::testing::ValuesIn(LoadCorpus()),
