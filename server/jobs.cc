@@ -22,6 +22,8 @@ struct JobEngine::BucketState {
   BucketProgress progress;
   int outstanding = 0;  // EVALUATE tasks queued or leased
   int rounds = 0;       // rounds proposed so far
+  int retries = 0;      // consecutive UNAVAILABLE answers from the proposer
+  int64_t retry_at_ms = 0;  // > 0: ask the proposer again at this time
   bool exhausted = false;
   std::string error;  // the proposer failed; the bucket proposes no more
   std::map<std::string, agent::Candidate> candidates;  // by variant id
@@ -305,7 +307,9 @@ void JobEngine::Tick() {
   // Time budgets end without any task completing; check them here.
   const int64_t now = NowMs();
   for (auto& [id, job] : jobs_) {
-    if (job->deadline_ms > 0 && now >= job->deadline_ms) Advance(*job);
+    bool due = job->deadline_ms > 0 && now >= job->deadline_ms;
+    for (const auto& b : job->buckets) due |= b.retry_at_ms > 0 && now >= b.retry_at_ms;
+    if (due) Advance(*job);
   }
   std::erase_if(jobs_, [](const auto& kv) { return kv.second->finished; });
 }
@@ -554,10 +558,12 @@ void JobEngine::Advance(JobState& job) {
   const bool tokens_spent =
       job.spec.max_tokens > 0 && job.record.tokens_used >= job.spec.max_tokens;
   bool all_done = true;
+  const int64_t now = NowMs();
   for (auto& b : job.buckets) {
     const bool bucket_done = b.exhausted || !b.error.empty() || tokens_spent ||
                              b.progress.proposed >= job.spec.max_variants;
-    if (!bucket_done && b.outstanding == 0) ProposeRound(job, b);
+    const bool waiting = b.retry_at_ms > now;  // backing off an unavailable proposer
+    if (!bucket_done && !waiting && b.outstanding == 0) ProposeRound(job, b);
     const bool still_done = b.exhausted || !b.error.empty() || tokens_spent ||
                             b.progress.proposed >= job.spec.max_variants;
     if (!still_done || b.outstanding > 0) all_done = false;
@@ -599,10 +605,29 @@ void JobEngine::ProposeRound(JobState& job, BucketState& b) {
   }
   auto proposed = b.proposer->Propose(ctx, n);
   if (!proposed.ok()) {
-    b.error = std::string(std::string(proposed.status().message()));
+    const std::string why(proposed.status().message());
+    if (absl::IsUnavailable(proposed.status()) && b.retries < options_.max_proposer_retries) {
+      // A model endpoint that is down or rate-limiting may recover: try the
+      // round again later instead of giving up on the bucket.
+      const int64_t wait_ms = options_.proposer_retry_base_ms << b.retries;
+      b.retries++;
+      b.retry_at_ms = NowMs() + wait_ms;
+      Persist(job, fmt::format("proposer unavailable on {} (retry {} in {} ms): {}", b.id,
+                               b.retries, wait_ms, why));
+      return;
+    }
+    if (absl::IsResourceExhausted(proposed.status())) {
+      // A spent budget ends the bucket normally; its results stand.
+      b.exhausted = true;
+      Persist(job, fmt::format("proposer budget spent on {}: {}", b.id, why));
+      return;
+    }
+    b.error = why;
     Persist(job, fmt::format("proposer failed on {}: {}", b.id, b.error));
     return;
   }
+  b.retries = 0;
+  b.retry_at_ms = 0;
   if (proposed->empty()) {
     b.exhausted = true;
     Persist(job, fmt::format("proposer has nothing more for {}", b.id));

@@ -94,6 +94,11 @@ struct JobEvent {
 
 struct JobEngineOptions {
   int candidates_per_round = 4;  // per bucket
+  // A proposer answering UNAVAILABLE (model endpoint down, rate limited) is
+  // asked again after base, 2x base, ... up to this many times; then the
+  // bucket fails. RESOURCE_EXHAUSTED (budget spent) ends the bucket as done.
+  int max_proposer_retries = 5;
+  int64_t proposer_retry_base_ms = 15000;
   // Called after tasks were enqueued, so long-polling LeaseTask calls wake up.
   std::function<void()> on_tasks_enqueued;
 };

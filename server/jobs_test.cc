@@ -217,6 +217,74 @@ TEST_F(JobsTest, RestartReplaysHistoryAndContinuesWithoutRepeats) {
     EXPECT_NE(c, "propose:cand 0") << "a replayed proposer proposed again";
 }
 
+// Fails with `codes` in turn, then proposes one candidate per call.
+class Flaky : public agent::Proposer {
+ public:
+  explicit Flaky(std::vector<absl::StatusCode> codes) : codes_(std::move(codes)) {}
+  absl::StatusOr<std::vector<agent::Candidate>> Propose(const agent::ProposalContext&, int) override {
+    if (calls_ < codes_.size()) return absl::Status(codes_[calls_++], "endpoint says no");
+    agent::Candidate c;
+    c.source = fmt::format("flaky {}", calls_++);
+    c.manifest_json = "{}";
+    return std::vector<agent::Candidate>{c};
+  }
+  void Observe(const agent::Feedback&) override {}
+  void Remember(const agent::Candidate&) override {}
+  std::string Name() const override { return "builtin"; }
+
+ private:
+  std::vector<absl::StatusCode> codes_;
+  size_t calls_ = 0;
+};
+
+std::unique_ptr<JobEngine> FlakyEngine(Store* store, std::vector<absl::StatusCode> codes) {
+  JobEngineOptions o;
+  o.proposer_retry_base_ms = 20;
+  o.max_proposer_retries = 2;
+  auto e = std::make_unique<JobEngine>(
+      store,
+      [codes](const std::string&, uint64_t) -> absl::StatusOr<std::unique_ptr<agent::Proposer>> {
+        return std::make_unique<Flaky>(codes);
+      },
+      o);
+  EXPECT_TRUE(e->Start().ok());
+  return e;
+}
+
+TEST_F(JobsTest, UnavailableProposerIsRetriedWithBackoff) {
+  auto engine = FlakyEngine(store_.get(), {absl::StatusCode::kUnavailable,
+                                           absl::StatusCode::kUnavailable});
+  JobSpec spec;
+  spec.shapes = {Shape()};
+  spec.max_variants = 1;
+  auto job = engine->Submit(spec);
+  ASSERT_TRUE(job.ok());
+  JobView v = WaitFor(*engine, job->record.id, [](const JobView& v) { return v.progress[0].proposed == 1; });
+  EXPECT_EQ(v.progress[0].proposed, 1) << "retried after two UNAVAILABLE answers";
+  EXPECT_EQ(v.record.state, JobState::kRunning);
+}
+
+TEST_F(JobsTest, ProposerThatStaysDownFailsTheJob) {
+  auto engine = FlakyEngine(store_.get(), std::vector<absl::StatusCode>(5, absl::StatusCode::kUnavailable));
+  JobSpec spec;
+  spec.shapes = {Shape()};
+  auto job = engine->Submit(spec);
+  ASSERT_TRUE(job.ok());
+  JobView v = WaitFor(*engine, job->record.id, [](const JobView& v) { return IsFinal(v.record.state); });
+  EXPECT_EQ(v.record.state, JobState::kFailed);
+  EXPECT_NE(v.record.message.find("endpoint says no"), std::string::npos) << v.record.message;
+}
+
+TEST_F(JobsTest, SpentProposerBudgetEndsTheBucketNormally) {
+  auto engine = FlakyEngine(store_.get(), {absl::StatusCode::kResourceExhausted});
+  JobSpec spec;
+  spec.shapes = {Shape()};
+  auto job = engine->Submit(spec);
+  ASSERT_TRUE(job.ok());
+  JobView v = WaitFor(*engine, job->record.id, [](const JobView& v) { return IsFinal(v.record.state); });
+  EXPECT_EQ(v.record.state, JobState::kSucceeded);
+}
+
 TEST_F(JobsTest, CancelStopsTheJobAndItsTasks) {
   auto engine = Engine(100);
   JobSpec spec;
