@@ -19,9 +19,7 @@
 
 namespace kforge::embedded {
 extern const char agent_attn_params_h[];
-#ifdef KFORGE_AGENT_HAVE_CONTRACT_MD
 extern const char agent_contract_md[];
-#endif
 }  // namespace kforge::embedded
 
 namespace kforge::agent {
@@ -30,29 +28,6 @@ namespace {
 using nlohmann::json;
 
 constexpr char kToolName[] = "submit_kernel";
-
-// Written for when kernels/CONTRACT.md is not in the build; the header that
-// follows it is the authority on the parameters.
-constexpr char kContractSummary[] = R"(# The kforge kernel contract (summary)
-A variant is CUDA C++ device source compiled by NVRTC, plus a JSON launch manifest.
-- The source may include only "kforge/attn_params.h" (given below) and nothing else: no
-  <cuda_bf16.h>, no standard library, no host code (no main, no cudaMalloc/cudaMemcpy, no
-  __host__ functions, no printf, no new/delete/malloc). Treat bf16 as raw 16-bit values and
-  use inline PTX (ldmatrix, mma.sync, cvt) as the seed kernels do.
-- Entry point: extern "C" __global__ void kf_attn_fwd(const __grid_constant__ KfAttnParams p)
-  (the manifest's entry_point names it). The host owns allocation, streams, timing and
-  checking; the kernel must write every element of o (and lse) for every query row.
-- Grid: manifest "grid" is "per_tile" (grid = (ceil(max_seqlen_q / tile_m), heads, batch);
-  empty tiles exit early) or "persistent" (grid ~ one wave; CTAs take tiles from p.tiles via
-  atomicAdd on p.tile_counter).
-- Manifest JSON fields: contract_version (1), entry_point, threads (multiple of 32, <= 1024),
-  dynamic_smem_bytes, grid, tile_m, tile_n, workspace {fixed_bytes, per_tile_bytes}, archs,
-  features (e.g. "mma_sync", "cp_async", "ldmatrix", "wgmma", "tma"), head_dims, ops (["fwd"]),
-  causal, noncausal, gqa, ctas_per_sm (0 = host estimates). Unknown keys are rejected.
-- Numerics: bf16 inputs, fp32 accumulation; checked against a reference on random jagged
-  batches (lengths 0, 1, non-multiples of the tile, cross-attention with Lq != Lk); relative
-  L2 error must stay around 1e-3..1e-2; NaN never passes. Causal masks are bottom-right aligned.
-)";
 
 std::string Truncate(const std::string& s, size_t max) {
   if (s.size() <= max) return s;
@@ -383,13 +358,7 @@ class ModelProposer final : public Proposer {
 
 }  // namespace
 
-std::string ContractText() {
-#ifdef KFORGE_AGENT_HAVE_CONTRACT_MD
-  return embedded::agent_contract_md;
-#else
-  return kContractSummary;
-#endif
-}
+std::string ContractText() { return embedded::agent_contract_md; }
 
 absl::StatusOr<ExtractedKernel> ExtractKernel(const ChatResponse& answer) {
   for (const ToolCall& call : answer.tool_calls) {
