@@ -32,6 +32,9 @@ for b in "${bins[@]}"; do
     [ -e "$out/lib/$name" ] || cp -L "$path" "$out/lib/$name"
   done
 done
+# Debug info is most of a RelWithDebInfo binary; the bundle must stay small
+# enough to travel (the device call carries at most 64 MiB).
+strip --strip-debug "$out"/bin/* "$out"/lib/* 2>/dev/null || true
 # Resources the binaries read at run time (kernel shapes, anchor script).
 cp -r bench/shapes.json bench/anchors.py "$out/" 2>/dev/null || true
 echo "bundle: $(ls "$out/bin" | wc -l) binaries, $(ls "$out/lib" | wc -l) libraries, $(du -sh "$out" | cut -f1) in $out"
