@@ -243,8 +243,12 @@ class MemoryStore final : public Store {
       if (t.state != TaskState::kQueued || t.arch != arch) continue;
       if (compile_only && t.kind != TaskKind::kCompile) continue;
       Job* job = Find(jobs_, 'j', t.job_id);
-      // Tasks are visited oldest first, so only a strictly earlier turn wins.
-      if (pick == nullptr || job->lease_seq < pick_job->lease_seq) {
+      // Re-timing tasks go first (see Store::LeaseTask). Tasks are visited
+      // oldest first, so among equals only a strictly earlier turn wins.
+      const bool retime = t.kind == TaskKind::kRetime;
+      const bool pick_retime = pick != nullptr && pick->kind == TaskKind::kRetime;
+      if (pick == nullptr || (retime && !pick_retime) ||
+          (retime == pick_retime && job->lease_seq < pick_job->lease_seq)) {
         pick = &t;
         pick_job = job;
       }

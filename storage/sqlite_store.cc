@@ -836,13 +836,14 @@ class SqliteStore final : public Store {
     std::optional<TaskRecord> leased;
     absl::Status s = Write("LeaseTask", [&]() -> absl::Status {
       leased.reset();
-      // Ordering by the job's turn first and the task's age second gives
-      // the oldest eligible task of the job that has waited longest.
+      // Re-timing tasks first: they decide which kernel is served and take
+      // seconds. Then the job's turn and the task's age: the oldest eligible
+      // task of the job that has waited longest.
       absl::StatusOr<Stmt> pick = Prepare(
           "LeaseTask",
           "SELECT t.id, t.job FROM tasks t JOIN jobs j ON j.id = t.job "
           "WHERE t.state = 'queued' AND t.arch = ?1 AND (?2 = 0 OR t.kind = 'compile') "
-          "ORDER BY j.lease_seq, t.id LIMIT 1");
+          "ORDER BY t.kind = 'retime' DESC, j.lease_seq, t.id LIMIT 1");
       if (!pick.ok()) return pick.status();
       pick->Bind(arch, compile_only);
       absl::StatusOr<std::optional<std::pair<int64_t, int64_t>>> row =

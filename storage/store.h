@@ -215,9 +215,11 @@ class Store {
   virtual absl::StatusOr<std::vector<TaskRecord>> ListTasks(
       const std::string& job_id) = 0;  // oldest first
   // Leases the oldest queued task this worker can run (arch match; a
-  // compile-only worker only gets kCompile tasks). Jobs take turns: among
-  // jobs with queued tasks, the one leased least recently goes first (a job
-  // never leased from goes before all others). The lease ends at now + ttl;
+  // compile-only worker only gets kCompile tasks). kRetime tasks go before
+  // all others: they decide which kernel a bucket serves, and behind a long
+  // queue of evaluations they would wait until the job's budget ran out.
+  // Otherwise jobs take turns: among jobs with queued tasks, the one leased
+  // least recently goes first (a job never leased from goes before all others). The lease ends at now + ttl;
   // attempts counts up. nullopt when nothing fits. INVALID_ARGUMENT for an
   // empty worker id or ttl <= 0.
   virtual absl::StatusOr<std::optional<TaskRecord>> LeaseTask(const std::string& worker_id,

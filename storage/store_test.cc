@@ -539,6 +539,18 @@ TYPED_TEST(StoreTest, JobsTakeTurnsLeastRecentlyLeasedFirst) {
   EXPECT_EQ(this->Lease("w"), "");
 }
 
+TYPED_TEST(StoreTest, RetimeTasksAreLeasedBeforeEvaluations) {
+  std::string a = this->NewJob("a");
+  std::string b = this->NewJob("b");
+  std::vector<std::string> ta = this->Enqueue({this->Task(a), this->Task(a)});
+  TaskRecord retime = this->Task(b);
+  retime.kind = TaskKind::kRetime;
+  retime.incumbent_variant_id = "v0";
+  std::vector<std::string> tb = this->Enqueue({retime});
+  EXPECT_EQ(this->Lease("w"), tb[0]);
+  EXPECT_EQ(this->Lease("w"), ta[0]);
+}
+
 TYPED_TEST(StoreTest, LeaseMatchesArchAndCompileOnlyWorkersGetCompileTasks) {
   std::string job = this->NewJob("tune");
   std::vector<std::string> ids = this->Enqueue({
