@@ -334,7 +334,7 @@ int main(int argc, char** argv) {
   int max_variants = 0, max_seconds = 0;
   int64_t max_tokens = 0;
   uint64_t seed = 0;
-  bool no_watch = false;
+  bool no_watch = false, compile_only = false;
   auto* tune = app.add_subcommand("tune", "submit a tuning job and watch it");
   AddShapeFlags(tune, shape);
   tune->add_option("--shapes", shapes_file, "shapes JSON file (like bench/shapes.json)");
@@ -345,6 +345,8 @@ int main(int argc, char** argv) {
   tune->add_option("--max-tokens", max_tokens, "model token budget (0: none)");
   tune->add_option("--seed", seed, "proposer seed");
   tune->add_flag("--no-watch", no_watch, "submit and return");
+  tune->add_flag("--compile-only", compile_only,
+                 "only compile the proposals for --arch (no GPU run, no best chosen)");
 
   auto* jobs = app.add_subcommand("jobs", "list jobs; 'jobs show ID', 'jobs cancel ID', 'jobs watch ID'");
   std::vector<std::string> jobs_args;
@@ -417,6 +419,7 @@ int main(int argc, char** argv) {
       req.mutable_budget()->set_max_seconds(max_seconds);
       req.mutable_budget()->set_max_tokens(max_tokens);
       req.set_seed(seed);
+      req.set_compile_only(compile_only);
       if (!shapes_file.empty()) {
         for (auto& s : ShapesFromFile(shapes_file, shape.arch)) *req.add_shapes() = std::move(s);
       } else {

@@ -453,6 +453,8 @@ absl::Status KforgeApi::ReportResult(const v1::ReportResultRequest& req,
   if (!outcome.ok()) return outcome.status();
   auto task = store_->GetTask(req.task_id());
   if (!task.ok()) return task.status();
+  if (*outcome == Outcome::kVerified && task->kind == TaskKind::kCompile)
+    return Invalid("result.outcome", "a compile task cannot be verified (nothing was run)");
   if (*outcome == Outcome::kVerified) {
     if (absl::Status s = CheckTiming("result.timing", r.timing()); !s.ok()) return s;
     if (task->kind == TaskKind::kRetime) {

@@ -172,6 +172,7 @@ absl::StatusOr<JobSpec> JobSpecFromProto(const v1::SubmitJobRequest& req,
   spec.max_seconds = b.max_seconds();
   spec.max_tokens = b.max_tokens();
   spec.seed = req.seed();
+  spec.compile_only = req.compile_only();
   return spec;
 }
 
@@ -221,6 +222,7 @@ void JobToProto(const JobView& job, v1::Job* out) {
   out->set_updated_at(FormatUnixMs(job.record.updated_unix_ms));
   out->set_message(job.record.message);
   out->set_seed(job.record.seed);
+  out->set_compile_only(job.spec.compile_only);
 }
 
 void ProvenanceToProto(const VariantRecord& v, v1::Provenance* out) {

@@ -202,6 +202,7 @@ std::string EncodeJobSpec(const JobSpec& spec) {
               {"max_seconds", spec.max_seconds},
               {"max_tokens", spec.max_tokens},
               {"seed", spec.seed},
+              {"compile_only", spec.compile_only},
               {"shapes", shapes}}
       .dump();
 }
@@ -217,6 +218,7 @@ absl::StatusOr<JobSpec> DecodeJobSpec(const std::string& text) {
     s.max_seconds = j.value("max_seconds", 0);
     s.max_tokens = j.value("max_tokens", int64_t{0});
     s.seed = j.value("seed", uint64_t{0});
+    s.compile_only = j.value("compile_only", false);
     for (const auto& e : j.at("shapes")) {
       auto k = ShapeFromJson(e);
       if (!k.ok()) return k.status();
@@ -481,7 +483,7 @@ absl::Status JobEngine::ResumeJob(const JobRecord& record) {
         job->retimes.insert(t.id);
       continue;
     }
-    if (t.kind != TaskKind::kEvaluate) continue;
+    if (t.kind != TaskKind::kEvaluate && t.kind != TaskKind::kCompile) continue;
     auto bi = bucket_index.find(t.bucket);
     if (bi == bucket_index.end()) continue;
     BucketState& b = job->buckets[bi->second];
@@ -659,7 +661,7 @@ void JobEngine::ProposeRound(JobState& job, BucketState& b) {
     b.candidates[*id] = c;
     TaskRecord t;
     t.job_id = job.record.id;
-    t.kind = TaskKind::kEvaluate;
+    t.kind = job.spec.compile_only ? TaskKind::kCompile : TaskKind::kEvaluate;
     t.variant_id = *id;
     t.bucket = b.id;
     t.arch = b.bucket.arch;

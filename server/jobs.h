@@ -58,6 +58,7 @@ struct JobSpec {
   int max_seconds = 0;                     // 0: no limit
   int64_t max_tokens = 0;                  // 0: no limit
   uint64_t seed = 0;
+  bool compile_only = false;  // kCompile tasks instead of kEvaluate; no best is chosen
 };
 
 struct BucketProgress {
