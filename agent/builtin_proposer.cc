@@ -14,7 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
-#include "agent/hash.h"
+#include "core/hash.h"
 
 namespace kforge::agent {
 namespace {

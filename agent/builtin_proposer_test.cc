@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "agent/hash.h"
+#include "core/hash.h"
 #include "kernels/catalog.h"
 #include "kernels/check.h"
 #include "kernels/manifest.h"

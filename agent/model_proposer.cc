@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
-#include "agent/hash.h"
+#include "core/hash.h"
 #include "kernels/catalog.h"
 #include "kernels/check.h"
 #include "kernels/manifest.h"

@@ -6,7 +6,7 @@
 #include <fmt/format.h>
 
 #include "agent/fake_openai_server.h"
-#include "agent/hash.h"
+#include "core/hash.h"
 #include "agent/scripted_chat_client.h"
 #include "kernels/catalog.h"
 

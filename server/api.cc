@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
-#include "storage/hash.h"
+#include "core/hash.h"
 
 namespace kforge::server {
 namespace {

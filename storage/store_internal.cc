@@ -5,7 +5,7 @@
 #include <charconv>
 #include <chrono>
 
-#include "storage/hash.h"
+#include "core/hash.h"
 
 namespace kforge::storage_internal {
 namespace {

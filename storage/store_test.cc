@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "storage/hash.h"
+#include "core/hash.h"
 #include "storage/test_util.h"
 
 namespace kforge {

@@ -1,4 +1,4 @@
-#include "storage/hash.h"
+#include "core/hash.h"
 
 #include <openssl/evp.h>
 
