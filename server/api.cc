@@ -96,6 +96,8 @@ absl::Status KforgeApi::GetKernel(const v1::GetKernelRequest& req, v1::GetKernel
   k->set_tuned(served->tuned);
   const std::string bucket_id = bucket.Id();
   k->set_requested_bucket(bucket_id);
+  if (!req.if_none_match().empty() && req.if_none_match() == k->variant_id())
+    MarkNotModified(*resp);
   if (!served->tuned && req.tune_if_untuned()) {
     if (auto active = engine_->ActiveJobForBucket(bucket_id)) {
       resp->set_tuning_job_id(*active);
@@ -123,7 +125,7 @@ std::shared_ptr<const std::string> KforgeApi::GetKernelCached(const v1::GetKerne
   if (!req.has_shape()) return nullptr;
   auto key = ShapeFromProto(req.shape(), "shape", options_.limits);
   if (!key.ok()) return nullptr;
-  return cache_->Cached(BucketOf(*key));
+  return cache_->Cached(BucketOf(*key), req.if_none_match());
 }
 
 absl::StatusOr<std::shared_ptr<const std::string>> KforgeApi::GetKernelBytes(
@@ -131,8 +133,7 @@ absl::StatusOr<std::shared_ptr<const std::string>> KforgeApi::GetKernelBytes(
   if (req.has_shape()) {
     auto key = ShapeFromProto(req.shape(), "shape", options_.limits);
     if (!key.ok()) return key.status();
-    auto served = cache_->Lookup(*key, BucketOf(*key));
-    if (served.ok() && served->tuned && served->response_bytes) return served->response_bytes;
+    if (auto bytes = cache_->Cached(BucketOf(*key), req.if_none_match())) return bytes;
   }
   // Untuned (nearest or seed, maybe enqueueing a job) or invalid: the
   // general path, which also produces the error.

@@ -41,8 +41,11 @@ absl::Status KernelCache::Refresh(const std::string& bucket_id, const std::strin
   resp.mutable_kernel()->set_tuned(true);
   resp.mutable_kernel()->set_requested_bucket(bucket_id);
   auto bytes = std::make_shared<const std::string>(resp.SerializeAsString());
+  MarkNotModified(resp);
+  auto not_modified = std::make_shared<const std::string>(resp.SerializeAsString());
   std::unique_lock lock(mu_);
-  best_[bucket_id] = Entry{*std::move(bucket), *std::move(kernel), std::move(bytes)};
+  best_[bucket_id] =
+      Entry{*std::move(bucket), *std::move(kernel), std::move(bytes), std::move(not_modified)};
   return absl::OkStatus();
 }
 
@@ -160,10 +163,20 @@ absl::StatusOr<std::shared_ptr<const v1::Kernel>> KernelCache::Seed(const ShapeK
   return fut.get();
 }
 
-std::shared_ptr<const std::string> KernelCache::Cached(const Bucket& bucket) const {
+void MarkNotModified(v1::GetKernelResponse& resp) {
+  resp.mutable_kernel()->clear_source();
+  resp.mutable_kernel()->clear_cubin();
+  resp.set_not_modified(true);
+}
+
+std::shared_ptr<const std::string> KernelCache::Cached(const Bucket& bucket,
+                                                       const std::string& if_none_match) const {
   std::shared_lock lock(mu_);
   auto it = best_.find(bucket.Id());
-  return it == best_.end() ? nullptr : it->second.response_bytes;
+  if (it == best_.end()) return nullptr;
+  if (!if_none_match.empty() && it->second.kernel->variant_id() == if_none_match)
+    return it->second.not_modified_bytes;
+  return it->second.response_bytes;
 }
 
 size_t KernelCache::size() const {

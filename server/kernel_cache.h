@@ -49,6 +49,10 @@ struct Served {
   std::shared_ptr<const std::string> response_bytes;
 };
 
+// Turns a response into the not-modified answer for a caller that already
+// holds its variant: no source, no cubin.
+void MarkNotModified(v1::GetKernelResponse& resp);
+
 class KernelCache {
  public:
   // `store` must outlive the cache. `seeds` may be empty (no seed defaults:
@@ -64,7 +68,9 @@ class KernelCache {
   // The kernel for a validated shape: exact winner, nearest winner, or seed.
   absl::StatusOr<Served> Lookup(const ShapeKey& key, const Bucket& bucket);
   // The serialized response of a tuned bucket, or nullptr; never blocks.
-  std::shared_ptr<const std::string> Cached(const Bucket& bucket) const;
+  // When `if_none_match` names the bucket's best, the not-modified response.
+  std::shared_ptr<const std::string> Cached(const Bucket& bucket,
+                                            const std::string& if_none_match) const;
 
   size_t size() const;
 
@@ -80,6 +86,7 @@ class KernelCache {
     Bucket bucket;
     std::shared_ptr<const v1::Kernel> kernel;
     std::shared_ptr<const std::string> response_bytes;
+    std::shared_ptr<const std::string> not_modified_bytes;
   };
   mutable std::shared_mutex mu_;
   std::map<std::string, Entry> best_;  // by bucket id (includes the arch); guarded by mu_

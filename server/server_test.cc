@@ -215,10 +215,11 @@ class ServerTest : public ::testing::Test {
   }
 
   grpc::Status GetKernel(const v1::Shape& shape, v1::GetKernelResponse* resp,
-                         bool tune = false) {
+                         bool tune = false, const std::string& if_none_match = "") {
     v1::GetKernelRequest req;
     *req.mutable_shape() = shape;
     req.set_tune_if_untuned(tune);
+    req.set_if_none_match(if_none_match);
     return kernels_->GetKernel(Ctx(kClient).get(), req, resp);
   }
 
@@ -722,6 +723,20 @@ TEST_F(ServerTest, WorkerFlowReplacesTheBestOnlyAfterARetimeWin) {
   ASSERT_TRUE(GetKernel(MakeShape(), &k).ok());
   EXPECT_EQ(k.kernel().variant_id(), t4->variant().variant_id());
   EXPECT_TRUE(k.kernel().tuned());
+
+  // A client holding the current best gets a reply without source or cubin;
+  // one holding the old best gets the new kernel in full.
+  v1::GetKernelResponse same;
+  ASSERT_TRUE(GetKernel(MakeShape(), &same, false, t4->variant().variant_id()).ok());
+  EXPECT_TRUE(same.not_modified());
+  EXPECT_EQ(same.kernel().variant_id(), t4->variant().variant_id());
+  EXPECT_TRUE(same.kernel().source().empty());
+  EXPECT_TRUE(same.kernel().cubin().empty());
+  EXPECT_TRUE(same.kernel().tuned());
+  v1::GetKernelResponse stale;
+  ASSERT_TRUE(GetKernel(MakeShape(), &stale, false, t1->variant().variant_id()).ok());
+  EXPECT_FALSE(stale.not_modified());
+  EXPECT_EQ(stale.kernel().cubin(), "CUBIN-of-" + t4->variant().variant_id());
 
   EXPECT_EQ(WaitForState(job.id(), v1::JOB_STATE_SUCCEEDED).state(), v1::JOB_STATE_SUCCEEDED);
   EXPECT_EQ(WaitForState(job2.id(), v1::JOB_STATE_SUCCEEDED).state(), v1::JOB_STATE_SUCCEEDED);

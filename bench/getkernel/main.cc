@@ -103,7 +103,8 @@ absl::Status Seed(kforge::Store& store, size_t source_bytes, size_t cubin_bytes)
 int main(int argc, char** argv) {
   CLI::App app{"GetKernel load generator"};
   std::string server_addr, token = kToken;
-  int threads = 4, seconds = 10, server_threads = 0, inflight = 0, lookahead_kb = 0;
+  int threads = 4, seconds = 10, inflight = 0, lookahead_kb = 0;
+  bool if_none_match = false;
   size_t source_bytes = 16 * 1024, cubin_bytes = 64 * 1024;
   app.add_option("--server", server_addr, "external server (default: host one in-process)");
   app.add_option("--token", token, "client token for --server");
@@ -116,6 +117,8 @@ int main(int argc, char** argv) {
                  "client HTTP/2 receive window per stream (0: gRPC default)")->capture_default_str();
   app.add_option("--source-bytes", source_bytes, "self-hosted variant source size")->capture_default_str();
   app.add_option("--cubin-bytes", cubin_bytes, "self-hosted cubin size")->capture_default_str();
+  app.add_flag("--if-none-match", if_none_match,
+               "ask as a client that already holds the kernel (not-modified replies)");
   CLI11_PARSE(app, argc, argv);
 
   std::unique_ptr<kforge::Store> store;
@@ -145,7 +148,6 @@ int main(int argc, char** argv) {
     server = *std::move(started);
     server_addr = server->address();
   }
-  (void)server_threads;
 
   v1::GetKernelRequest req;
   {
@@ -176,6 +178,7 @@ int main(int argc, char** argv) {
     fmt::print("serving {} (tuned={}, source {} B, cubin {} B) from {}\n",
                resp.kernel().variant_id(), resp.kernel().tuned(), resp.kernel().source().size(),
                resp.kernel().cubin().size(), server_addr);
+    if (if_none_match) req.set_if_none_match(resp.kernel().variant_id());
   }
 
   std::atomic<bool> stop{false};
