@@ -11,6 +11,8 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "core/shape_json.h"
+
 namespace kforge::server {
 
 // The engine's per-bucket view of a job. Counters mirror BucketProgress.
@@ -65,45 +67,11 @@ int64_t IdNumber(const std::string& id) {
   return n;
 }
 
-json ShapeToJson(const ShapeKey& k) {
-  return json{{"op", std::string(OpName(k.op))},
-              {"dtype", std::string(DTypeName(k.dtype))},
-              {"head_dim", k.head_dim},
-              {"heads", k.heads},
-              {"kv_heads", k.kv_heads},
-              {"causal", k.causal},
-              {"cross", k.cross},
-              {"arch", k.arch},
-              {"batch", k.batch},
-              {"max_len_q", k.max_len_q},
-              {"total_q", k.total_q},
-              {"max_len_k", k.max_len_k},
-              {"total_k", k.total_k}};
-}
-
-absl::StatusOr<ShapeKey> ShapeFromJson(const json& j) {
-  try {
-    ShapeKey k;
-    auto op = ParseOp(j.at("op").get<std::string>());
-    auto dt = ParseDType(j.at("dtype").get<std::string>());
-    if (!op || !dt) return absl::DataLossError("stored shape has an unknown op or dtype");
-    k.op = *op;
-    k.dtype = *dt;
-    k.head_dim = j.at("head_dim").get<int>();
-    k.heads = j.at("heads").get<int>();
-    k.kv_heads = j.at("kv_heads").get<int>();
-    k.causal = j.at("causal").get<bool>();
-    k.cross = j.at("cross").get<bool>();
-    k.arch = j.at("arch").get<std::string>();
-    k.batch = j.at("batch").get<int64_t>();
-    k.max_len_q = j.at("max_len_q").get<int64_t>();
-    k.total_q = j.at("total_q").get<int64_t>();
-    k.max_len_k = j.at("max_len_k").get<int64_t>();
-    k.total_k = j.at("total_k").get<int64_t>();
-    return k;
-  } catch (const json::exception& e) {
-    return absl::DataLossError(fmt::format("stored shape is malformed: {}", e.what()));
-  }
+// A stored shape that does not decode is lost data, not a bad request.
+absl::StatusOr<ShapeKey> StoredShape(const json& j) {
+  auto k = ShapeKeyFromJson(j);
+  if (!k.ok()) return absl::DataLossError(fmt::format("stored {}", std::string(k.status().message())));
+  return k;
 }
 
 json ProgressToJson(const std::vector<BucketProgress>& progress) {
@@ -185,17 +153,17 @@ bool IsFinal(JobState s) {
   return s == JobState::kSucceeded || s == JobState::kFailed || s == JobState::kCancelled;
 }
 
-std::string EncodeShapeKey(const ShapeKey& key) { return ShapeToJson(key).dump(); }
+std::string EncodeShapeKey(const ShapeKey& key) { return ShapeKeyToJson(key).dump(); }
 
 absl::StatusOr<ShapeKey> DecodeShapeKey(const std::string& text) {
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return absl::DataLossError("stored shape is not JSON");
-  return ShapeFromJson(j);
+  return StoredShape(j);
 }
 
 std::string EncodeJobSpec(const JobSpec& spec) {
   json shapes = json::array();
-  for (const auto& s : spec.shapes) shapes.push_back(ShapeToJson(s));
+  for (const auto& s : spec.shapes) shapes.push_back(ShapeKeyToJson(s));
   return json{{"name", spec.name},
               {"proposer", spec.proposer},
               {"max_variants", spec.max_variants},
@@ -220,7 +188,7 @@ absl::StatusOr<JobSpec> DecodeJobSpec(const std::string& text) {
     s.seed = j.value("seed", uint64_t{0});
     s.compile_only = j.value("compile_only", false);
     for (const auto& e : j.at("shapes")) {
-      auto k = ShapeFromJson(e);
+      auto k = StoredShape(e);
       if (!k.ok()) return k.status();
       s.shapes.push_back(*std::move(k));
     }
@@ -668,7 +636,7 @@ void JobEngine::ProposeRound(JobState& job, BucketState& b) {
     // The round rides along in the task's shape JSON (ignored by readers of
     // the shape): replay after a restart needs the round structure, and
     // millisecond timestamps cannot order events of one round.
-    json shape = ShapeToJson(b.shape);
+    json shape = ShapeKeyToJson(b.shape);
     shape["round"] = b.rounds;
     t.shape_json = shape.dump();
     t.seed = SplitMix(job.spec.seed + ++job.tasks_made);

@@ -9,6 +9,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/shape_json.h"
+
 namespace kforge::worker {
 namespace {
 
@@ -27,44 +29,17 @@ double GetDouble(const json& j, const char* key) {
 }
 
 json ShapeToJson(const ShapeSpec& s) {
-  const ShapeKey& k = s.key;
-  return json{{"op", std::string(OpName(k.op))},
-              {"dtype", std::string(DTypeName(k.dtype))},
-              {"head_dim", k.head_dim},
-              {"heads", k.heads},
-              {"kv_heads", k.kv_heads},
-              {"causal", k.causal},
-              {"cross", k.cross},
-              {"arch", k.arch},
-              {"batch", k.batch},
-              {"max_len_q", k.max_len_q},
-              {"total_q", k.total_q},
-              {"max_len_k", k.max_len_k},
-              {"total_k", k.total_k},
-              {"cu_seqlens_q", s.cu_seqlens_q},
-              {"cu_seqlens_k", s.cu_seqlens_k}};
+  json j = ShapeKeyToJson(s.key);
+  j["cu_seqlens_q"] = s.cu_seqlens_q;
+  j["cu_seqlens_k"] = s.cu_seqlens_k;
+  return j;
 }
 
 absl::StatusOr<ShapeSpec> ShapeFromJson(const json& j) {
+  absl::StatusOr<ShapeKey> key = ShapeKeyFromJson(j);
+  if (!key.ok()) return key.status();
   ShapeSpec s;
-  ShapeKey& k = s.key;
-  std::optional<Op> op = ParseOp(j.at("op").get<std::string>());
-  if (!op) return absl::InvalidArgumentError("shape.op: unknown");
-  k.op = *op;
-  std::optional<DType> dtype = ParseDType(j.at("dtype").get<std::string>());
-  if (!dtype) return absl::InvalidArgumentError("shape.dtype: unknown");
-  k.dtype = *dtype;
-  k.head_dim = j.at("head_dim").get<int>();
-  k.heads = j.at("heads").get<int>();
-  k.kv_heads = j.at("kv_heads").get<int>();
-  k.causal = j.at("causal").get<bool>();
-  k.cross = j.at("cross").get<bool>();
-  k.arch = j.at("arch").get<std::string>();
-  k.batch = j.at("batch").get<int64_t>();
-  k.max_len_q = j.at("max_len_q").get<int64_t>();
-  k.total_q = j.at("total_q").get<int64_t>();
-  k.max_len_k = j.at("max_len_k").get<int64_t>();
-  k.total_k = j.at("total_k").get<int64_t>();
+  s.key = *std::move(key);
   s.cu_seqlens_q = j.at("cu_seqlens_q").get<std::vector<int32_t>>();
   s.cu_seqlens_k = j.at("cu_seqlens_k").get<std::vector<int32_t>>();
   return s;
