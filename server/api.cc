@@ -432,6 +432,10 @@ absl::Status KforgeApi::LeaseTask(const v1::LeaseTaskRequest& req, v1::LeaseTask
     auto task = store_->LeaseTask(req.worker_id(), worker->arch, worker->compile_only, NowMs(),
                                   options_.lease_ttl_ms);
     if (!task.ok()) return task.status();
+    if (task->has_value() && (*task)->attempts > options_.max_task_attempts) {
+      if (absl::Status s = GiveUp(**task, req.worker_id()); !s.ok()) return s;
+      continue;
+    }
     if (task->has_value()) return FillTask(**task, resp->mutable_task());
     if (shutting_down_ || cancelled() || std::chrono::steady_clock::now() >= deadline)
       return absl::OkStatus();
@@ -441,6 +445,20 @@ absl::Status KforgeApi::LeaseTask(const v1::LeaseTaskRequest& req, v1::LeaseTask
         lock, std::min(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(250)),
         [&] { return tasks_generation_ != generation || shutting_down_; });
   }
+}
+
+absl::Status KforgeApi::GiveUp(const TaskRecord& task, const std::string& worker_id) {
+  EvaluationRecord e;
+  e.task_id = task.id;
+  e.worker_id = worker_id;
+  e.outcome = Outcome::kCrashed;
+  e.message = fmt::format(
+      "given up: leased {} times without a result (the workers failed before running the "
+      "candidate; their logs say why)",
+      task.attempts - 1);
+  spdlog::warn("task {} of job {}: {}", task.id, task.job_id, e.message);
+  bool accepted = false;
+  return DecideAndComplete(task, v1::EvalResult(), std::move(e), &accepted);
 }
 
 absl::Status KforgeApi::ReportResult(const v1::ReportResultRequest& req,

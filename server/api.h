@@ -38,6 +38,11 @@ struct ApiOptions {
   int32_t max_lease_wait_ms = 30000;  // longest LeaseTask long poll
   std::string tune_proposer = "builtin";  // for GetKernel's tune_if_untuned
   int tune_max_variants = kDefaultMaxVariants;
+  // A task whose lease expired this many times without a result is given up
+  // (recorded as crashed) instead of being handed out again: a worker that
+  // fails before running a candidate does not report, so a task that breaks
+  // every worker would otherwise cycle forever.
+  int max_task_attempts = 5;
 };
 
 class KforgeApi {
@@ -96,6 +101,9 @@ class KforgeApi {
   absl::Status FillTask(const TaskRecord& t, v1::Task* out);
   absl::Status DecideAndComplete(const TaskRecord& task, const v1::EvalResult& result,
                                  EvaluationRecord eval, bool* accepted);
+  // Records a task that exhausted max_task_attempts as crashed; `worker_id`
+  // holds its current lease.
+  absl::Status GiveUp(const TaskRecord& task, const std::string& worker_id);
 
   Store* store_;          // must outlive this
   KernelCache* cache_;    // must outlive this

@@ -95,6 +95,7 @@ absl::Status ApplyConfigFile(const std::string& path, ServerConfig& cfg) {
       {"lease_ttl_ms", int_key(100, kDay, cfg.server.api.lease_ttl_ms)},
       {"heartbeat_interval_ms", int_key(10, 3600 * 1000, cfg.server.api.heartbeat_interval_ms)},
       {"max_lease_wait_ms", int_key(0, 600 * 1000, cfg.server.api.max_lease_wait_ms)},
+      {"max_task_attempts", int_key(1, 1000, cfg.server.api.max_task_attempts)},
       {"reaper_interval_ms", int_key(10, 3600 * 1000, cfg.server.reaper_interval_ms)},
       {"shutdown_grace_ms", int_key(0, 600 * 1000, cfg.server.shutdown_grace_ms)},
       {"drain_timeout_ms", int_key(0, 3600 * 1000, cfg.server.drain_timeout_ms)},

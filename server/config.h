@@ -11,6 +11,7 @@
 //   lease_ttl_ms         60000
 //   heartbeat_interval_ms 10000
 //   max_lease_wait_ms    30000
+//   max_task_attempts    5        leases without a result before a task is given up
 //   reaper_interval_ms   1000
 //   shutdown_grace_ms    1000
 //   drain_timeout_ms     10000

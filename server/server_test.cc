@@ -830,6 +830,29 @@ TEST_F(ServerTest, ExpiredLeaseGoesBackToTheQueue) {
   EXPECT_TRUE(Report(b, *again, 10.0));
 }
 
+TEST_F(ServerTest, ATaskThatNeverGetsAResultIsGivenUp) {
+  ServerOptions o;
+  o.api.lease_ttl_ms = 100;
+  o.api.heartbeat_interval_ms = 50;
+  o.api.max_task_attempts = 2;
+  Start(o, 1);
+  const v1::Job job = SubmitJob(1);
+  const std::string a = RegisterWorker("a");
+  // Two leases expire without a report; the third lease attempt records the
+  // task as crashed instead of handing it out again.
+  for (int i = 0; i < 2; ++i) {
+    auto t = Lease(a, 3000);
+    ASSERT_TRUE(t) << "lease " << i;
+  }
+  EXPECT_FALSE(Lease(a, 1500)) << "the task was handed out a third time";
+  // A crashed candidate is a result, so the job still ends normally.
+  const v1::Job done = WaitForState(job.id(), v1::JOB_STATE_SUCCEEDED);
+  ASSERT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED) << done.DebugString();
+  ASSERT_EQ(done.progress_size(), 1);
+  EXPECT_EQ(done.progress(0).evaluated(), 1);
+  EXPECT_EQ(done.progress(0).failed(), 1);
+}
+
 TEST_F(ServerTest, HeartbeatKeepsALeaseAlive) {
   ServerOptions o;
   o.api.lease_ttl_ms = 300;
