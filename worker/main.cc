@@ -68,6 +68,7 @@ int main(int argc, char** argv) {
   double eval_absolute_limit_s = 600;
   double eval_reference_factor = 50;
   std::vector<std::string> nvrtc_options;
+  std::string sanitizer_gate;
   std::string log_level = "info";
   // Hidden: the sandboxed evaluator child.
   bool eval_child = false;
@@ -102,6 +103,9 @@ int main(int argc, char** argv) {
   app.add_option("--eval-absolute-limit-s", eval_absolute_limit_s,
                  "watchdog: hard cap on one evaluation")
       ->capture_default_str();
+  app.add_option("--sanitizer-gate", sanitizer_gate,
+                 "compute-sanitizer binary: a candidate about to become a bucket's best first "
+                 "passes its checks under memcheck (e.g. /usr/local/cuda/bin/compute-sanitizer)");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error")->capture_default_str();
   app.add_flag("--eval-child", eval_child)->group("");
   app.add_option("--request-dir", request_dir)->group("");
@@ -190,7 +194,7 @@ int main(int argc, char** argv) {
   kforge::gpu::CompileCache compile_cache(cache / "cubins");
   kforge::gpu::CompilePool compile_pool(compile_threads, &compile_cache);
 
-  std::unique_ptr<Sandbox> sandbox;
+  std::unique_ptr<Sandbox> sandbox, gate;
   if (!registration.compile_only) {
     SandboxOptions so;
     so.scratch_dir = cache / "sandbox";
@@ -200,6 +204,14 @@ int main(int argc, char** argv) {
     so.absolute_limit = ms(eval_absolute_limit_s);
     so.reference_factor = eval_reference_factor;
     sandbox = std::make_unique<Sandbox>(so);
+    if (!sanitizer_gate.empty()) {
+      // memcheck slows every kernel (the reference too, so the watchdog's
+      // relative limit still holds); its exit code 86 marks a finding.
+      so.wrapper = {sanitizer_gate, "--tool", "memcheck", "--error-exitcode",
+                    std::to_string(kSanitizerFindingExit), "--print-limit", "20"};
+      so.setup_limit *= 10;
+      gate = std::make_unique<Sandbox>(so);
+    }
   }
 
   RunnerOptions ro;
@@ -208,6 +220,7 @@ int main(int argc, char** argv) {
   ro.gpu_ordinal = gpu_ordinal;
   ro.extra_compile_options = nvrtc_options;
   ro.compile_cache_dir = (cache / "cubins").string();
+  ro.sanitizer_gate = gate.get();
   LocalTaskRunner runner(&compile_pool, sandbox.get(), ro);
 
   GrpcClientOptions co;

@@ -156,8 +156,13 @@ absl::StatusOr<SandboxRun> Sandbox::Run(const ChildRequest& request,
 
   // Everything the child needs is built before fork: after it, only
   // async-signal-safe calls.
-  std::vector<std::string> args;
-  args.push_back(options_.executable);
+  std::vector<std::string> args(options_.wrapper.begin(), options_.wrapper.end());
+  std::string executable = options_.executable;
+  if (!options_.wrapper.empty() && executable == "/proc/self/exe") {
+    executable = std::filesystem::read_symlink(executable, ec).string();
+    if (ec) return absl::InternalError(fmt::format("sandbox: /proc/self/exe: {}", ec.message()));
+  }
+  args.push_back(executable);
   args.insert(args.end(), options_.child_args.begin(), options_.child_args.end());
   args.push_back("--request-dir=" + dir.path());
   args.push_back(fmt::format("--result-fd={}", kChildResultFd));

@@ -38,6 +38,12 @@ struct SandboxOptions {
   // mode; the sandbox appends --request-dir=DIR and --result-fd=3.
   std::string executable = "/proc/self/exe";
   std::vector<std::string> child_args = {"--eval-child"};
+  // A program the child runs under, e.g. {"/usr/local/cuda/bin/compute-sanitizer",
+  // "--tool", "memcheck", "--error-exitcode", "86"}: the sandbox executes
+  // wrapper... executable child_args... (with /proc/self/exe resolved to the
+  // worker's real path, which the wrapper could not see). The wrapper must
+  // pass file descriptor 3 on to the child; its exit code becomes the run's.
+  std::vector<std::string> wrapper;
   // Request directories are created (and removed) under this folder.
   std::filesystem::path scratch_dir = std::filesystem::temp_directory_path();
 

@@ -238,6 +238,31 @@ std::optional<TaskResult> LocalTaskRunner::RunUnchecked(const TaskSpec& task,
                                     .cubin = incumbent->stats.cubin};
   }
 
+  if (task.kind == TaskKind::kRetime && options_.sanitizer_gate != nullptr) {
+    // A race or an out-of-bounds access can give right answers by luck; a
+    // kernel that is about to be served gets memcheck's look first.
+    ChildRequest checks = request;
+    checks.mode = ChildRequest::Mode::kEvaluate;
+    checks.incumbent.reset();
+    absl::StatusOr<SandboxRun> gate = options_.sanitizer_gate->Run(checks, &cancel);
+    if (!gate.ok()) {
+      result.outcome = Outcome::kCrashed;
+      result.message = fmt::format("sanitizer gate failure: {}", std::string(gate.status().message()));
+      result.worker_fault = true;
+      return result;
+    }
+    if (gate->cancelled) return std::nullopt;
+    if (gate->report.outcome != Outcome::kVerified) {
+      result.outcome = gate->report.outcome;
+      result.errors = gate->report.errors;
+      result.worker_fault = gate->infrastructure_failure;
+      result.message = fmt::format("compute-sanitizer gate: {}{}", gate->report.message,
+                                   gate->stderr_tail.empty() ? "" : "\n" + gate->stderr_tail);
+      spdlog::info("task {}: {}", task.task_id, result.message);
+      return result;
+    }
+  }
+
   absl::StatusOr<SandboxRun> run = sandbox_->Run(request, &cancel);
   if (!run.ok()) {
     result.outcome = Outcome::kCrashed;

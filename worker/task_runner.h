@@ -47,7 +47,14 @@ struct RunnerOptions {
   // Handed to the evaluator child for the reference's compile (see
   // ChildRequest::compile_cache_dir). Empty: none.
   std::string compile_cache_dir;
+  // When set (must outlive the runner), a RETIME candidate, i.e. one about to
+  // become a bucket's best, first runs its checks in this sandbox, whose
+  // wrapper is compute-sanitizer memcheck; any finding stops it there.
+  Sandbox* sanitizer_gate = nullptr;
 };
+
+// The exit code the sanitizer gate asks compute-sanitizer to use for a finding.
+inline constexpr int kSanitizerFindingExit = 86;
 
 class LocalTaskRunner final : public TaskRunner {
  public:

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include <unistd.h>
@@ -40,7 +41,8 @@ class TaskRunnerTest : public ::testing::Test {
   ~TaskRunnerTest() override { std::filesystem::remove_all(scratch_); }
 
   std::optional<TaskResult> Run(const std::string& self_test, TaskSpec task,
-                                std::atomic<bool>* cancel = nullptr) {
+                                std::atomic<bool>* cancel = nullptr,
+                                const std::string& gate_script = "") {
     SandboxOptions so;
     so.executable = testing::WorkerBinary();
     so.child_args = {"--eval-child", "--self-test=" + self_test};
@@ -48,7 +50,14 @@ class TaskRunnerTest : public ::testing::Test {
     so.setup_limit = 800ms;
     so.min_run_limit = 500ms;
     Sandbox sandbox(so);
+    // The gate's wrapper is a script standing in for compute-sanitizer; its
+    // child runs the candidate's checks alone ("verified").
+    SandboxOptions gate_options = so;
+    gate_options.child_args = {"--eval-child", "--self-test=verified"};
+    gate_options.wrapper = {gate_script};
+    Sandbox gate(gate_options);
     RunnerOptions ro;
+    if (!gate_script.empty()) ro.sanitizer_gate = &gate;
     ro.gpu.name = "Fake GPU";
     ro.gpu.arch = "sm_90a";
     LocalTaskRunner runner(&pool_, &sandbox, ro);
@@ -142,6 +151,46 @@ TEST_F(TaskRunnerTest, RetimeReportsBothTimings) {
   EXPECT_EQ(r->outcome, Outcome::kVerified) << r->message;
   ASSERT_TRUE(r->incumbent_timing.has_value());
   EXPECT_EQ(r->incumbent_timing->median_us, 20);
+}
+
+// Writes an executable shell script into the scratch folder.
+std::string Script(const std::filesystem::path& dir, const std::string& name,
+                   const std::string& body) {
+  std::filesystem::create_directories(dir);
+  const std::filesystem::path path = dir / name;
+  std::ofstream(path) << "#!/bin/sh\n" << body;
+  std::filesystem::permissions(path, std::filesystem::perms::owner_all);
+  return path.string();
+}
+
+TEST_F(TaskRunnerTest, RetimeAfterACleanSanitizerGateIsTimedAsUsual) {
+  TaskSpec t = Evaluate();
+  t.kind = TaskKind::kRetime;
+  t.incumbent = VariantSpec{"v0", kGood, R"({"entry_point":"kf_attn_fwd","threads":64})", ""};
+  const std::string clean = Script(scratch_, "clean-sanitizer", "exec \"$@\"\n");
+  std::optional<TaskResult> r = Run("retime", t, nullptr, clean);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->outcome, Outcome::kVerified) << r->message;
+  ASSERT_TRUE(r->incumbent_timing.has_value());
+}
+
+TEST_F(TaskRunnerTest, ASanitizerFindingStopsTheCandidateBeforeRetiming) {
+  TaskSpec t = Evaluate();
+  t.kind = TaskKind::kRetime;
+  t.incumbent = VariantSpec{"v0", kGood, R"({"entry_point":"kf_attn_fwd","threads":64})", ""};
+  // Like memcheck: the program runs (and even reports "verified"), then the
+  // sanitizer prints its finding and exits with the finding code.
+  const std::string finding = Script(
+      scratch_, "finding-sanitizer",
+      "\"$@\"\necho '========= Invalid __global__ write of size 4 bytes' >&2\nexit " +
+          std::to_string(kSanitizerFindingExit) + "\n");
+  std::optional<TaskResult> r = Run("retime", t, nullptr, finding);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->outcome, Outcome::kCrashed) << r->message;
+  EXPECT_NE(r->message.find("compute-sanitizer gate"), std::string::npos) << r->message;
+  EXPECT_NE(r->message.find("Invalid __global__ write"), std::string::npos) << r->message;
+  EXPECT_FALSE(r->incumbent_timing.has_value());
+  EXPECT_FALSE(r->worker_fault);
 }
 
 TEST_F(TaskRunnerTest, RetimeWithoutIncumbentTimingIsNotTrusted) {
