@@ -15,7 +15,7 @@ bins=()
 for b in server/kforge-server worker/kforge-worker cli/kforge; do
   [ -x "$build/$b" ] && bins+=("$build/$b")
 done
-while IFS= read -r f; do bins+=("$f"); done < <(find "$build/bench" -maxdepth 3 -type f -executable -name 'kforge-bench*' 2>/dev/null)
+while IFS= read -r f; do bins+=("$f"); done < <(find "$build/bench" "$build/kernels" -maxdepth 3 -type f -executable \( -name 'kforge-bench*' -o -name 'kforge-kernels-compile' \) 2>/dev/null)
 
 # GPU-labelled tests: CTest names are "<binary>.<Suite>.<Case>".
 ctest --test-dir "$build" -L gpu -N 2>/dev/null | sed -n 's/^ *Test *#[0-9]*: \([^.]*\)\..*/\1/p' | sort -u > "$out/gpu-tests.txt"
