@@ -87,49 +87,6 @@ bool IsCodeLang(const std::string& lang) {
   return kLangs.count(lang) != 0;
 }
 
-// Comments out of the way so that words in them do not count.
-std::string StripComments(const std::string& s) {
-  std::string out;
-  out.reserve(s.size());
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '/' && i + 1 < s.size() && s[i + 1] == '/') {
-      while (i < s.size() && s[i] != '\n') ++i;
-      out.push_back('\n');
-    } else if (s[i] == '/' && i + 1 < s.size() && s[i + 1] == '*') {
-      size_t close = s.find("*/", i + 2);
-      i = close == std::string::npos ? s.size() : close + 1;
-      out.push_back(' ');
-    } else {
-      out.push_back(s[i]);
-    }
-  }
-  return out;
-}
-
-bool IsIdent(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
-
-// `name` as a whole word followed by "(" (a call).
-bool CallsFunction(const std::string& code, const std::string& name) {
-  for (size_t at = code.find(name); at != std::string::npos; at = code.find(name, at + 1)) {
-    if (at > 0 && IsIdent(code[at - 1])) continue;
-    size_t k = at + name.size();
-    if (k < code.size() && IsIdent(code[k])) continue;
-    while (k < code.size() && std::isspace(static_cast<unsigned char>(code[k]))) ++k;
-    if (k < code.size() && code[k] == '(') return true;
-  }
-  return false;
-}
-
-// The host standard library (std::), but not libcu++ (cuda::std::).
-bool UsesHostStd(const std::string& code) {
-  for (size_t at = code.find("std::"); at != std::string::npos; at = code.find("std::", at + 1)) {
-    if (at > 0 && IsIdent(code[at - 1])) continue;
-    if (at >= 6 && code.compare(at - 6, 6, "cuda::") == 0) continue;
-    return true;
-  }
-  return false;
-}
-
 std::string DescribeShape(const ShapeKey& s) {
   std::string gqa = s.kv_heads != s.heads ? fmt::format(" (GQA, {} query heads per kv head)", s.heads / std::max(1, s.kv_heads)) : "";
   return fmt::format(
@@ -410,14 +367,8 @@ absl::Status ValidateKernel(const ExtractedKernel& kernel, const ShapeKey& shape
   absl::StatusOr<Manifest> manifest = ParseManifest(kernel.manifest_json);
   if (!manifest.ok())
     return absl::InvalidArgumentError(fmt::format("manifest: {}", std::string(manifest.status().message())));
-  const std::string code = StripComments(kernel.source);
-  if (UsesHostStd(code))
-    return absl::InvalidArgumentError("source: uses the host standard library (std::); device code only");
-  for (const char* fn : {"system", "popen", "fopen", "fork", "execl", "execv", "execve", "execvp", "dlopen",
-                         "getenv", "socket", "main"}) {
-    if (CallsFunction(code, fn))
-      return absl::InvalidArgumentError(fmt::format("source: calls {}() (host code is not allowed)", fn));
-  }
+  // Host code, includes, entry point and launch limits: the static checks
+  // every variant passes, whoever wrote it.
   if (absl::Status s = CheckVariant(kernel.source, *manifest, shape.arch, shape); !s.ok()) return s;
   return absl::OkStatus();
 }

@@ -60,6 +60,18 @@ absl::Status CheckVariant(std::string_view source, const Manifest& m, std::strin
     return Reject(fmt::format("source: forbidden construct \"{}\" (host code, printf, allocation "
                               "or trap)", hit.str()));
   }
+  // The host standard library (std::, but not libcu++'s cuda::std::) and
+  // calls that reach the operating system have no place in device code.
+  static const std::regex kHostStd(R"((^|[^\w])std::)");
+  static const std::regex kLibcuxx(R"(\bcuda::std::)");
+  static const std::regex kHostCalls(
+      R"(\b(system|popen|fopen|fork|execl|execv|execve|execvp|dlopen|getenv|socket)\s*\()");
+  if (std::regex_search(code, hit, kHostCalls)) {
+    return Reject(fmt::format("source: calls {}() (host code is not allowed)", hit[1].str()));
+  }
+  if (std::regex_search(std::regex_replace(code, kLibcuxx, "cuda::"), kHostStd)) {
+    return Reject("source: uses the host standard library (std::); device code only");
+  }
   const std::regex kEntry("extern\\s+\"C\"\\s+__global__[^;{]*\\b" + m.entry_point + "\\s*\\(");
   if (!std::regex_search(code, kEntry)) {
     return Reject(fmt::format("source: no `extern \"C\" __global__ void {}(` definition",

@@ -87,6 +87,14 @@ TEST(CheckTest, RejectsSourceProblems) {
   ExpectRejected(CheckVariant(s, Good(), "sm_90a", Shape("sm_90a")), "main");
   s = std::string(kSource) + "__device__ void f() { printf(\"x\"); }\n";
   ExpectRejected(CheckVariant(s, Good(), "sm_90a", Shape("sm_90a")), "printf");
+  s = std::string(kSource) + "__device__ void f() { system(\"rm -rf /\"); }\n";
+  ExpectRejected(CheckVariant(s, Good(), "sm_90a", Shape("sm_90a")), "system()");
+  s = std::string(kSource) + "__device__ std::vector<int> v;\n";
+  ExpectRejected(CheckVariant(s, Good(), "sm_90a", Shape("sm_90a")), "std::");
+  s = std::string(kSource) + "__device__ ::std::size_t n;\n";
+  ExpectRejected(CheckVariant(s, Good(), "sm_90a", Shape("sm_90a")), "std::");
+  s = std::string(kSource) + "__device__ int g(cuda::std::array<int, 2> a) { return a[0]; }\n";
+  EXPECT_TRUE(CheckVariant(s, Good(), "sm_90a", Shape("sm_90a")).ok()) << "libcu++ is device code";
   // Markers inside comments do not count.
   s = std::string(kSource) + "// printf(\"x\") int main(\n";
   EXPECT_TRUE(CheckVariant(s, Good(), "sm_90a", Shape("sm_90a")).ok());
