@@ -55,6 +55,13 @@ absl::StatusOr<ChildReport> EvaluateInChild(const ChildRequest& request,
   absl::StatusOr<std::unique_ptr<eval::Evaluator>> evaluator =
       eval::Evaluator::Create(**driver, request.gpu_ordinal, cache ? &*cache : nullptr);
   if (!evaluator.ok()) return evaluator.status();
+  if (request.mode == ChildRequest::Mode::kProbe) {
+    ChildReport ready;
+    ready.outcome = Outcome::kVerified;
+    ready.message = fmt::format("evaluator ready on {} ({})", (*evaluator)->device().name,
+                                (*evaluator)->device().arch);
+    return ready;
+  }
 
   absl::StatusOr<Manifest> manifest = ParseManifest(request.candidate.manifest_json);
   if (auto bad = BadManifest(manifest, "candidate")) return *bad;
@@ -67,6 +74,11 @@ absl::StatusOr<ChildReport> EvaluateInChild(const ChildRequest& request,
   req.candidate.cubin = request.candidate.cubin;
   req.candidate.manifest = *manifest;
 
+  if (request.mode == ChildRequest::Mode::kCheck) {
+    absl::StatusOr<eval::EvalResult> r = (*evaluator)->CheckOnly(req, on_reference);
+    if (!r.ok()) return r.status();
+    return ToReport(*r);
+  }
   if (request.mode == ChildRequest::Mode::kEvaluate) {
     absl::StatusOr<eval::EvalResult> r = (*evaluator)->Evaluate(req, on_reference);
     if (!r.ok()) return r.status();

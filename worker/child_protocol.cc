@@ -75,11 +75,21 @@ absl::Status WriteFile(const std::filesystem::path& path, std::string_view data)
   return absl::OkStatus();
 }
 
+const char* ModeName(ChildRequest::Mode mode) {
+  switch (mode) {
+    case ChildRequest::Mode::kEvaluate: return "evaluate";
+    case ChildRequest::Mode::kRetime: return "retime";
+    case ChildRequest::Mode::kCheck: return "check";
+    case ChildRequest::Mode::kProbe: return "probe";
+  }
+  return "evaluate";
+}
+
 }  // namespace
 
 std::string RequestToJson(const ChildRequest& r) {
   json j{{"version", kChildProtocolVersion},
-         {"mode", r.mode == ChildRequest::Mode::kRetime ? "retime" : "evaluate"},
+         {"mode", ModeName(r.mode)},
          {"gpu", r.gpu_ordinal},
          {"seed", r.seed},
          {"shape", ShapeToJson(r.shape)},
@@ -112,6 +122,10 @@ absl::StatusOr<ChildRequest> RequestFromJson(std::string_view text) {
       r.mode = ChildRequest::Mode::kEvaluate;
     } else if (mode == "retime") {
       r.mode = ChildRequest::Mode::kRetime;
+    } else if (mode == "check") {
+      r.mode = ChildRequest::Mode::kCheck;
+    } else if (mode == "probe") {
+      r.mode = ChildRequest::Mode::kProbe;
     } else {
       return absl::InvalidArgumentError(fmt::format("request: unknown mode '{}'", mode));
     }

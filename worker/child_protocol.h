@@ -44,7 +44,10 @@ struct ChildKernel {
 };
 
 struct ChildRequest {
-  enum class Mode { kEvaluate, kRetime };
+  // kCheck: the check batches only, no timing (the sanitizer gate).
+  // kProbe: set up the evaluator (driver, context, reference, buffers) and
+  // report; no candidate. The worker probes its sanitizer gate with it.
+  enum class Mode { kEvaluate, kRetime, kCheck, kProbe };
   Mode mode = Mode::kEvaluate;
   int gpu_ordinal = 0;
   ShapeSpec shape;

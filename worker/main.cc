@@ -207,10 +207,27 @@ int main(int argc, char** argv) {
     if (!sanitizer_gate.empty()) {
       // memcheck slows every kernel (the reference too, so the watchdog's
       // relative limit still holds); its exit code 86 marks a finding.
-      so.wrapper = {sanitizer_gate, "--tool", "memcheck", "--error-exitcode",
-                    std::to_string(kSanitizerFindingExit), "--print-limit", "20"};
+      so.wrapper = SanitizerGateWrapper(sanitizer_gate);
       so.setup_limit *= 10;
       gate = std::make_unique<Sandbox>(so);
+      // Some machines cannot run compute-sanitizer at all (e.g. under gVisor
+      // it refuses the device). A gate that fails every candidate would stop
+      // every bucket from improving, so find out now and refuse to start.
+      kforge::worker::ChildRequest probe;
+      probe.mode = kforge::worker::ChildRequest::Mode::kProbe;
+      probe.gpu_ordinal = gpu_ordinal;
+      probe.compile_cache_dir = (cache / "cubins").string();
+      absl::StatusOr<kforge::worker::SandboxRun> run = gate->Run(probe);
+      if (!run.ok() || run->report.outcome != kforge::Outcome::kVerified) {
+        spdlog::error("--sanitizer-gate {}: the evaluator does not run under compute-sanitizer "
+                      "memcheck on this machine: {}{}",
+                      sanitizer_gate,
+                      run.ok() ? run->report.message : std::string(run.status().message()),
+                      run.ok() && !run->stderr_tail.empty() ? "\n" + run->stderr_tail : "");
+        return 2;
+      }
+      spdlog::info("sanitizer gate ready ({:.1f} s): {}", run->wall_ms / 1000.0,
+                   run->report.message);
     }
   }
 

@@ -242,7 +242,7 @@ std::optional<TaskResult> LocalTaskRunner::RunUnchecked(const TaskSpec& task,
     // A race or an out-of-bounds access can give right answers by luck; a
     // kernel that is about to be served gets memcheck's look first.
     ChildRequest checks = request;
-    checks.mode = ChildRequest::Mode::kEvaluate;
+    checks.mode = ChildRequest::Mode::kCheck;
     checks.incumbent.reset();
     absl::StatusOr<SandboxRun> gate = options_.sanitizer_gate->Run(checks, &cancel);
     if (!gate.ok()) {
@@ -289,6 +289,11 @@ std::optional<TaskResult> LocalTaskRunner::RunUnchecked(const TaskSpec& task,
                                  run->report.message);
   }
   return result;
+}
+
+std::vector<std::string> SanitizerGateWrapper(const std::string& path) {
+  return {path, "--tool", "memcheck", "--error-exitcode", std::to_string(kSanitizerFindingExit),
+          "--print-limit", "20", "--show-backtrace", "device"};
 }
 
 std::string_view TaskKindName(TaskKind kind) {

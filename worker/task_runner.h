@@ -56,6 +56,11 @@ struct RunnerOptions {
 // The exit code the sanitizer gate asks compute-sanitizer to use for a finding.
 inline constexpr int kSanitizerFindingExit = 86;
 
+// The gate sandbox's wrapper: compute-sanitizer at `path` running memcheck,
+// exiting with kSanitizerFindingExit on a finding, its report kept short
+// (device backtraces only) so the finding fits in the result's message.
+std::vector<std::string> SanitizerGateWrapper(const std::string& path);
+
 class LocalTaskRunner final : public TaskRunner {
  public:
   // `pool` must outlive the runner; `sandbox` too, and may be null when

@@ -38,6 +38,17 @@ ChildRequest SampleRequest() {
   return r;
 }
 
+TEST(ChildProtocol, EveryModeRoundTrips) {
+  for (ChildRequest::Mode mode : {ChildRequest::Mode::kEvaluate, ChildRequest::Mode::kRetime,
+                                  ChildRequest::Mode::kCheck, ChildRequest::Mode::kProbe}) {
+    ChildRequest in = SampleRequest();
+    in.mode = mode;
+    absl::StatusOr<ChildRequest> out = RequestFromJson(RequestToJson(in));
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ(out->mode, mode);
+  }
+}
+
 TEST(ChildProtocol, RequestDirectoryRoundTripsEveryField) {
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / ("kforge-proto-test-" + std::to_string(getpid()));

@@ -5,7 +5,10 @@
 // included, each in its own child. Skips, saying why, without a CUDA driver.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <thread>
@@ -234,6 +237,90 @@ TEST_F(WorkerGpuSequence, RetimeTimesCandidateAndIncumbentInOneChild) {
   EXPECT_GT(r->timing->median_us, 0);
   EXPECT_GT(r->incumbent_timing->median_us, 0);
   std::cout << "retime: " << r->message << "\n";
+}
+
+// compute-sanitizer, where the machine has one that works: the tool's own
+// path from $KFORGE_COMPUTE_SANITIZER, else CUDA's default place.
+std::string SanitizerPath() {
+  const char* env = std::getenv("KFORGE_COMPUTE_SANITIZER");
+  std::string path = env != nullptr && *env != '\0' ? env : "/usr/local/cuda/bin/compute-sanitizer";
+  return access(path.c_str(), X_OK) == 0 ? path : "";
+}
+
+// The sanitizer gate for real: the probe kforge-worker runs at start, then a
+// RETIME whose candidate reads past the end of K (oob_read.cu, which passes
+// every check without the gate) stopped by memcheck, and a good candidate let
+// through to its retime.
+TEST_F(WorkerGpuSequence, SanitizerGateStopsAQuietOutOfBoundsRead) {
+  const std::string sanitizer = SanitizerPath();
+  if (sanitizer.empty()) {
+    GTEST_SKIP() << "no compute-sanitizer (set KFORGE_COMPUTE_SANITIZER or install CUDA's)";
+  }
+  SandboxOptions gate_options = GpuSandboxOptions();
+  gate_options.wrapper = SanitizerGateWrapper(sanitizer);
+  gate_options.setup_limit = 600s;
+  gate_options.absolute_limit = 900s;
+  Sandbox gate(gate_options);
+
+  ChildRequest probe;
+  probe.mode = ChildRequest::Mode::kProbe;
+  probe.compile_cache_dir = CacheDir();
+  absl::StatusOr<SandboxRun> ready = gate.Run(probe);
+  ASSERT_TRUE(ready.ok()) << ready.status();
+  if (ready->report.outcome != Outcome::kVerified &&
+      ready->stderr_tail.find("Device not supported") != std::string::npos) {
+    // Seen on gVisor machines: the tool refuses the device outright.
+    GTEST_SKIP() << "compute-sanitizer does not support this device here: "
+                 << ready->stderr_tail;
+  }
+  ASSERT_EQ(ready->report.outcome, Outcome::kVerified)
+      << ready->report.message << "\n" << ready->stderr_tail;
+  std::cout << "probe under memcheck: " << ready->wall_ms / 1000.0 << " s, "
+            << ready->report.message << "\n";
+
+  gpu::CompilePool pool(2, nullptr);
+  Sandbox sandbox(GpuSandboxOptions());
+  RunnerOptions ro;
+  ro.gpu = Describe(TheGpu().info);
+  ro.compile_cache_dir = CacheDir();
+  ro.sanitizer_gate = &gate;
+  LocalTaskRunner runner(&pool, &sandbox, ro);
+  CorpusCase good, quiet;
+  for (const CorpusCase& c : LoadCorpus()) {
+    if (c.file == "good.cu") good = c;
+    if (c.file == "oob_read.cu") quiet = c;
+  }
+  ASSERT_FALSE(quiet.file.empty());
+  std::atomic<bool> cancel{false};
+
+  // Without the gate the quiet kernel passes: the gate is what stops it.
+  LocalTaskRunner plain(&pool, &sandbox, RunnerOptions{.gpu = ro.gpu,
+                                                       .compile_cache_dir = ro.compile_cache_dir});
+  std::optional<TaskResult> ungated = plain.Run(CorpusTask(quiet, ro.gpu.arch, 5), cancel);
+  ASSERT_TRUE(ungated.has_value());
+  EXPECT_EQ(ungated->outcome, Outcome::kVerified) << ungated->message;
+
+  TaskSpec bad = CorpusTask(quiet, ro.gpu.arch, 6);
+  bad.kind = TaskKind::kRetime;
+  bad.incumbent = CorpusTask(good, ro.gpu.arch, 6).variant;
+  std::optional<TaskResult> stopped = runner.Run(bad, cancel);
+  ASSERT_TRUE(stopped.has_value());
+  EXPECT_EQ(stopped->outcome, Outcome::kCrashed) << stopped->message;
+  EXPECT_FALSE(stopped->worker_fault) << stopped->message;
+  EXPECT_NE(stopped->message.find("compute-sanitizer gate"), std::string::npos)
+      << stopped->message;
+  EXPECT_NE(stopped->message.find("Invalid __global__ read"), std::string::npos)
+      << stopped->message;
+  std::cout << "gate on oob_read.cu: " << stopped->message << "\n";
+
+  TaskSpec fine = CorpusTask(good, ro.gpu.arch, 7);
+  fine.kind = TaskKind::kRetime;
+  fine.incumbent = fine.variant;
+  fine.incumbent->variant_id = "incumbent-good";
+  std::optional<TaskResult> passed = runner.Run(fine, cancel);
+  ASSERT_TRUE(passed.has_value());
+  EXPECT_EQ(passed->outcome, Outcome::kVerified) << passed->message;
+  EXPECT_TRUE(passed->incumbent_timing.has_value()) << passed->message;
 }
 
 // The whole worker (gRPC client, loop, runner, sandbox) against the test

@@ -34,127 +34,178 @@ std::string Layout::Describe(size_t index) const {
 
 namespace {
 
-struct Accumulator {
-  double num = 0, den = 0, max_abs = 0, ref_max = 0;
-  long long first_bad = -1;
-  std::string first_bad_why;
-  void Bad(size_t i, std::string why) {
-    if (first_bad < 0) {
-      first_bad = static_cast<long long>(i);
-      first_bad_why = std::move(why);
-    }
+void Bad(Tally& t, size_t i, uint32_t bits, float r) {
+  if (t.first_bad < 0) {
+    t.first_bad = int64_t(i);
+    t.first_bad_bits = bits;
+    t.first_bad_ref = r;
   }
-};
+}
 
-void Finish(OutputCheck& c, const Accumulator& a, double bound, const Layout& layout) {
-  c.max_abs = a.max_abs;
-  c.rel_l2 = a.den > 0 ? std::sqrt(a.num / a.den) : std::sqrt(a.num);
+void Value(Tally& t, size_t i, uint32_t bits, double g, float r) {
+  const double d = std::fabs(g - double(r));
+  t.num += d * d;
+  t.den += double(r) * double(r);
+  if (d > t.max_abs) t.max_abs = d;
+  if (d > t.worst) {
+    t.worst = d;
+    t.worst_at = int64_t(i);
+    t.worst_bits = bits;
+    t.worst_ref = r;
+  }
+}
+
+float F32FromBits(uint32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+// The check's common part: rel_l2, and the failure for unwritten or
+// non-finite outputs. `why` describes the first bad element.
+OutputCheck Judge(std::string name, const Tally& t, size_t elements, double bound,
+                  const Layout& layout, const std::string& why) {
+  OutputCheck c;
+  c.output = std::move(name);
+  c.elements = elements;
+  c.unwritten = size_t(t.unwritten);
+  c.nonfinite = size_t(t.nonfinite);
+  c.max_abs = t.max_abs;
+  c.rel_l2 = t.den > 0 ? std::sqrt(t.num / t.den) : std::sqrt(t.num);
   c.bound_max_abs = bound;
   if (c.unwritten + c.nonfinite > 0) {
     c.pass = false;
     c.detail = fmt::format("{} at {}: {}; {} of {} elements unwritten (NaN poison), {} other "
                            "non-finite",
-                           c.output, layout.Describe(size_t(a.first_bad)), a.first_bad_why,
-                           c.unwritten, c.elements, c.nonfinite);
+                           c.output, layout.Describe(size_t(std::max<int64_t>(t.first_bad, 0))),
+                           why, c.unwritten, c.elements, c.nonfinite);
   }
+  return c;
 }
 
 }  // namespace
 
-OutputCheck CheckBf16(std::string_view name, std::span<const uint16_t> got,
-                      std::span<const float> ref, const Layout& layout) {
-  OutputCheck c;
-  c.output = std::string(name);
-  c.elements = ref.size();
-  Accumulator a;
-  double worst = -1;
-  size_t worst_at = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    a.ref_max = std::max(a.ref_max, double(std::fabs(ref[i])));
+void MergeTally(Tally& a, const Tally& b) {
+  a.num += b.num;
+  a.den += b.den;
+  a.max_abs = std::fmax(a.max_abs, b.max_abs);
+  a.ref_max = std::fmax(a.ref_max, b.ref_max);
+  a.unwritten += b.unwritten;
+  a.nonfinite += b.nonfinite;
+  if (b.first_bad >= 0 && (a.first_bad < 0 || b.first_bad < a.first_bad)) {
+    a.first_bad = b.first_bad;
+    a.first_bad_bits = b.first_bad_bits;
+    a.first_bad_ref = b.first_bad_ref;
   }
-  const double bound = kBf16MaxAbsFraction * std::max(1.0, a.ref_max);
+  if (b.worst > a.worst || (b.worst == a.worst && b.worst_at < a.worst_at)) {
+    a.worst = b.worst;
+    a.worst_at = b.worst_at;
+    a.worst_bits = b.worst_bits;
+    a.worst_ref = b.worst_ref;
+  }
+}
+
+Tally TallyBf16(std::span<const uint16_t> got, std::span<const float> ref) {
+  Tally t;
   for (size_t i = 0; i < ref.size(); ++i) {
-    const double r = ref[i];
-    if (got[i] == kPoisonBf16) {
-      ++c.unwritten;
-      a.Bad(i, "NaN (unwritten)");
+    const float r = ref[i];
+    t.ref_max = std::fmax(t.ref_max, std::fabs(double(r)));
+    const uint32_t bits = got[i];
+    if (bits == kPoisonBf16) {
+      ++t.unwritten;
+      Bad(t, i, bits, r);
       continue;
     }
-    const double g = reference::Bf16ToFloat(got[i]);
+    const double g = reference::Bf16ToFloat(uint16_t(bits));
     if (!std::isfinite(g)) {
-      ++c.nonfinite;
-      a.Bad(i, fmt::format("{} (reference {:.6g})", g, r));
+      ++t.nonfinite;
+      Bad(t, i, bits, r);
       continue;
     }
-    const double d = std::fabs(g - r);
-    a.num += d * d;
-    a.den += r * r;
-    if (d > a.max_abs) a.max_abs = d;
-    if (d > worst) {
-      worst = d;
-      worst_at = i;
+    Value(t, i, bits, g, r);
+  }
+  return t;
+}
+
+Tally TallyLse(std::span<const float> got, std::span<const float> ref) {
+  Tally t;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const float r = ref[i];
+    t.ref_max = std::fmax(t.ref_max, std::fabs(double(r)));
+    uint32_t bits;
+    std::memcpy(&bits, &got[i], sizeof(bits));
+    const double g = got[i];
+    if (bits == kPoisonF32) {
+      ++t.unwritten;
+      Bad(t, i, bits, r);
+    } else if (std::isinf(r) && r < 0) {
+      if (!(std::isinf(g) && g < 0)) {  // a row that sees no key: exactly -inf
+        ++t.nonfinite;
+        Bad(t, i, bits, r);
+      }
+    } else if (!std::isfinite(g)) {
+      ++t.nonfinite;
+      Bad(t, i, bits, r);
+    } else {
+      Value(t, i, bits, g, r);
     }
   }
-  Finish(c, a, bound, layout);
+  return t;
+}
+
+OutputCheck JudgeBf16(std::string_view name, const Tally& t, size_t elements,
+                      const Layout& layout) {
+  const double bound = kBf16MaxAbsFraction * std::max(1.0, t.ref_max);
+  std::string why;
+  if (t.first_bad >= 0) {
+    why = t.first_bad_bits == kPoisonBf16
+              ? "NaN (unwritten)"
+              : fmt::format("{} (reference {:.6g})",
+                            reference::Bf16ToFloat(uint16_t(t.first_bad_bits)), t.first_bad_ref);
+  }
+  OutputCheck c = Judge(std::string(name), t, elements, bound, layout, why);
   if (c.pass && (c.rel_l2 > kBf16MaxRelL2 || c.max_abs > bound)) {
     c.pass = false;
     c.detail = fmt::format(
         "{}: rel_l2 {:.3g} (limit {:.3g}), max_abs {:.3g} (limit {:.3g}); worst at {}: got "
         "{:.6g}, reference {:.6g}",
-        c.output, c.rel_l2, kBf16MaxRelL2, c.max_abs, bound, layout.Describe(worst_at),
-        reference::Bf16ToFloat(got[worst_at]), ref[worst_at]);
+        c.output, c.rel_l2, kBf16MaxRelL2, c.max_abs, bound, layout.Describe(size_t(t.worst_at)),
+        reference::Bf16ToFloat(uint16_t(t.worst_bits)), t.worst_ref);
   }
   return c;
 }
 
-OutputCheck CheckLse(std::span<const float> got, std::span<const float> ref,
-                     const Layout& layout) {
-  OutputCheck c;
-  c.output = "LSE";
-  c.elements = ref.size();
-  Accumulator a;
-  double worst = -1;
-  size_t worst_at = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, &got[i], sizeof(bits));
-    const double r = ref[i], g = got[i];
-    if (bits == kPoisonF32) {
-      ++c.unwritten;
-      a.Bad(i, "NaN (unwritten)");
-      continue;
-    }
-    if (std::isinf(r) && r < 0) {
-      // A row that sees no key: exactly -inf.
-      if (!(std::isinf(g) && g < 0)) {
-        ++c.nonfinite;
-        a.Bad(i, fmt::format("{} where -inf is due (row sees no key)", g));
-      }
-      continue;
-    }
-    if (!std::isfinite(g)) {
-      ++c.nonfinite;
-      a.Bad(i, fmt::format("{} (reference {:.6g})", g, r));
-      continue;
-    }
-    const double d = std::fabs(g - r);
-    a.num += d * d;
-    a.den += r * r;
-    if (d > a.max_abs) a.max_abs = d;
-    if (d > worst) {
-      worst = d;
-      worst_at = i;
+OutputCheck JudgeLse(const Tally& t, size_t elements, const Layout& layout) {
+  std::string why;
+  if (t.first_bad >= 0) {
+    const float g = F32FromBits(t.first_bad_bits);
+    if (t.first_bad_bits == kPoisonF32) {
+      why = "NaN (unwritten)";
+    } else if (std::isinf(t.first_bad_ref) && t.first_bad_ref < 0) {
+      why = fmt::format("{} where -inf is due (row sees no key)", g);
+    } else {
+      why = fmt::format("{} (reference {:.6g})", g, t.first_bad_ref);
     }
   }
-  Finish(c, a, kLseMaxAbs, layout);
+  OutputCheck c = Judge("LSE", t, elements, kLseMaxAbs, layout, why);
   if (c.pass && c.max_abs > kLseMaxAbs) {
     c.pass = false;
     c.detail = fmt::format("LSE: max_abs {:.3g} (limit {:.3g}); worst at {}: got {:.7g}, "
                            "reference {:.7g}",
-                           c.max_abs, kLseMaxAbs, layout.Describe(worst_at), got[worst_at],
-                           ref[worst_at]);
+                           c.max_abs, kLseMaxAbs, layout.Describe(size_t(t.worst_at)),
+                           F32FromBits(t.worst_bits), t.worst_ref);
   }
   return c;
+}
+
+OutputCheck CheckBf16(std::string_view name, std::span<const uint16_t> got,
+                      std::span<const float> ref, const Layout& layout) {
+  return JudgeBf16(name, TallyBf16(got, ref), ref.size(), layout);
+}
+
+OutputCheck CheckLse(std::span<const float> got, std::span<const float> ref,
+                     const Layout& layout) {
+  return JudgeLse(TallyLse(got, ref), ref.size(), layout);
 }
 
 template <typename T>

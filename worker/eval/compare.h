@@ -56,6 +56,36 @@ OutputCheck CheckBf16(std::string_view name, std::span<const uint16_t> got,
 OutputCheck CheckLse(std::span<const float> got, std::span<const float> reference,
                      const Layout& layout);
 
+// A check is two steps: a pass over the elements that gathers the sums
+// (Tally*), then the policy applied to them (Judge*). The evaluator runs the
+// pass on the GPU (eval_kernels.cu mirrors Tally*; DeviceTools::Tally*) and
+// judges on the host; Check* above run both steps on the host.
+//
+// The layout is shared with the device's KfTally: fixed-size fields, no
+// padding, in this order.
+struct Tally {
+  double num = 0;       // sum of squared errors over finite outputs
+  double den = 0;       // sum of squared reference values there
+  double max_abs = 0;   // largest error
+  double ref_max = 0;   // largest |reference| over all elements
+  double worst = -1;    // the error at worst_at (-1: no finite output)
+  int64_t unwritten = 0;   // still holding the poison bits
+  int64_t nonfinite = 0;   // other NaN/inf, or not -inf where -inf was due
+  int64_t first_bad = -1;  // lowest index of an unwritten or non-finite output
+  int64_t worst_at = 0;    // lowest index of the largest error
+  uint32_t first_bad_bits = 0, worst_bits = 0;  // the output's bits there
+  float first_bad_ref = 0, worst_ref = 0;       // the reference there
+};
+static_assert(sizeof(Tally) == 88, "Tally must match KfTally in eval_kernels.cu");
+
+Tally TallyBf16(std::span<const uint16_t> got, std::span<const float> reference);
+Tally TallyLse(std::span<const float> got, std::span<const float> reference);
+// Folds `b` (a tally of other elements) into `a`, as eval_kernels.cu does.
+void MergeTally(Tally& a, const Tally& b);
+OutputCheck JudgeBf16(std::string_view name, const Tally& t, size_t elements,
+                      const Layout& layout);
+OutputCheck JudgeLse(const Tally& t, size_t elements, const Layout& layout);
+
 // Index of the first element whose bits differ, or -1.
 template <typename T>
 long long FirstBitDifference(std::span<const T> a, std::span<const T> b);

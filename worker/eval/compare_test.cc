@@ -6,6 +6,8 @@
 #include <cmath>
 #include <limits>
 
+#include "gpu/compile.h"
+#include "worker/eval/device_tools.h"
 #include "worker/reference/jagged.h"
 
 namespace kforge::eval {
@@ -120,6 +122,63 @@ TEST(FirstBitDifference, FindsTheFirstIndex) {
   std::vector<float> z = {0.0f}, nz = {-0.0f};
   EXPECT_EQ(FirstBitDifference<float>(z, nz), 0);
 }
+
+// The device tallies in block-sized pieces and merges; the merge must give
+// what one pass over everything gives.
+TEST(MergeTally, PiecesMergeToTheWholeTally) {
+  const size_t n = 1000;
+  std::vector<float> ref = Ramp(n);
+  std::vector<uint16_t> got = ToBf16(ref);
+  for (size_t i : {17u, 400u, 401u}) got[i] = kPoisonBf16;
+  got[250] = 0x7f80;                                // +inf
+  ref[600] = ref[900] = 1.0f;
+  got[600] = got[900] = FloatToBf16(1.75f);  // the worst error, and a later tie
+  const Tally whole = TallyBf16(got, ref);
+  for (size_t piece : {1u, 7u, 256u, 999u}) {
+    // Interleaved like a grid-stride loop: piece k holds indices = k mod m.
+    const size_t m = piece;
+    std::vector<Tally> parts(m);
+    for (size_t k = 0; k < m; ++k) {
+      for (size_t i = k; i < n; i += m) {
+        Tally one = TallyBf16(std::span(got).subspan(i, 1), std::span(ref).subspan(i, 1));
+        if (one.first_bad == 0) one.first_bad = int64_t(i);
+        one.worst_at += int64_t(i);
+        MergeTally(parts[k], one);
+      }
+    }
+    Tally merged = parts[0];
+    for (size_t k = 1; k < m; ++k) MergeTally(merged, parts[k]);
+    EXPECT_EQ(merged.unwritten, whole.unwritten);
+    EXPECT_EQ(merged.nonfinite, whole.nonfinite);
+    EXPECT_EQ(merged.first_bad, whole.first_bad);
+    EXPECT_EQ(merged.first_bad_bits, whole.first_bad_bits);
+    EXPECT_EQ(merged.worst_at, whole.worst_at);
+    EXPECT_EQ(merged.worst_at, 600);
+    EXPECT_EQ(merged.max_abs, whole.max_abs);
+    EXPECT_EQ(merged.ref_max, whole.ref_max);
+    EXPECT_NEAR(merged.num, whole.num, 1e-9 * whole.num);
+    EXPECT_NEAR(merged.den, whole.den, 1e-9 * whole.den);
+  }
+  EXPECT_EQ(whole.unwritten, 3);
+  EXPECT_EQ(whole.nonfinite, 1);
+  EXPECT_EQ(whole.first_bad, 17);
+}
+
+// The evaluator's device kernels compile for every architecture we name.
+class EvalKernelsCompile : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(EvalKernelsCompile, ForArch) {
+  gpu::CompileRequest req;
+  req.source = std::string(EvalKernelsSource());
+  req.arch = GetParam();
+  absl::StatusOr<gpu::CompileResult> r = gpu::Compile(req);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->ok) << r->log;
+  EXPECT_EQ(r->functions.size(), 5u) << r->log;
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, EvalKernelsCompile,
+                         ::testing::Values("sm_80", "sm_90a", "sm_100a"));
 
 }  // namespace
 }  // namespace kforge::eval

@@ -1,6 +1,7 @@
 #include "worker/eval/eval.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -8,6 +9,7 @@
 #include "kernels/schedule.h"
 #include "worker/eval/batches.h"
 #include "worker/eval/compare.h"
+#include "worker/eval/device_tools.h"
 #include "worker/reference/gpu_reference.h"
 
 namespace kforge::eval {
@@ -28,17 +30,18 @@ struct InputSet {
   gpu::DeviceBuffer q, k, v, cu_q, cu_k, dout, o, lse;
 };
 
-// One batch with its inputs and the reference's answers.
+// One batch with its inputs and the reference's answers, all on the device:
+// a 500k-token batch is gigabytes, too slow to move through the host.
 struct Problem {
   JaggedShape shape;
   bool backward = false;
   std::string label;  // "check 1 (B=5 ...)" or "timing batch (...)"
-  // Host inputs (bf16 bits); o/lse only for backward (the forward's outputs).
-  std::vector<uint16_t> q, k, v, dout, o;
-  std::vector<float> lse;
-  // Reference answers (fp32).
-  std::vector<float> ref_o, ref_lse, ref_dq, ref_dk, ref_dv;
   InputSet pristine, candidate;
+  // The reference's answers (fp32): O and LSE forward; dQ, dK, dV backward.
+  gpu::DeviceBuffer ref_o, ref_lse, ref_dq, ref_dk, ref_dv;
+  // Their digest, taken before any candidate ran: a candidate that writes
+  // outside its outputs must not be able to grade itself.
+  uint64_t ref_fingerprint = 0;
 };
 
 // What one candidate writes (poisoned before every launch) and its scratch.
@@ -131,6 +134,17 @@ void Fold(const Verdict& v, const std::string& label, ErrorMetrics& errors, bool
   }
 }
 
+using Clock = std::chrono::steady_clock;
+
+// "prepare 2.1 s, run 0.4 s": where an evaluation's wall time went (inputs
+// and reference answers, then the candidate's checks and timing), for the
+// tuning reports.
+std::string Phases(Clock::time_point began, Clock::time_point prepared, Clock::time_point done) {
+  auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
+  return fmt::format("prepare {:.2f} s, run {:.2f} s", seconds(prepared - began),
+                     seconds(done - prepared));
+}
+
 }  // namespace
 
 std::string ReferenceVersion() {
@@ -160,35 +174,27 @@ struct Evaluator::Impl {
   std::unique_ptr<gpu::Context> context;
   gpu::DeviceInfo info;
   std::unique_ptr<reference::GpuReference> ref;
+  std::unique_ptr<DeviceTools> tools;
   gpu::Stream stream;
   gpu::DeviceBuffer l2_flush;
   uint32_t flush_value = 0;
 
   // ------------------------------------------------------------ problems ---
 
-  absl::Status Upload(const Problem& p, InputSet& in) {
-    auto up16 = [&](const std::vector<uint16_t>& h, gpu::DeviceBuffer& d) -> absl::Status {
-      absl::StatusOr<gpu::DeviceBuffer> b = UploadNew(*driver, h, stream);
+  // A device copy of `src` (same sizes).
+  absl::StatusOr<InputSet> Clone(const InputSet& src) {
+    InputSet dst;
+    for (auto [d, from] : {std::pair{&dst.q, &src.q}, std::pair{&dst.k, &src.k},
+                           std::pair{&dst.v, &src.v}, std::pair{&dst.cu_q, &src.cu_q},
+                           std::pair{&dst.cu_k, &src.cu_k}, std::pair{&dst.dout, &src.dout},
+                           std::pair{&dst.o, &src.o}, std::pair{&dst.lse, &src.lse}}) {
+      if (from->size() == 0) continue;
+      absl::StatusOr<gpu::DeviceBuffer> b = Alloc(from->size());
       if (!b.ok()) return b.status();
-      d = *std::move(b);
-      return absl::OkStatus();
-    };
-    KF_RETURN_IF_ERROR(up16(p.q, in.q));
-    KF_RETURN_IF_ERROR(up16(p.k, in.k));
-    KF_RETURN_IF_ERROR(up16(p.v, in.v));
-    for (auto [host, dev] : {std::pair{&p.shape.cu_q, &in.cu_q}, std::pair{&p.shape.cu_k, &in.cu_k}}) {
-      absl::StatusOr<gpu::DeviceBuffer> b = UploadNew(*driver, *host, stream);
-      if (!b.ok()) return b.status();
-      *dev = *std::move(b);
+      *d = *std::move(b);
+      KF_RETURN_IF_ERROR(d->CopyFromDevice(*from, from->size(), stream));
     }
-    if (p.backward) {
-      KF_RETURN_IF_ERROR(up16(p.dout, in.dout));
-      KF_RETURN_IF_ERROR(up16(p.o, in.o));
-      absl::StatusOr<gpu::DeviceBuffer> b = UploadNew(*driver, p.lse, stream);
-      if (!b.ok()) return b.status();
-      in.lse = *std::move(b);
-    }
-    return stream.Synchronize();
+    return dst;
   }
 
   // Copies the pristine inputs over the candidate's.
@@ -210,99 +216,101 @@ struct Evaluator::Impl {
     return gpu::DeviceBuffer::Allocate(*driver, bytes);
   }
 
-  // Fresh inputs, the reference's answers, and device copies.
+  absl::Status AllocInto(gpu::DeviceBuffer& b, size_t bytes) {
+    absl::StatusOr<gpu::DeviceBuffer> x = Alloc(bytes);
+    if (!x.ok()) return x.status();
+    b = *std::move(x);
+    return absl::OkStatus();
+  }
+
+  // `n` fresh random bf16 values (RandomBf16's, generated on the device).
+  absl::Status RandomInto(gpu::DeviceBuffer& b, size_t n, std::mt19937_64& rng) {
+    KF_RETURN_IF_ERROR(AllocInto(b, n * 2));
+    return tools->FillRandomBf16(b, n, rng(), stream);
+  }
+
+  absl::StatusOr<uint64_t> ReferenceFingerprint(const Problem& p) {
+    uint64_t digest = 0;
+    int index = 0;
+    for (const gpu::DeviceBuffer* b : {&p.ref_o, &p.ref_lse, &p.ref_dq, &p.ref_dk, &p.ref_dv}) {
+      ++index;
+      if (b->size() == 0) continue;
+      absl::StatusOr<uint64_t> f = tools->Fingerprint(*b, stream);
+      if (!f.ok()) return f.status();
+      digest ^= *f * (0x9e3779b97f4a7c15ull + 2 * uint64_t(index));
+    }
+    return digest;
+  }
+
+  // Fresh inputs, the reference's answers and the candidate's copy of the
+  // inputs, all on the device. With `ref_time`, the reference launch the
+  // candidate will be compared with (forward or backward) is timed.
   absl::StatusOr<Problem> MakeProblem(JaggedShape shape, bool backward, std::mt19937_64& rng,
-                                      std::string label) {
+                                      std::string label, std::optional<Timing>* ref_time) {
     Problem p;
     p.shape = std::move(shape);
     p.backward = backward;
     p.label = fmt::format("{} ({})", label, p.shape.Describe());
     const JaggedShape& s = p.shape;
-    p.q = RandomBf16(s.q_elems(), rng);
-    p.k = RandomBf16(s.k_elems(), rng);
-    p.v = RandomBf16(s.k_elems(), rng);
-    if (backward) p.dout = RandomBf16(s.q_elems(), rng);
-    KF_RETURN_IF_ERROR(Upload(p, p.pristine));
+    // Same draws in the same order as the host-side RandomBf16 calls had.
+    KF_RETURN_IF_ERROR(RandomInto(p.pristine.q, s.q_elems(), rng));
+    KF_RETURN_IF_ERROR(RandomInto(p.pristine.k, s.k_elems(), rng));
+    KF_RETURN_IF_ERROR(RandomInto(p.pristine.v, s.k_elems(), rng));
+    if (backward) KF_RETURN_IF_ERROR(RandomInto(p.pristine.dout, s.q_elems(), rng));
+    for (auto [host, dev] : {std::pair{&s.cu_q, &p.pristine.cu_q}, std::pair{&s.cu_k, &p.pristine.cu_k}}) {
+      absl::StatusOr<gpu::DeviceBuffer> b = UploadNew(*driver, *host, stream);
+      if (!b.ok()) return b.status();
+      *dev = *std::move(b);
+    }
 
-    // Forward reference (backward needs its O and LSE as inputs).
-    absl::StatusOr<gpu::DeviceBuffer> o32 = Alloc(s.q_elems() * sizeof(float));
-    absl::StatusOr<gpu::DeviceBuffer> lse = Alloc(s.lse_elems() * sizeof(float));
-    if (!o32.ok()) return o32.status();
-    if (!lse.ok()) return lse.status();
-    KfAttnParams params = BaseParams(s);
-    SetInputs(params, p.pristine, false);
-    params.o = o32->get();
-    params.lse = lse->as<float>();
-    KF_RETURN_IF_ERROR(ref->Forward(params, stream));
-    KF_RETURN_IF_ERROR(DownloadInto(*o32, p.ref_o, s.q_elems(), stream));
-    KF_RETURN_IF_ERROR(DownloadInto(*lse, p.ref_lse, s.lse_elems(), stream));
-    if (backward) {
-      p.o.resize(p.ref_o.size());
-      for (size_t i = 0; i < p.o.size(); ++i) p.o[i] = reference::FloatToBf16(p.ref_o[i]);
-      p.lse = p.ref_lse;
-      p.ref_o.clear();
-      p.ref_lse.clear();
-      p.pristine = InputSet{};
-      KF_RETURN_IF_ERROR(Upload(p, p.pristine));
-      absl::StatusOr<gpu::DeviceBuffer> delta = Alloc(s.lse_elems() * sizeof(float));
-      absl::StatusOr<gpu::DeviceBuffer> dq = Alloc(s.q_elems() * sizeof(float));
-      absl::StatusOr<gpu::DeviceBuffer> dk = Alloc(s.k_elems() * sizeof(float));
-      absl::StatusOr<gpu::DeviceBuffer> dv = Alloc(s.k_elems() * sizeof(float));
-      for (auto* b : {&delta, &dq, &dk, &dv}) {
-        if (!b->ok()) return b->status();
-      }
-      KfAttnParams bp = BaseParams(s);
-      SetInputs(bp, p.pristine, true);
-      bp.delta = delta->as<float>();
-      bp.dq = dq->get();
-      bp.dk = dk->get();
-      bp.dv = dv->get();
-      KF_RETURN_IF_ERROR(ref->Backward(bp, stream));
-      KF_RETURN_IF_ERROR(DownloadInto(*dq, p.ref_dq, s.q_elems(), stream));
-      KF_RETURN_IF_ERROR(DownloadInto(*dk, p.ref_dk, s.k_elems(), stream));
-      KF_RETURN_IF_ERROR(DownloadInto(*dv, p.ref_dv, s.k_elems(), stream));
-    }
-    KF_RETURN_IF_ERROR(Upload(p, p.candidate));
-    return p;
-  }
-
-  // One reference launch on `p` (all its kernels), median of `iterations`.
-  absl::StatusOr<Timing> TimeReference(const Problem& p, int iterations) {
-    const JaggedShape& s = p.shape;
-    absl::StatusOr<gpu::DeviceBuffer> a = Alloc(s.q_elems() * sizeof(float));
-    absl::StatusOr<gpu::DeviceBuffer> b = Alloc(s.lse_elems() * sizeof(float));
-    absl::StatusOr<gpu::DeviceBuffer> c = Alloc(s.k_elems() * sizeof(float));
-    absl::StatusOr<gpu::DeviceBuffer> d = Alloc(s.k_elems() * sizeof(float));
-    for (auto* x : {&a, &b, &c, &d}) {
-      if (!x->ok()) return x->status();
-    }
-    KfAttnParams params = BaseParams(s);
-    SetInputs(params, p.pristine, p.backward);
-    if (p.backward) {
-      params.dq = a->get();
-      params.delta = b->as<float>();
-      params.dk = c->get();
-      params.dv = d->get();
-    } else {
-      params.o = a->get();
-      params.lse = b->as<float>();
-    }
     absl::StatusOr<gpu::Event> start = gpu::Event::Create(*driver);
     absl::StatusOr<gpu::Event> end = gpu::Event::Create(*driver);
     if (!start.ok()) return start.status();
     if (!end.ok()) return end.status();
-    std::vector<double> samples;
-    for (int i = 0; i < std::max(1, iterations); ++i) {
-      KF_RETURN_IF_ERROR(FlushL2());
-      KF_RETURN_IF_ERROR(start->Record(stream));
-      KF_RETURN_IF_ERROR(p.backward ? ref->Backward(params, stream) : ref->Forward(params, stream));
-      KF_RETURN_IF_ERROR(end->Record(stream));
-      KF_RETURN_IF_ERROR(end->Synchronize());
+
+    // Forward reference (backward needs its O and LSE as inputs).
+    KF_RETURN_IF_ERROR(AllocInto(p.ref_o, s.q_elems() * sizeof(float)));
+    KF_RETURN_IF_ERROR(AllocInto(p.ref_lse, s.lse_elems() * sizeof(float)));
+    KfAttnParams params = BaseParams(s);
+    SetInputs(params, p.pristine, false);
+    params.o = p.ref_o.get();
+    params.lse = p.ref_lse.as<float>();
+    if (ref_time != nullptr && !backward) KF_RETURN_IF_ERROR(start->Record(stream));
+    KF_RETURN_IF_ERROR(ref->Forward(params, stream));
+    if (ref_time != nullptr && !backward) KF_RETURN_IF_ERROR(end->Record(stream));
+    if (backward) {
+      KF_RETURN_IF_ERROR(AllocInto(p.pristine.o, s.q_elems() * 2));
+      KF_RETURN_IF_ERROR(tools->ToBf16(p.pristine.o, p.ref_o, s.q_elems(), stream));
+      p.pristine.lse = std::move(p.ref_lse);
+      p.ref_o = gpu::DeviceBuffer{};
+      gpu::DeviceBuffer delta;
+      KF_RETURN_IF_ERROR(AllocInto(delta, s.lse_elems() * sizeof(float)));
+      KF_RETURN_IF_ERROR(AllocInto(p.ref_dq, s.q_elems() * sizeof(float)));
+      KF_RETURN_IF_ERROR(AllocInto(p.ref_dk, s.k_elems() * sizeof(float)));
+      KF_RETURN_IF_ERROR(AllocInto(p.ref_dv, s.k_elems() * sizeof(float)));
+      KfAttnParams bp = BaseParams(s);
+      SetInputs(bp, p.pristine, true);
+      bp.delta = delta.as<float>();
+      bp.dq = p.ref_dq.get();
+      bp.dk = p.ref_dk.get();
+      bp.dv = p.ref_dv.get();
+      if (ref_time != nullptr) KF_RETURN_IF_ERROR(start->Record(stream));
+      KF_RETURN_IF_ERROR(ref->Backward(bp, stream));
+      if (ref_time != nullptr) KF_RETURN_IF_ERROR(end->Record(stream));
+      KF_RETURN_IF_ERROR(stream.Synchronize());  // before `delta` is freed
+    }
+    absl::StatusOr<InputSet> copy = Clone(p.pristine);
+    if (!copy.ok()) return copy.status();
+    p.candidate = *std::move(copy);
+    absl::StatusOr<uint64_t> digest = ReferenceFingerprint(p);  // synchronises
+    if (!digest.ok()) return digest.status();
+    p.ref_fingerprint = *digest;
+    if (ref_time != nullptr) {
       absl::StatusOr<float> ms = gpu::Event::ElapsedMs(*start, *end);
       if (!ms.ok()) return ms.status();
-      samples.push_back(*ms * 1000.0);
+      *ref_time = Summarize({*ms * 1000.0});
     }
-    return Summarize(std::move(samples));
+    return p;
   }
 
   absl::Status FlushL2() {
@@ -467,19 +475,41 @@ struct Evaluator::Impl {
     return d;
   }
 
-  static Verdict Check(const Problem& p, const Downloaded& d) {
+  // Every output of `out` against the reference's, tallied on the device
+  // and judged on the host. Synchronises: a fault of the candidate's
+  // surfaces here as an error.
+  absl::StatusOr<Verdict> Check(const Problem& p, const OutputSet& out) {
     const JaggedShape& s = p.shape;
     Layout q_rows{s.cu_q, s.heads, s.head_dim, false};
     Layout k_rows{s.cu_k, s.kv_heads, s.head_dim, false};
     Layout lse_rows{s.cu_q, s.heads, 1, true};
     Verdict v;
+    auto bf16 = [&](const char* name, const gpu::DeviceBuffer& got, const gpu::DeviceBuffer& want,
+                    size_t n, const Layout& layout) -> absl::Status {
+      absl::StatusOr<Tally> t = tools->TallyBf16(got, want, n, stream);
+      if (!t.ok()) return t.status();
+      v.checks.push_back(JudgeBf16(name, *t, n, layout));
+      return absl::OkStatus();
+    };
     if (p.backward) {
-      v.checks.push_back(CheckBf16("dQ", d.dq, p.ref_dq, q_rows));
-      v.checks.push_back(CheckBf16("dK", d.dk, p.ref_dk, k_rows));
-      v.checks.push_back(CheckBf16("dV", d.dv, p.ref_dv, k_rows));
+      KF_RETURN_IF_ERROR(bf16("dQ", out.dq, p.ref_dq, s.q_elems(), q_rows));
+      KF_RETURN_IF_ERROR(bf16("dK", out.dk, p.ref_dk, s.k_elems(), k_rows));
+      KF_RETURN_IF_ERROR(bf16("dV", out.dv, p.ref_dv, s.k_elems(), k_rows));
     } else {
-      v.checks.push_back(CheckBf16("O", d.o, p.ref_o, q_rows));
-      v.checks.push_back(CheckLse(d.lse, p.ref_lse, lse_rows));
+      KF_RETURN_IF_ERROR(bf16("O", out.o, p.ref_o, s.q_elems(), q_rows));
+      absl::StatusOr<Tally> t = tools->TallyLse(out.lse, p.ref_lse, s.lse_elems(), stream);
+      if (!t.ok()) return t.status();
+      v.checks.push_back(JudgeLse(*t, s.lse_elems(), lse_rows));
+    }
+    absl::StatusOr<uint64_t> digest = ReferenceFingerprint(p);
+    if (!digest.ok()) return digest.status();
+    if (*digest != p.ref_fingerprint) {
+      OutputCheck c;
+      c.output = "reference";
+      c.pass = false;
+      c.detail = "the reference's answers changed while the candidate ran: it writes outside "
+                 "its outputs";
+      v.checks.insert(v.checks.begin(), c);
     }
     for (const auto& c : v.checks) v.pass = v.pass && c.pass;
     return v;
@@ -524,15 +554,19 @@ struct Evaluator::Impl {
       if (absl::Status s = Launch(c, p, *out, true, false, nullptr, nullptr); !s.ok()) {
         return Crashed(s, fmt::format("launch on {}", p.label));
       }
-      absl::StatusOr<Downloaded> first = Download(p, *out);
-      if (!first.ok()) return Crashed(first.status(), fmt::format("running on {}", p.label));
-      Fold(Check(p, *first), p.label, errors, failed, message);
+      absl::StatusOr<Verdict> verdict = Check(p, *out);
+      if (!verdict.ok()) return Crashed(verdict.status(), fmt::format("running on {}", p.label));
+      Fold(*verdict, p.label, errors, failed, message);
       if (failed) {
         EvalResult r = MakeResult(Outcome::kWrong, message);
         r.errors = errors;
         return r;
       }
       if (i != 0) continue;
+      // Check batches are small (kCheckMaxLen): their outputs can come to the
+      // host for the bitwise comparison.
+      absl::StatusOr<Downloaded> first = Download(p, *out);
+      if (!first.ok()) return Crashed(first.status(), fmt::format("running on {}", p.label));
       // Same inputs again: the outputs must not depend on leftovers.
       if (absl::Status s = Launch(c, p, *out, true, false, nullptr, nullptr); !s.ok()) {
         return Crashed(s, fmt::format("repeat launch on {}", p.label));
@@ -552,7 +586,9 @@ struct Evaluator::Impl {
         }
         notes += fmt::format("; backward not bitwise deterministic ({})", diff);
       }
-      Fold(Check(p, *second), p.label + " repeat", errors, failed, message);
+      absl::StatusOr<Verdict> again = Check(p, *out);
+      if (!again.ok()) return Crashed(again.status(), fmt::format("repeat on {}", p.label));
+      Fold(*again, p.label + " repeat", errors, failed, message);
       if (failed) {
         EvalResult r = MakeResult(Outcome::kWrong, message);
         r.errors = errors;
@@ -627,6 +663,10 @@ absl::StatusOr<std::unique_ptr<Evaluator>> Evaluator::Create(const gpu::Driver& 
       reference::GpuReference::Create(driver, impl->info.arch, cache);
   if (!ref.ok()) return ref.status();
   impl->ref = *std::move(ref);
+  absl::StatusOr<std::unique_ptr<DeviceTools>> tools =
+      DeviceTools::Create(driver, impl->info.arch, cache);
+  if (!tools.ok()) return tools.status();
+  impl->tools = *std::move(tools);
   absl::StatusOr<gpu::Stream> stream = gpu::Stream::Create(driver);
   if (!stream.ok()) return stream.status();
   impl->stream = *std::move(stream);
@@ -644,6 +684,7 @@ absl::StatusOr<EvalResult> Evaluator::Evaluate(const EvalRequest& req,
   const EvalOptions& o = req.options;
   const bool backward = req.shape.op == Op::kBackward;
 
+  const auto began = Clock::now();
   LoadedCandidate cand;
   std::optional<gpu::CompileResult> compiled;
   if (std::optional<EvalResult> bad = m.Load(req.candidate, cand, compiled)) return *bad;
@@ -655,18 +696,18 @@ absl::StatusOr<EvalResult> Evaluator::Evaluate(const EvalRequest& req,
   std::vector<Problem> checks;
   for (int i = 0; i < o.checks; ++i) {
     absl::StatusOr<Problem> p = m.MakeProblem(CheckBatch(req.shape, req.seed, i), backward, rng,
-                                              fmt::format("check {}", i));
+                                              fmt::format("check {}", i), nullptr);
     if (!p.ok()) return p.status();
     checks.push_back(*std::move(p));
   }
   absl::StatusOr<JaggedShape> timing_shape =
       TimingBatch(req.shape, req.seed, req.cu_seqlens_q, req.cu_seqlens_k);
   if (!timing_shape.ok()) return timing_shape.status();
+  std::optional<Timing> ref_time;
   absl::StatusOr<Problem> timing =
-      m.MakeProblem(*std::move(timing_shape), backward, rng, "last timed launch");
+      m.MakeProblem(*std::move(timing_shape), backward, rng, "last timed launch", &ref_time);
   if (!timing.ok()) return timing.status();
-  absl::StatusOr<Timing> ref_time = m.TimeReference(*timing, o.reference_iterations);
-  if (!ref_time.ok()) return ref_time.status();
+  const auto prepared = Clock::now();
   const int launches = o.checks + 1 + o.warmup + o.iterations;
   if (on_reference) on_reference(ref_time->median_us / 1000.0, launches);
 
@@ -690,11 +731,11 @@ absl::StatusOr<EvalResult> Evaluator::Evaluate(const EvalRequest& req,
   if (absl::Status s = m.TimeInterleaved({&cand}, {&*out}, *timing, o, samples, when); !s.ok()) {
     return finish(Impl::Crashed(s, when));
   }
-  absl::StatusOr<Impl::Downloaded> last = m.Download(*timing, *out);
-  if (!last.ok()) return finish(Impl::Crashed(last.status(), "reading the last timed output"));
+  absl::StatusOr<Verdict> last = m.Check(*timing, *out);
+  if (!last.ok()) return finish(Impl::Crashed(last.status(), "checking the last timed output"));
   bool failed = false;
   std::string message;
-  Fold(Impl::Check(*timing, *last), timing->label, errors, failed, message);
+  Fold(*last, timing->label, errors, failed, message);
   if (failed) {
     EvalResult r = MakeResult(Outcome::kWrong, message);
     r.errors = errors;
@@ -704,10 +745,49 @@ absl::StatusOr<EvalResult> Evaluator::Evaluate(const EvalRequest& req,
   r.errors = errors;
   r.timing = Summarize(samples[0]);
   r.message = fmt::format("verified on {} checks + last timed launch; median {:.2f} us "
-                          "(min {:.2f}, max {:.2f}, n {}); reference {:.2f} us{}",
+                          "(min {:.2f}, max {:.2f}, n {}); reference {:.2f} us; {}{}",
                           o.checks, r.timing->median_us, r.timing->min_us, r.timing->max_us,
-                          r.timing->samples, ref_time->median_us, notes);
+                          r.timing->samples, ref_time->median_us,
+                          Phases(began, prepared, Clock::now()), notes);
   return finish(std::move(r));
+}
+
+absl::StatusOr<EvalResult> Evaluator::CheckOnly(const EvalRequest& req,
+                                                const ReferenceCallback& on_reference) {
+  Impl& m = *impl_;
+  KF_RETURN_IF_ERROR(m.context->MakeCurrent());
+  const EvalOptions& o = req.options;
+  const bool backward = req.shape.op == Op::kBackward;
+  LoadedCandidate cand;
+  std::optional<gpu::CompileResult> compiled;
+  if (std::optional<EvalResult> bad = m.Load(req.candidate, cand, compiled)) return *bad;
+  absl::StatusOr<gpu::KernelAttributes> attrs = cand.kernel.Attributes();
+  if (!attrs.ok()) return attrs.status();
+
+  std::mt19937_64 rng(req.seed ^ 0x6b666f7267650001ull);  // Evaluate's check inputs
+  std::vector<Problem> checks;
+  std::optional<Timing> ref_time;
+  const int count = std::max(1, o.checks);
+  for (int i = 0; i < count; ++i) {
+    absl::StatusOr<Problem> p = m.MakeProblem(CheckBatch(req.shape, req.seed, i), backward, rng,
+                                              fmt::format("check {}", i),
+                                              i == count - 1 ? &ref_time : nullptr);
+    if (!p.ok()) return p.status();
+    checks.push_back(*std::move(p));
+  }
+  if (on_reference) on_reference(ref_time->median_us / 1000.0, count + 1);
+  ErrorMetrics errors;
+  std::string notes;
+  std::optional<EvalResult> verdict = m.Verify(cand, checks, errors, notes);
+  EvalResult r = verdict.has_value() ? *std::move(verdict) : MakeResult(Outcome::kVerified, "");
+  if (r.outcome == Outcome::kVerified) {
+    r.errors = errors;
+    r.message = fmt::format("passed {} checks (not timed){}", count, notes);
+  }
+  r.compile = compiled;
+  r.attributes = *attrs;
+  r.reference_timing = ref_time;
+  return r;
 }
 
 absl::StatusOr<RetimeResult> Evaluator::Retime(const EvalRequest& req, const Candidate& incumbent,
@@ -739,17 +819,16 @@ absl::StatusOr<RetimeResult> Evaluator::Retime(const EvalRequest& req, const Can
   std::mt19937_64 rng(req.seed ^ 0x6b666f7267650002ull);
   std::vector<Problem> checks;
   absl::StatusOr<Problem> check =
-      m.MakeProblem(CheckBatch(req.shape, req.seed, 0), backward, rng, "check 0");
+      m.MakeProblem(CheckBatch(req.shape, req.seed, 0), backward, rng, "check 0", nullptr);
   if (!check.ok()) return check.status();
   checks.push_back(*std::move(check));
   absl::StatusOr<JaggedShape> timing_shape =
       TimingBatch(req.shape, req.seed, req.cu_seqlens_q, req.cu_seqlens_k);
   if (!timing_shape.ok()) return timing_shape.status();
+  std::optional<Timing> ref_time;
   absl::StatusOr<Problem> timing =
-      m.MakeProblem(*std::move(timing_shape), backward, rng, "last timed launch");
+      m.MakeProblem(*std::move(timing_shape), backward, rng, "last timed launch", &ref_time);
   if (!timing.ok()) return timing.status();
-  absl::StatusOr<Timing> ref_time = m.TimeReference(*timing, o.reference_iterations);
-  if (!ref_time.ok()) return ref_time.status();
   if (on_reference) on_reference(ref_time->median_us / 1000.0, 2 * (2 + o.warmup + o.iterations));
 
   for (int i = 0; i < 2; ++i) {
@@ -790,14 +869,14 @@ absl::StatusOr<RetimeResult> Evaluator::Retime(const EvalRequest& req, const Can
   }
   OutputSet* outs[2] = {&*out0, &*out1};
   for (int i = 0; i < 2; ++i) {
-    absl::StatusOr<Impl::Downloaded> last = m.Download(*timing, *outs[i]);
+    absl::StatusOr<Verdict> last = m.Check(*timing, *outs[i]);
     if (!last.ok()) {
-      *results[i] = Impl::Crashed(last.status(), "reading the last timed output");
+      *results[i] = Impl::Crashed(last.status(), "checking the last timed output");
       return result;
     }
     bool failed = false;
     std::string message;
-    Fold(Impl::Check(*timing, *last), timing->label, results[i]->errors, failed, message);
+    Fold(*last, timing->label, results[i]->errors, failed, message);
     if (failed) {
       results[i]->outcome = Outcome::kWrong;
       results[i]->message = message;

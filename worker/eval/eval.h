@@ -4,9 +4,11 @@
 // What Evaluate() does, in order (see verification.md for why):
 //  1. loads the cubin and finds the manifest's entry point;
 //  2. builds `checks` hostile random batches from the seed (CheckBatch) and
-//     the timing batch (TimingBatch), with fresh random inputs for each, and
-//     runs the reference on all of them into buffers the candidate never sees;
-//     times the reference and calls `on_reference(reference_ms, launches)`
+//     the timing batch (TimingBatch), with fresh random inputs for each
+//     (generated on the device), and runs the reference on all of them into
+//     buffers the candidate is never given, fingerprinting its answers so a
+//     candidate that overwrites them fails; times the reference's launch on
+//     the timing batch and calls `on_reference(reference_ms, launches)`
 //     before the first candidate launch (the sandbox arms its watchdog there);
 //  3. per check batch: poisons every output with NaN, restores the inputs,
 //     launches, compares every output (O and LSE; dQ, dK, dV) with the one
@@ -65,7 +67,6 @@ struct EvalOptions {
   int checks = 3;       // hostile batches verified before timing
   int warmup = 3;       // untimed launches on the timing batch
   int iterations = 20;  // timed launches
-  int reference_iterations = 3;
   bool flush_l2 = true;  // write a buffer of twice the L2 before every timed launch
 };
 
@@ -137,6 +138,13 @@ class Evaluator {
 
   absl::StatusOr<EvalResult> Evaluate(const EvalRequest& request,
                                       const ReferenceCallback& on_reference = {});
+
+  // Steps 1-3 only: every check batch, no timing batch and no timing. For
+  // the sanitizer gate, where memcheck makes every launch slow and a timing
+  // would mean nothing. kVerified (without timing) when every check passes;
+  // `on_reference` gets the reference's time on the last check batch.
+  absl::StatusOr<EvalResult> CheckOnly(const EvalRequest& request,
+                                       const ReferenceCallback& on_reference = {});
 
   // Verifies both (one check batch each) and times them interleaved on the
   // same timing batch (A B B A ...), checking each one's last timed output.
