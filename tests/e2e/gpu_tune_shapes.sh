@@ -5,7 +5,9 @@
 # shape is fetched with `kforge get` and the database is left in $OUT for
 # tests/e2e/tune_report.py, which derives time to first verified kernel,
 # time to within 5% of the final best and evaluations used.
-#   tests/e2e/gpu_tune_shapes.sh BUNDLE [SHAPES=bench/shapes.json] [MAX_VARIANTS=4] [MAX_SECONDS=200]
+#   [GATE=/usr/local/cuda/bin/compute-sanitizer] tests/e2e/gpu_tune_shapes.sh BUNDLE \
+#       [SHAPES=bench/shapes.json] [MAX_VARIANTS=4] [MAX_SECONDS=200]
+# GATE turns on the worker's sanitizer gate (--sanitizer-gate).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 bundle="$(realpath "$1")"; shapes="${2:-bench/shapes.json}"
@@ -17,9 +19,11 @@ addr=127.0.0.1:$((20000 + RANDOM % 20000))
 work=$(mktemp -d)
 "$bundle/bin/kforge-server" --listen "$addr" --db "$work/kforge.db" --client-token "$KFORGE_TOKEN" \
   --worker-token "$KFORGE_WORKER_TOKEN" > "$out/server.log" 2>&1 & server=$!
-"$bundle/bin/kforge-worker" --server "$addr" --gpu 0 --cache-dir "$work/cache" > "$out/worker.log" 2>&1 & worker=$!
+"$bundle/bin/kforge-worker" --server "$addr" --gpu 0 --cache-dir "$work/cache" \
+  ${GATE:+--sanitizer-gate "$GATE"} > "$out/worker.log" 2>&1 & worker=$!
 kf() { "$bundle/bin/kforge" --server "$addr" "$@"; }
-for _ in $(seq 1 100); do grep -q "registered as worker" "$out/worker.log" && break; sleep 0.2; done
+for _ in $(seq 1 300); do grep -q "registered as worker" "$out/worker.log" && break; sleep 0.2; done
+grep -q "registered as worker" "$out/worker.log" || { echo "worker did not register:"; tail -n 20 "$out/worker.log"; }
 kf tune --shapes "$shapes" --name public-shapes --max-variants "$max_variants" \
   --max-seconds "$max_seconds" --seed 1 > "$out/tune.txt" 2>&1; rc=$?
 tail -n 20 "$out/tune.txt"

@@ -2,10 +2,13 @@
 """Summarises a tuning run from its kforge SQLite database (as left by
 tests/e2e/gpu_tune_shapes.sh): per bucket, the time from the job's start to
 the first verified kernel, to the first one within 5% of the bucket's final
-best, the evaluations used, and the served best.
+best, the evaluations used, and the served best; then the worker's
+throughput (verified evaluations a minute) and where an evaluation's time
+went (the evaluator's "prepare X s, run Y s" in each verified message).
 
     tests/e2e/tune_report.py tune.db
 """
+import re
 import sqlite3
 import sys
 
@@ -32,6 +35,24 @@ def main(path):
         fmt = lambda x, spec: "-" if x is None else format(x, spec)
         print(f"{bucket:<74} {len(evals):>5} {fmt(first, '10.1f')} {fmt(near, '7.1f')} "
               f"{fmt(final, '9.1f')} {fmt(served, '9.1f')}")
+
+
+    all_rows = db.execute("SELECT outcome, created, message FROM evaluations").fetchall()
+    if all_rows:
+        span_min = (max(r[1] for r in all_rows) - start) / 60000.0
+        verified = sum(1 for r in all_rows if r[0] == "verified")
+        phases = [tuple(map(float, m.groups())) for m in
+                  (re.search(r"prepare ([0-9.]+) s, run ([0-9.]+) s", r[2]) for r in all_rows) if m]
+        print(f"\n{len(all_rows)} results ({verified} verified) in {span_min:.1f} min: "
+              f"{verified / span_min if span_min > 0 else 0:.1f} verified a minute")
+        by_outcome = {}
+        for r in all_rows:
+            by_outcome[r[0]] = by_outcome.get(r[0], 0) + 1
+        print("outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(by_outcome.items())))
+        if phases:
+            print(f"evaluator phases over {len(phases)} evaluations: prepare (inputs + reference) "
+                  f"mean {sum(p[0] for p in phases) / len(phases):.2f} s, run (checks + timing) "
+                  f"mean {sum(p[1] for p in phases) / len(phases):.2f} s")
 
 
 if __name__ == "__main__":
