@@ -40,7 +40,7 @@ absl::Status CheckId(std::string_view field, const std::string& id) {
 // Timings must be finite and ordered; a verified result without one cannot
 // be compared.
 absl::Status CheckTiming(std::string_view field, const v1::Timing& t) {
-  const double vals[] = {t.median_us(), t.min_us(), t.max_us()};
+  const double vals[] = {t.median_us(), t.min_us(), t.max_us(), t.p25_us(), t.p75_us()};
   for (double v : vals) {
     if (!std::isfinite(v) || v < 0)
       return Invalid(field, "times must be finite and non-negative");
@@ -50,10 +50,12 @@ absl::Status CheckTiming(std::string_view field, const v1::Timing& t) {
   if ((t.min_us() != 0 || t.max_us() != 0) &&
       !(t.min_us() <= t.median_us() && t.median_us() <= t.max_us()))
     return Invalid(field, "needs min_us <= median_us <= max_us");
+  if ((t.p25_us() != 0 || t.p75_us() != 0) &&
+      !(t.p25_us() <= t.median_us() && t.median_us() <= t.p75_us() &&
+        (t.max_us() == 0 || (t.min_us() <= t.p25_us() && t.p75_us() <= t.max_us()))))
+    return Invalid(field, "needs min_us <= p25_us <= median_us <= p75_us <= max_us");
   return absl::OkStatus();
 }
-
-double Spread(const TimingRecord& t) { return std::max(0.0, t.max_us - t.min_us); }
 
 int OutcomeRank(Outcome o) {
   switch (o) {
@@ -68,6 +70,25 @@ int OutcomeRank(Outcome o) {
 }
 
 std::string Clip(const std::string& s) { return s.size() > kMaxMessageBytes ? s.substr(0, kMaxMessageBytes) : s; }
+
+// A compile log opens with ptxas's resource lines, so a clipped log can hide
+// the error: its error lines come first, then the log.
+std::string CompileLogMessage(const std::string& log) {
+  std::string errors;
+  size_t start = 0;
+  int kept = 0;
+  while (start < log.size() && kept < 10) {
+    size_t end = log.find('\n', start);
+    if (end == std::string::npos) end = log.size();
+    std::string_view line(log.data() + start, end - start);
+    if (line.find("error") != std::string_view::npos) {
+      errors.append(line).push_back('\n');
+      ++kept;
+    }
+    start = end + 1;
+  }
+  return Clip(errors.empty() ? log : errors + "--- full log ---\n" + log);
+}
 
 }  // namespace
 
@@ -501,7 +522,11 @@ absl::Status KforgeApi::ReportResult(const v1::ReportResultRequest& req,
   e.outcome = *outcome;
   e.message = Clip(r.message().empty() ? r.errors().detail() : r.message());
   if (e.outcome == Outcome::kCompileError && !r.compile().log().empty())
-    e.message = Clip(r.compile().log());
+    // The worker's message says which step failed (NVRTC, loading, the
+    // launch plan); the log's error lines follow.
+    e.message = r.message().empty() || r.message() == "compile error"
+                    ? CompileLogMessage(r.compile().log())
+                    : Clip(r.message() + "\n" + CompileLogMessage(r.compile().log()));
   e.compile_ms = r.compile().compile_ms();
   e.registers = r.compile().registers();
   e.spill_bytes = r.compile().spill_stores_bytes() + r.compile().spill_loads_bytes();
@@ -517,7 +542,7 @@ absl::Status KforgeApi::ReportResult(const v1::ReportResultRequest& req,
   if (task->kind == TaskKind::kRetime && e.outcome == Outcome::kVerified) {
     const TimingRecord inc = TimingFromProto(r.incumbent_timing());
     e.message = Clip(fmt::format("retime vs {}: incumbent {:.2f} us (spread {:.2f}){}{}",
-                                 task->incumbent_variant_id, inc.median_us, Spread(inc),
+                                 task->incumbent_variant_id, inc.median_us, inc.Spread(),
                                  e.message.empty() ? "" : "; ", e.message));
   }
 
@@ -559,7 +584,7 @@ absl::Status KforgeApi::DecideAndComplete(const TaskRecord& task, const v1::Eval
           retime_against = current->variant_id;
       } else {
         const TimingRecord inc = TimingFromProto(r.incumbent_timing());
-        const double spread = std::max(Spread(eval.timing), Spread(inc));
+        const double spread = std::max(eval.timing.Spread(), inc.Spread());
         if (inc.median_us - eval.timing.median_us > spread) new_best = candidate;
       }
     }

@@ -192,10 +192,13 @@ void TimingToProto(const TimingRecord& t, v1::Timing* out) {
   out->set_min_us(t.min_us);
   out->set_max_us(t.max_us);
   out->set_samples(t.samples);
+  out->set_p25_us(t.p25_us);
+  out->set_p75_us(t.p75_us);
 }
 
 TimingRecord TimingFromProto(const v1::Timing& t) {
-  return TimingRecord{t.median_us(), t.min_us(), t.max_us(), t.samples()};
+  return TimingRecord{t.median_us(), t.min_us(), t.max_us(), t.samples(), t.p25_us(),
+                      t.p75_us()};
 }
 
 void JobToProto(const JobView& job, v1::Job* out) {

@@ -86,7 +86,9 @@ json ProgressToJson(const std::vector<BucketProgress>& progress) {
                        {"best_median_us", p.best_timing.median_us},
                        {"best_min_us", p.best_timing.min_us},
                        {"best_max_us", p.best_timing.max_us},
-                       {"best_samples", p.best_timing.samples}});
+                       {"best_samples", p.best_timing.samples},
+                       {"best_p25_us", p.best_timing.p25_us},
+                       {"best_p75_us", p.best_timing.p75_us}});
   }
   return out;
 }
@@ -108,6 +110,8 @@ std::vector<BucketProgress> ProgressFromJson(const std::string& text) {
     p.best_timing.min_us = e.value("best_min_us", 0.0);
     p.best_timing.max_us = e.value("best_max_us", 0.0);
     p.best_timing.samples = e.value("best_samples", 0);
+    p.best_timing.p25_us = e.value("best_p25_us", 0.0);
+    p.best_timing.p75_us = e.value("best_p75_us", 0.0);
     out.push_back(std::move(p));
   }
   return out;
@@ -135,7 +139,7 @@ agent::Feedback FeedbackOf(const std::string& variant_id, const agent::Candidate
   f.candidate = c;
   f.outcome = e.outcome;
   f.median_us = e.timing.median_us;
-  f.spread_us = e.timing.max_us - e.timing.min_us;
+  f.spread_us = e.timing.Spread();
   f.rel_l2_error = e.rel_l2_error;
   f.max_abs_error = e.max_abs_error;
   f.message = e.message;
@@ -569,7 +573,7 @@ void JobEngine::ProposeRound(JobState& job, BucketState& b) {
       f.candidate = CandidateOf(*v);
       f.outcome = Outcome::kVerified;
       f.median_us = best->timing.median_us;
-      f.spread_us = best->timing.max_us - best->timing.min_us;
+      f.spread_us = best->timing.Spread();
       ctx.best = std::move(f);
     }
   }

@@ -157,7 +157,7 @@ class ServerTest : public ::testing::Test {
 
   bool Report(const std::string& worker, const v1::Task& task, double median_us,
               double spread_us = 1.0, double incumbent_us = 0,
-              v1::EvalOutcome outcome = v1::EVAL_OUTCOME_VERIFIED) {
+              v1::EvalOutcome outcome = v1::EVAL_OUTCOME_VERIFIED, double iqr_us = 0) {
     v1::ReportResultRequest req;
     req.set_worker_id(worker);
     req.set_task_id(task.task_id());
@@ -168,11 +168,19 @@ class ServerTest : public ::testing::Test {
       r->mutable_timing()->set_min_us(median_us - spread_us / 2);
       r->mutable_timing()->set_max_us(median_us + spread_us / 2);
       r->mutable_timing()->set_samples(10);
+      if (iqr_us > 0) {
+        r->mutable_timing()->set_p25_us(median_us - iqr_us / 2);
+        r->mutable_timing()->set_p75_us(median_us + iqr_us / 2);
+      }
       if (task.kind() == v1::TASK_KIND_RETIME) {
         r->mutable_incumbent_timing()->set_median_us(incumbent_us);
         r->mutable_incumbent_timing()->set_min_us(incumbent_us - spread_us / 2);
         r->mutable_incumbent_timing()->set_max_us(incumbent_us + spread_us / 2);
         r->mutable_incumbent_timing()->set_samples(10);
+        if (iqr_us > 0) {
+          r->mutable_incumbent_timing()->set_p25_us(incumbent_us - iqr_us / 2);
+          r->mutable_incumbent_timing()->set_p75_us(incumbent_us + iqr_us / 2);
+        }
       }
     }
     r->mutable_compile()->set_cubin("CUBIN-of-" + task.variant().variant_id());
@@ -788,6 +796,78 @@ TEST_F(ServerTest, RetimeWithinTheSpreadKeepsTheIncumbent) {
   v1::GetKernelResponse k;
   ASSERT_TRUE(GetKernel(MakeShape(), &k).ok());
   EXPECT_EQ(k.kernel().variant_id(), t1->variant().variant_id());
+}
+
+// With quartiles reported, the spread is their distance, as in the worker's
+// own verdict: one slow outlier (a wide min..max) does not veto a clear win.
+TEST_F(ServerTest, RetimeSpreadIsTheInterquartileRange) {
+  Start({}, 1);
+  SubmitJob(1);
+  const std::string w = RegisterWorker();
+  auto t1 = Lease(w);
+  ASSERT_TRUE(t1);
+  ASSERT_TRUE(Report(w, *t1, 100.0));
+  SubmitJob(1, MakeShape(3, 1000, 3000));
+  auto t2 = Lease(w);
+  ASSERT_TRUE(t2);
+  ASSERT_TRUE(Report(w, *t2, 95.0));
+  auto retime = Lease(w);
+  ASSERT_TRUE(retime);
+  ASSERT_EQ(retime->kind(), v1::TASK_KIND_RETIME);
+  // 5 us faster; min..max spans 20 us, the quartiles 2 us.
+  ASSERT_TRUE(Report(w, *retime, 95.0, 20.0, 100.0, v1::EVAL_OUTCOME_VERIFIED, 2.0));
+  v1::GetKernelResponse k;
+  ASSERT_TRUE(GetKernel(MakeShape(), &k).ok());
+  EXPECT_EQ(k.kernel().variant_id(), t2->variant().variant_id());
+}
+
+// A compile error's message leads with the error lines of the log, which
+// ptxas's resource report would otherwise push past the clip.
+TEST_F(ServerTest, CompileErrorMessageLeadsWithTheErrors) {
+  Start({}, 1);
+  SubmitJob(1);
+  const std::string w = RegisterWorker();
+  auto t = Lease(w);
+  ASSERT_TRUE(t);
+  v1::ReportResultRequest req;
+  req.set_worker_id(w);
+  req.set_task_id(t->task_id());
+  auto* r = req.mutable_result();
+  r->set_outcome(v1::EVAL_OUTCOME_COMPILE_ERROR);
+  std::string log;
+  for (int i = 0; i < 200; ++i) log += "ptxas info    : Used 128 registers, 0 bytes smem\n";
+  log += "candidate.cu(12): error: identifier \"x\" is undefined\n";
+  r->mutable_compile()->set_log(log);
+  v1::ReportResultResponse resp;
+  ASSERT_TRUE(workers_->ReportResult(Ctx(kWorker).get(), req, &resp).ok());
+  auto evals = store_->ListEvaluations(t->variant().variant_id());
+  ASSERT_TRUE(evals.ok()) << evals.status();
+  ASSERT_EQ(evals->size(), 1u);
+  EXPECT_TRUE(evals->at(0).message.starts_with("candidate.cu(12): error: identifier"))
+      << evals->at(0).message.substr(0, 200);
+}
+
+TEST_F(ServerTest, RejectsQuartilesOutsideTheRange) {
+  Start({}, 1);
+  SubmitJob(1);
+  const std::string w = RegisterWorker();
+  auto t = Lease(w);
+  ASSERT_TRUE(t);
+  v1::ReportResultRequest req;
+  req.set_worker_id(w);
+  req.set_task_id(t->task_id());
+  auto* r = req.mutable_result();
+  r->set_outcome(v1::EVAL_OUTCOME_VERIFIED);
+  r->mutable_timing()->set_median_us(10);
+  r->mutable_timing()->set_min_us(9);
+  r->mutable_timing()->set_max_us(12);
+  r->mutable_timing()->set_p25_us(11);  // above the median
+  r->mutable_timing()->set_p75_us(11.5);
+  r->mutable_timing()->set_samples(5);
+  v1::ReportResultResponse resp;
+  grpc::Status s = workers_->ReportResult(Ctx(kWorker).get(), req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("p25_us"), std::string::npos) << s.error_message();
 }
 
 TEST_F(ServerTest, NearestTunedBucketServesAnUntunedOne) {

@@ -152,8 +152,18 @@ CREATE UNIQUE INDEX workers_by_name ON workers(name) WHERE name <> '';
 // field have already run it). Each runs inside a transaction with foreign
 // keys enforced (the pragma cannot change inside one), so a migration that
 // rebuilds a table must copy rows in an order that keeps references valid.
+// v2: timing quartiles, for the re-timing rule's spread (interquartile
+// range). Rows from v1 keep 0, which TimingRecord::Spread reads as unknown.
+constexpr std::string_view kSchemaV2 = R"sql(
+ALTER TABLE evaluations ADD COLUMN p25_us REAL NOT NULL DEFAULT 0;
+ALTER TABLE evaluations ADD COLUMN p75_us REAL NOT NULL DEFAULT 0;
+ALTER TABLE best ADD COLUMN p25_us REAL NOT NULL DEFAULT 0;
+ALTER TABLE best ADD COLUMN p75_us REAL NOT NULL DEFAULT 0;
+)sql";
+
 constexpr Migration kMigrations[] = {
     {1, "initial schema", kSchemaV1},
+    {2, "timing quartiles", kSchemaV2},
 };
 
 // ---------------------------------------------------------------------------
@@ -332,7 +342,8 @@ constexpr std::string_view kEvaluationCols =
     "id, variant, bucket, arch, job, task, worker, gpu_name, compute_capability, "
     "driver_version, nvrtc_version, compile_options, reference_version, outcome, message, "
     "compile_ms, registers, spill_bytes, static_smem_bytes, dynamic_smem_bytes, "
-    "max_abs_error, rel_l2_error, median_us, min_us, max_us, samples, cubin_hash, created";
+    "max_abs_error, rel_l2_error, median_us, min_us, max_us, samples, cubin_hash, created, "
+    "p25_us, p75_us";
 
 absl::StatusOr<EvaluationRecord> ReadEvaluation(Stmt& s) {
   Cols c(s);
@@ -369,11 +380,14 @@ absl::StatusOr<EvaluationRecord> ReadEvaluation(Stmt& s) {
   e.timing.samples = c.Int32();
   e.cubin_hash = c.Text();
   e.created_unix_ms = c.Int();
+  e.timing.p25_us = c.Real();
+  e.timing.p75_us = c.Real();
   return e;
 }
 
 constexpr std::string_view kBestCols =
-    "bucket, arch, variant, evaluation, median_us, min_us, max_us, samples, updated";
+    "bucket, arch, variant, evaluation, median_us, min_us, max_us, samples, updated, p25_us, "
+    "p75_us";
 
 BestRecord ReadBest(Stmt& s) {
   Cols c(s);
@@ -387,6 +401,8 @@ BestRecord ReadBest(Stmt& s) {
   b.timing.max_us = c.Real();
   b.timing.samples = c.Int32();
   b.updated_unix_ms = c.Int();
+  b.timing.p25_us = c.Real();
+  b.timing.p75_us = c.Real();
   return b;
 }
 
@@ -1081,7 +1097,7 @@ class SqliteStore final : public Store {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     absl::StatusOr<Stmt> ins = Prepare("CompleteTask", fmt::format(
         "INSERT INTO evaluations ({}) VALUES (NULL, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
-        "?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         kEvaluationCols));
     if (!ins.ok()) return ins.status();
     ins->Bind(variant, eval.bucket, eval.arch, eval.job_id, eval.task_id, eval.worker_id,
@@ -1090,7 +1106,8 @@ class SqliteStore final : public Store {
               eval.message, eval.compile_ms, eval.registers, eval.spill_bytes,
               eval.static_smem_bytes, eval.dynamic_smem_bytes, eval.max_abs_error,
               eval.rel_l2_error, eval.timing.median_us, eval.timing.min_us, eval.timing.max_us,
-              eval.timing.samples, eval.cubin_hash, eval.created_unix_ms);
+              eval.timing.samples, eval.cubin_hash, eval.created_unix_ms, eval.timing.p25_us,
+              eval.timing.p75_us);
     if (absl::Status s = ins->Run(); !s.ok()) return s;
     eval.id = sqlite3_last_insert_rowid(db_);
     return absl::OkStatus();
@@ -1108,16 +1125,17 @@ class SqliteStore final : public Store {
     if (FormatId('v', **eval_variant) != best.variant_id)
       return absl::InvalidArgumentError("best: evaluation is of another variant");
     absl::StatusOr<Stmt> up = Prepare("CompleteTask", fmt::format(
-        "INSERT INTO best ({}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+        "INSERT INTO best ({}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
         "ON CONFLICT (bucket, arch) DO UPDATE SET variant = excluded.variant, "
         "evaluation = excluded.evaluation, median_us = excluded.median_us, "
         "min_us = excluded.min_us, max_us = excluded.max_us, samples = excluded.samples, "
-        "updated = excluded.updated",
+        "updated = excluded.updated, p25_us = excluded.p25_us, p75_us = excluded.p75_us",
         kBestCols));
     if (!up.ok()) return up.status();
     return up->Bind(best.bucket, best.arch, **eval_variant, best.evaluation_id,
                     best.timing.median_us, best.timing.min_us, best.timing.max_us,
-                    best.timing.samples, best.updated_unix_ms)
+                    best.timing.samples, best.updated_unix_ms, best.timing.p25_us,
+                    best.timing.p75_us)
         .Run();
   }
 

@@ -161,6 +161,34 @@ TEST(SqliteStore, ReopeningKeepsEverything) {
 constexpr std::string_view kAddTags =
     "CREATE TABLE tags (variant INTEGER NOT NULL REFERENCES variants(id), tag TEXT NOT NULL);";
 
+// Version 2 added the timing quartiles; rows from before read 0 there, and
+// their spread falls back to max - min.
+TEST(SqliteStore, VersionTwoAddsTimingQuartiles) {
+  TempDir dir;
+  const std::string path = dir.File("k.db");
+  const std::vector<Migration> v1(SqliteMigrations().begin(), SqliteMigrations().begin() + 1);
+  {
+    SqliteOptions old;
+    old.migrations = v1;
+    ASSERT_NE(MustOpen(path, old), nullptr);
+  }
+  ASSERT_NE(MustOpen(path, SqliteOptions{}), nullptr);
+  RawDb raw(path);
+  for (const char* table : {"evaluations", "best"}) {
+    EXPECT_EQ(raw.One(fmt::format("SELECT count(*) FROM pragma_table_info('{}') WHERE name IN "
+                                  "('p25_us', 'p75_us')",
+                                  table)),
+              "2")
+        << table;
+  }
+  TimingRecord before{.median_us = 10, .min_us = 8, .max_us = 20, .samples = 5};
+  EXPECT_DOUBLE_EQ(before.Spread(), 12.0);
+  TimingRecord after = before;
+  after.p25_us = 9.5;
+  after.p75_us = 10.5;
+  EXPECT_DOUBLE_EQ(after.Spread(), 1.0);
+}
+
 TEST(SqliteStore, MigratesAnOldVersionFile) {
   TempDir dir;
   const std::string path = dir.File("k.db");

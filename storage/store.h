@@ -22,6 +22,7 @@
 // after a full one). Tokens are opaque; a malformed one is INVALID_ARGUMENT.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -55,6 +56,14 @@ struct VariantRecord {
 struct TimingRecord {
   double median_us = 0, min_us = 0, max_us = 0;
   int32_t samples = 0;
+  double p25_us = 0, p75_us = 0;  // quartiles; 0 when unknown (older rows)
+
+  // How much two medians must differ to be told apart: the interquartile
+  // range (max - min for rows stored before quartiles were), the spread the
+  // re-timing rule uses.
+  double Spread() const {
+    return p75_us > 0 ? std::max(0.0, p75_us - p25_us) : std::max(0.0, max_us - min_us);
+  }
 };
 
 struct EvaluationRecord {

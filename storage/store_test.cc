@@ -95,7 +95,7 @@ class StoreTest : public ::testing::Test {
     e.outcome = Outcome::kVerified;
     e.gpu_name = "NVIDIA H200";
     e.compute_capability = "9.0";
-    e.timing = {median_us, median_us - 1, median_us + 1, 20};
+    e.timing = {median_us, median_us - 1, median_us + 1, 20, median_us - 0.25, median_us + 0.5};
     return e;
   }
 
@@ -247,6 +247,9 @@ TYPED_TEST(StoreTest, CompleteTaskRecordsTheEvaluation) {
   EXPECT_EQ(got.gpu_name, "NVIDIA H200");
   EXPECT_DOUBLE_EQ(got.timing.median_us, 12.5);
   EXPECT_EQ(got.timing.samples, 20);
+  EXPECT_DOUBLE_EQ(got.timing.p25_us, 12.25);
+  EXPECT_DOUBLE_EQ(got.timing.p75_us, 13.0);
+  EXPECT_DOUBLE_EQ(got.timing.Spread(), 0.75);
   EXPECT_GT(got.created_unix_ms, 0);
 
   ASSERT_OK_AND_ASSIGN(TaskRecord t, this->store().GetTask(task));
@@ -273,6 +276,8 @@ TYPED_TEST(StoreTest, CompleteTaskReplacesTheBest) {
   ASSERT_OK_AND_ASSIGN(best, this->store().GetBest(bucket, "sm_90a"));
   EXPECT_EQ(best.variant_id, fast);
   EXPECT_DOUBLE_EQ(best.timing.median_us, 10.0);
+  EXPECT_DOUBLE_EQ(best.timing.p25_us, 9.75);
+  EXPECT_DOUBLE_EQ(best.timing.p75_us, 10.5);
 
   this->Evaluate(job, "slower", 30.0, /*best=*/false);
   ASSERT_OK_AND_ASSIGN(best, this->store().GetBest(bucket, "sm_90a"));

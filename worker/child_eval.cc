@@ -16,7 +16,9 @@ std::optional<TimingStats> ToTiming(const std::optional<eval::Timing>& t) {
   return TimingStats{.median_us = t->median_us,
                      .min_us = t->min_us,
                      .max_us = t->max_us,
-                     .samples = t->samples};
+                     .samples = t->samples,
+                     .p25_us = t->p25_us,
+                     .p75_us = t->p75_us};
 }
 
 ChildReport ToReport(const eval::EvalResult& r) {

@@ -53,6 +53,8 @@ void ToProto(const TimingStats& t, pb::Timing* out) {
   out->set_min_us(t.min_us);
   out->set_max_us(t.max_us);
   out->set_samples(t.samples);
+  out->set_p25_us(t.p25_us);
+  out->set_p75_us(t.p75_us);
 }
 
 void ToProto(const TaskResult& r, pb::EvalResult* out) {

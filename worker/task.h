@@ -101,6 +101,8 @@ struct TimingStats {
   double min_us = 0;
   double max_us = 0;
   int samples = 0;
+  double p25_us = 0;  // quartiles: the spread the re-timing rule uses
+  double p75_us = 0;
 };
 
 struct TaskResult {

@@ -61,7 +61,10 @@ constexpr size_t kMaxMessageBytes = 4 * 1024;
 bool ValidTiming(const std::optional<TimingStats>& t) {
   return t && std::isfinite(t->median_us) && std::isfinite(t->min_us) &&
          std::isfinite(t->max_us) && t->median_us > 0 && t->min_us > 0 &&
-         t->min_us <= t->median_us && t->median_us <= t->max_us && t->samples > 0;
+         t->min_us <= t->median_us && t->median_us <= t->max_us && t->samples > 0 &&
+         std::isfinite(t->p25_us) && std::isfinite(t->p75_us) &&
+         (t->p75_us == 0 || (t->min_us <= t->p25_us && t->p25_us <= t->median_us &&
+                             t->median_us <= t->p75_us && t->p75_us <= t->max_us));
 }
 
 // What the child reported, made fit to store: NaN error metrics (an output
@@ -261,6 +264,8 @@ std::optional<TaskResult> LocalTaskRunner::RunUnchecked(const TaskSpec& task,
       spdlog::info("task {}: {}", task.task_id, result.message);
       return result;
     }
+    spdlog::info("task {}: compute-sanitizer gate passed in {:.1f} s", task.task_id,
+                 gate->wall_ms / 1000.0);
   }
 
   absl::StatusOr<SandboxRun> run = sandbox_->Run(request, &cancel);

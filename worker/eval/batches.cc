@@ -47,8 +47,36 @@ std::vector<int> StatLengths(std::mt19937_64& rng, int64_t count, int64_t max, d
     std::uniform_int_distribution<int64_t> dist(std::max<int64_t>(1, int64_t(2 * mean - max)), max);
     for (auto& l : lengths) l = int(dist(rng));
   }
-  if (!lengths.empty()) lengths[0] = int(max);
+  if (lengths.empty()) return lengths;
+  lengths[0] = int(max);
+  // A draw's total strays from count * mean by a few percent, and the time
+  // of a batch follows its total: nudge every length but the first (the
+  // max) by the same step until the total is the shape's, as far as the
+  // bounds [1, max] allow.
+  const int64_t target = std::llround(mean * double(count));
+  int64_t sum = 0;
+  for (int l : lengths) sum += l;
+  for (int pass = 0; pass < 16 && sum != target && count > 1; ++pass) {
+    const int64_t gap = target - sum;
+    const int64_t step = gap / (count - 1) + (gap > 0 ? 1 : -1);
+    for (int64_t i = 1; i < count && sum != target; ++i) {
+      const int64_t d = step > 0 ? std::min(step, target - sum) : std::max(step, target - sum);
+      const int64_t next = std::clamp<int64_t>(lengths[i] + d, 1, max);
+      sum += next - lengths[i];
+      lengths[i] = int(next);
+    }
+  }
   return lengths;
+}
+
+// A stable seed from the key's statistics (FNV-1a over their text).
+uint64_t KeySeed(const ShapeKey& key) {
+  const std::string text = fmt::format(
+      "{} {} {} {} {} {} {} {} {} {} {}", int(key.op), key.head_dim, key.heads, key.kv_heads,
+      key.causal, key.cross, key.batch, key.max_len_q, key.total_q, key.max_len_k, key.total_k);
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : text) h = (h ^ c) * 0x100000001b3ull;
+  return h;
 }
 
 }  // namespace
@@ -90,7 +118,7 @@ reference::JaggedShape CheckBatch(const ShapeKey& key, uint64_t seed, int index)
   return s;
 }
 
-absl::StatusOr<reference::JaggedShape> TimingBatch(const ShapeKey& key, uint64_t seed,
+absl::StatusOr<reference::JaggedShape> TimingBatch(const ShapeKey& key,
                                                    std::span<const int32_t> cu_q,
                                                    std::span<const int32_t> cu_k) {
   reference::JaggedShape s = HeadLayout(key);
@@ -103,7 +131,7 @@ absl::StatusOr<reference::JaggedShape> TimingBatch(const ShapeKey& key, uint64_t
           fmt::format("timing batch needs batch >= 1 and max_len_q >= 1 (got {} and {})",
                       key.batch, key.max_len_q));
     }
-    std::mt19937_64 rng(seed * 0x9e3779b97f4a7c15ull + 0x7);
+    std::mt19937_64 rng(KeySeed(key));
     const double mean_q = key.total_q > 0 ? double(key.total_q) / key.batch : key.max_len_q / 2.0;
     s.cu_q = ToOffsets(StatLengths(rng, key.batch, key.max_len_q, mean_q));
     if (key.cross) {

@@ -36,8 +36,11 @@ reference::JaggedShape HeadLayout(const ShapeKey& key);
 reference::JaggedShape CheckBatch(const ShapeKey& key, uint64_t seed, int index);
 
 // The timing batch: `cu_q`/`cu_k` when given (cu_k empty: self-attention),
-// else lengths drawn to match key.batch, max_len_* and total_* (mean).
-absl::StatusOr<reference::JaggedShape> TimingBatch(const ShapeKey& key, uint64_t seed,
+// else lengths drawn to match key.batch, max_len_* and total_* (mean). The
+// draw depends on the key alone, not on a task's seed: every evaluation of a
+// shape is timed on the same lengths (with fresh values), so the times the
+// search compares differ by the kernels, not by the batches.
+absl::StatusOr<reference::JaggedShape> TimingBatch(const ShapeKey& key,
                                                    std::span<const int32_t> cu_q,
                                                    std::span<const int32_t> cu_k);
 

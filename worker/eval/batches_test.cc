@@ -64,18 +64,33 @@ TEST(CheckBatch, DependsOnSeedAndIndex) {
 }
 
 TEST(TimingBatch, FollowsTheKeyStatistics) {
-  absl::StatusOr<reference::JaggedShape> s = TimingBatch(Key(true), 3, {}, {});
+  absl::StatusOr<reference::JaggedShape> s = TimingBatch(Key(true), {}, {});
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->batch(), 64);
   EXPECT_EQ(s->max_q(), 1000);
   EXPECT_EQ(s->max_k(), 700);
-  EXPECT_NEAR(double(s->total_q()) / 64, 300, 60);
-  EXPECT_NEAR(double(s->total_k()) / 64, 200, 50);
+  // The totals are the key's (mean 300 and 200), not just near them.
+  EXPECT_EQ(s->total_q(), 64 * 300);
+  EXPECT_EQ(s->total_k(), 64 * 200);
+}
+
+// Every evaluation of a shape is timed on the same lengths, whatever its
+// seed, and another shape gets other lengths.
+TEST(TimingBatch, DependsOnTheKeyAlone) {
+  absl::StatusOr<reference::JaggedShape> a = TimingBatch(Key(true), {}, {});
+  absl::StatusOr<reference::JaggedShape> b = TimingBatch(Key(true), {}, {});
+  ShapeKey other = Key(true);
+  other.total_q += 64;
+  absl::StatusOr<reference::JaggedShape> c = TimingBatch(other, {}, {});
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  EXPECT_EQ(a->cu_q, b->cu_q);
+  EXPECT_EQ(a->cu_k, b->cu_k);
+  EXPECT_NE(a->cu_q, c->cu_q);
 }
 
 TEST(TimingBatch, UsesGivenOffsets) {
   std::vector<int32_t> cu = {0, 5, 5, 100};
-  absl::StatusOr<reference::JaggedShape> s = TimingBatch(Key(false), 3, cu, {});
+  absl::StatusOr<reference::JaggedShape> s = TimingBatch(Key(false), cu, {});
   ASSERT_TRUE(s.ok());
   EXPECT_EQ(s->cu_q, std::vector<int>(cu.begin(), cu.end()));
   EXPECT_EQ(s->cu_k, s->cu_q);
@@ -86,7 +101,7 @@ TEST(TimingBatch, RejectsHugeProblems) {
   k.batch = 1 << 16;
   k.max_len_q = 1 << 16;
   k.total_q = int64_t{1} << 31;
-  EXPECT_FALSE(TimingBatch(k, 1, {}, {}).ok());
+  EXPECT_FALSE(TimingBatch(k, {}, {}).ok());
 }
 
 }  // namespace

@@ -352,7 +352,10 @@ struct Evaluator::Impl {
     }
     out.kernel = *std::move(kernel);
     out.manifest = c.manifest;
-    if (c.manifest.dynamic_smem_bytes > 48 * 1024) {
+    // Static shared memory counts against the 48 KB a launch gets without
+    // opting in, so exactly 48 KB of dynamic plus a few static bytes fails
+    // with CUDA_ERROR_INVALID_VALUE: opt in whenever there is any.
+    if (c.manifest.dynamic_smem_bytes > 0) {
       absl::Status s = out.kernel.SetMaxDynamicSharedMemory(c.manifest.dynamic_smem_bytes);
       if (!s.ok()) {
         return MakeResult(Outcome::kCompileError,
@@ -701,7 +704,7 @@ absl::StatusOr<EvalResult> Evaluator::Evaluate(const EvalRequest& req,
     checks.push_back(*std::move(p));
   }
   absl::StatusOr<JaggedShape> timing_shape =
-      TimingBatch(req.shape, req.seed, req.cu_seqlens_q, req.cu_seqlens_k);
+      TimingBatch(req.shape, req.cu_seqlens_q, req.cu_seqlens_k);
   if (!timing_shape.ok()) return timing_shape.status();
   std::optional<Timing> ref_time;
   absl::StatusOr<Problem> timing =
@@ -823,7 +826,7 @@ absl::StatusOr<RetimeResult> Evaluator::Retime(const EvalRequest& req, const Can
   if (!check.ok()) return check.status();
   checks.push_back(*std::move(check));
   absl::StatusOr<JaggedShape> timing_shape =
-      TimingBatch(req.shape, req.seed, req.cu_seqlens_q, req.cu_seqlens_k);
+      TimingBatch(req.shape, req.cu_seqlens_q, req.cu_seqlens_k);
   if (!timing_shape.ok()) return timing_shape.status();
   std::optional<Timing> ref_time;
   absl::StatusOr<Problem> timing =

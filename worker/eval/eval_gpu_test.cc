@@ -8,6 +8,7 @@
 #include <chrono>
 
 #include "fmt/format.h"
+#include "kernels/catalog.h"
 #include "kernels/manifest.h"
 #include "tests/bad_kernels/corpus.h"
 
@@ -91,6 +92,29 @@ TEST_F(EvalGpu, GoodForwardVerifiesOnManyShapes) {
     EXPECT_TRUE(r->reference_timing.has_value());
     std::cout << r->message << "\n";
   }
+}
+
+// Exactly 48 KB of dynamic shared memory plus the kernel's few static bytes
+// is over the default limit: the evaluator must opt in or the launch fails
+// with CUDA_ERROR_INVALID_VALUE (seen in a tuning run on the H200).
+TEST_F(EvalGpu, FortyEightKilobytesOfDynamicSharedMemoryLaunch) {
+  absl::StatusOr<Variant> v = Instantiate(
+      "fwd_mma",
+      {{"BLOCK_M", 64}, {"WARPS", 4}, {"BLOCK_N", 64}, {"STAGES", 1}, {"PERSISTENT", 1},
+       {"MIN_BLOCKS", 2}, {"PACK", 1}},
+      128);
+  ASSERT_TRUE(v.ok()) << v.status();
+  ASSERT_EQ(v->manifest.dynamic_smem_bytes, 48 * 1024);
+  EvalRequest req;
+  req.shape = Shape(Op::kForward, 128, 4, 4, true, false);
+  req.seed = 48;
+  req.candidate.source = v->source;
+  req.candidate.manifest = v->manifest;
+  req.options.iterations = 3;
+  absl::StatusOr<EvalResult> r = evaluator_->Evaluate(req);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->outcome, Outcome::kVerified) << r->message;
+  EXPECT_GT(r->attributes.static_smem_bytes, 0) << "the case needs some static shared memory";
 }
 
 TEST_F(EvalGpu, GoodBackwardVerifies) {
