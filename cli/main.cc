@@ -170,6 +170,9 @@ void AddShapeFlags(CLI::App* cmd, ShapeFlags& f) {
 // bench/shapes.json: entries {"name","B","H","D","q":{dist...},"kv":"same"|{dist},
 // "causal"}. Lengths are drawn (seeded) from the distribution and summarised;
 // entries may also give the Shape fields directly (head_dim, batch, ...).
+// Entries with "lq" (and "lk" when "kv" is not "same") lists of lengths, as
+// bench/attention/lengths.py writes them, are sent as exact offsets: the
+// workers then time every candidate on exactly that batch.
 std::vector<v1::Shape> ShapesFromFile(const std::string& path, const std::string& arch) {
   std::ifstream in(path);
   if (!in) throw Failure{2, fmt::format("{}: cannot open", path)};
@@ -213,7 +216,28 @@ std::vector<v1::Shape> ShapesFromFile(const std::string& path, const std::string
       s.set_arch(e.value("arch", arch));
       const int64_t batch = e.contains("B") ? e["B"].get<int64_t>() : e.value("batch", int64_t{0});
       s.set_batch(batch);
-      if (e.contains("q")) {
+      const bool cross = e.contains("kv") && e["kv"].is_object();
+      if (e.contains("lq")) {
+        auto offsets = [&](const char* name) {
+          std::vector<int32_t> cu = {0};
+          for (const auto& l : e.at(name)) {
+            const int64_t len = l.get<int64_t>();
+            if (len < 0) throw Failure{2, fmt::format("{}: shape {}: {} has a negative length", path, i, name)};
+            const int64_t end = cu.back() + len;
+            if (end > INT32_MAX) throw Failure{2, fmt::format("{}: shape {}: {} sums past 2^31 tokens", path, i, name)};
+            cu.push_back(static_cast<int32_t>(end));
+          }
+          return cu;
+        };
+        const std::vector<int32_t> cu_q = offsets("lq");
+        s.mutable_cu_seqlens_q()->Add(cu_q.begin(), cu_q.end());
+        s.set_batch(static_cast<int64_t>(cu_q.size()) - 1);
+        s.set_cross(cross);
+        if (cross) {
+          const std::vector<int32_t> cu_k = offsets("lk");
+          s.mutable_cu_seqlens_k()->Add(cu_k.begin(), cu_k.end());
+        }
+      } else if (e.contains("q")) {
         int64_t mx = 0, tot = 0;
         draw(e["q"], batch, &mx, &tot);
         s.set_max_len_q(mx);

@@ -419,6 +419,10 @@ absl::Status KforgeApi::FillTask(const TaskRecord& t, v1::Task* out) {
   auto shape = DecodeShapeKey(t.shape_json);
   if (!shape.ok()) return shape.status();
   ShapeToProto(*shape, out->mutable_shape());
+  auto lengths = DecodeShapeLengths(t.shape_json);
+  if (!lengths.ok()) return lengths.status();
+  out->mutable_shape()->mutable_cu_seqlens_q()->Add(lengths->cu_q.begin(), lengths->cu_q.end());
+  out->mutable_shape()->mutable_cu_seqlens_k()->Add(lengths->cu_k.begin(), lengths->cu_k.end());
   auto fill_variant = [&](const std::string& id, v1::VariantSource* vs) -> absl::Status {
     auto v = store_->GetVariant(id);
     if (!v.ok()) return v.status();

@@ -1,5 +1,6 @@
 #include "server/convert.h"
 
+#include <algorithm>
 #include <ctime>
 #include <vector>
 
@@ -152,6 +153,14 @@ absl::StatusOr<JobSpec> JobSpecFromProto(const v1::SubmitJobRequest& req,
     auto k = ShapeFromProto(req.shapes(i), fmt::format("shapes[{}]", i), limits);
     if (!k.ok()) return k.status();
     spec.shapes.push_back(*std::move(k));
+    // Offsets, already checked against the statistics by ShapeFromProto.
+    const v1::Shape& s = req.shapes(i);
+    spec.lengths.push_back(ShapeLengths{{s.cu_seqlens_q().begin(), s.cu_seqlens_q().end()},
+                                        {s.cu_seqlens_k().begin(), s.cu_seqlens_k().end()}});
+  }
+  if (std::all_of(spec.lengths.begin(), spec.lengths.end(),
+                  [](const ShapeLengths& l) { return l.empty(); })) {
+    spec.lengths.clear();
   }
   spec.proposer = req.proposer().empty() ? "builtin" : req.proposer();
   if (spec.proposer.size() > 64 ||

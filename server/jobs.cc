@@ -20,6 +20,7 @@ struct JobEngine::BucketState {
   Bucket bucket;
   std::string id;
   ShapeKey shape;  // the first submitted shape of the bucket represents it
+  ShapeLengths lengths;  // and its exact offsets, when it had any
   std::unique_ptr<agent::Proposer> proposer;
   BucketProgress progress;
   int outstanding = 0;  // EVALUATE tasks queued or leased
@@ -165,9 +166,41 @@ absl::StatusOr<ShapeKey> DecodeShapeKey(const std::string& text) {
   return StoredShape(j);
 }
 
+namespace {
+
+void PutLengths(const ShapeLengths& l, json& j) {
+  if (l.empty()) return;
+  j["cu_seqlens_q"] = l.cu_q;
+  if (!l.cu_k.empty()) j["cu_seqlens_k"] = l.cu_k;
+}
+
+// Offsets were validated on submission; stored ones that do not decode are lost data.
+absl::StatusOr<ShapeLengths> GetLengths(const json& j) {
+  ShapeLengths l;
+  try {
+    if (j.contains("cu_seqlens_q")) l.cu_q = j.at("cu_seqlens_q").get<std::vector<int32_t>>();
+    if (j.contains("cu_seqlens_k")) l.cu_k = j.at("cu_seqlens_k").get<std::vector<int32_t>>();
+  } catch (const json::exception& e) {
+    return absl::DataLossError(fmt::format("stored shape offsets: {}", e.what()));
+  }
+  return l;
+}
+
+}  // namespace
+
+absl::StatusOr<ShapeLengths> DecodeShapeLengths(const std::string& text) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return absl::DataLossError("stored shape is not JSON");
+  return GetLengths(j);
+}
+
 std::string EncodeJobSpec(const JobSpec& spec) {
   json shapes = json::array();
-  for (const auto& s : spec.shapes) shapes.push_back(ShapeKeyToJson(s));
+  for (size_t i = 0; i < spec.shapes.size(); ++i) {
+    json s = ShapeKeyToJson(spec.shapes[i]);
+    if (i < spec.lengths.size()) PutLengths(spec.lengths[i], s);
+    shapes.push_back(std::move(s));
+  }
   return json{{"name", spec.name},
               {"proposer", spec.proposer},
               {"max_variants", spec.max_variants},
@@ -191,11 +224,17 @@ absl::StatusOr<JobSpec> DecodeJobSpec(const std::string& text) {
     s.max_tokens = j.value("max_tokens", int64_t{0});
     s.seed = j.value("seed", uint64_t{0});
     s.compile_only = j.value("compile_only", false);
+    bool any_lengths = false;
     for (const auto& e : j.at("shapes")) {
       auto k = StoredShape(e);
       if (!k.ok()) return k.status();
       s.shapes.push_back(*std::move(k));
+      auto l = GetLengths(e);
+      if (!l.ok()) return l.status();
+      any_lengths = any_lengths || !l->empty();
+      s.lengths.push_back(*std::move(l));
     }
+    if (!any_lengths) s.lengths.clear();
     return s;
   } catch (const json::exception& e) {
     return absl::DataLossError(fmt::format("job spec is malformed: {}", e.what()));
@@ -413,13 +452,15 @@ absl::Status JobEngine::ResumeJob(const JobRecord& record) {
   if (job->spec.max_seconds > 0)
     job->deadline_ms = record.created_unix_ms + int64_t{job->spec.max_seconds} * 1000;
   std::map<std::string, size_t> bucket_index;
-  for (const auto& s : job->spec.shapes) {
+  for (size_t i = 0; i < job->spec.shapes.size(); ++i) {
+    const ShapeKey& s = job->spec.shapes[i];
     const Bucket b = BucketOf(s);
     if (bucket_index.count(b.Id())) continue;
     BucketState bs;
     bs.bucket = b;
     bs.id = b.Id();
     bs.shape = s;
+    if (i < job->spec.lengths.size()) bs.lengths = job->spec.lengths[i];
     bs.progress.bucket = bs.id;
     // Each bucket gets its own stream of randomness, stable across restarts.
     auto p = factory_(job->spec.proposer, SplitMix(job->spec.seed ^ bucket_index.size()));
@@ -642,6 +683,7 @@ void JobEngine::ProposeRound(JobState& job, BucketState& b) {
     // millisecond timestamps cannot order events of one round.
     json shape = ShapeKeyToJson(b.shape);
     shape["round"] = b.rounds;
+    PutLengths(b.lengths, shape);
     t.shape_json = shape.dump();
     t.seed = SplitMix(job.spec.seed + ++job.tasks_made);
     tasks.push_back(std::move(t));

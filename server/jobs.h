@@ -49,10 +49,20 @@ using ProposerFactory = std::function<absl::StatusOr<std::unique_ptr<agent::Prop
 inline constexpr int kDefaultMaxVariants = 16;
 inline constexpr int kMaxVariantsLimit = 10000;
 
+// The exact batch a job's shape was given as offsets (cu_seqlens). Workers
+// time every candidate of its bucket on it, so a tuning job can tune for a
+// user's real length distribution, not just its statistics. Empty: none.
+struct ShapeLengths {
+  std::vector<int32_t> cu_q;
+  std::vector<int32_t> cu_k;  // cross-attention only
+  bool empty() const { return cu_q.empty(); }
+};
+
 // What a client submitted, as stored in JobRecord::spec_json.
 struct JobSpec {
   std::string name;
   std::vector<ShapeKey> shapes;  // validated
+  std::vector<ShapeLengths> lengths;  // parallel to `shapes` when any was given
   std::string proposer = "builtin";
   int max_variants = kDefaultMaxVariants;  // per bucket
   int max_seconds = 0;                     // 0: no limit
@@ -83,6 +93,8 @@ absl::StatusOr<JobSpec> DecodeJobSpec(const std::string& json);
 // Shape keys travel inside TaskRecord::shape_json in the same encoding.
 std::string EncodeShapeKey(const ShapeKey& key);
 absl::StatusOr<ShapeKey> DecodeShapeKey(const std::string& json);
+// The exact offsets a task's shape JSON carries, if any.
+absl::StatusOr<ShapeLengths> DecodeShapeLengths(const std::string& json);
 absl::StatusOr<JobView> DecodeJob(const JobRecord& record);
 
 bool IsFinal(JobState s);

@@ -121,6 +121,37 @@ class JobsTest : public ::testing::Test {
   Log log_;
 };
 
+TEST(JobSpecCodec, ExactOffsetsRoundTripAndAreOptional) {
+  JobSpec spec;
+  spec.name = "exact";
+  ShapeKey k;
+  k.head_dim = 64;
+  k.heads = 2;
+  k.kv_heads = 2;
+  k.cross = true;
+  k.arch = "sm_90a";
+  k.batch = 2;
+  k.max_len_q = 5;
+  k.total_q = 8;
+  k.max_len_k = 4;
+  k.total_k = 7;
+  spec.shapes = {k, k};
+  spec.lengths = {ShapeLengths{{0, 3, 8}, {0, 4, 7}}, ShapeLengths{}};
+  auto back = DecodeJobSpec(EncodeJobSpec(spec));
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->lengths.size(), 2u);
+  EXPECT_EQ(back->lengths[0].cu_q, (std::vector<int32_t>{0, 3, 8}));
+  EXPECT_EQ(back->lengths[0].cu_k, (std::vector<int32_t>{0, 4, 7}));
+  EXPECT_TRUE(back->lengths[1].empty());
+  spec.lengths.clear();
+  back = DecodeJobSpec(EncodeJobSpec(spec));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(back->lengths.empty());
+  auto none = DecodeShapeLengths(EncodeShapeKey(k));
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->empty());
+}
+
 TEST_F(JobsTest, RunsRoundsUntilTheBudgetIsSpent) {
   auto engine = Engine(/*limit=*/100, /*per_round=*/2);
   JobSpec spec;

@@ -847,6 +847,34 @@ TEST_F(ServerTest, CompileErrorMessageLeadsWithTheErrors) {
       << evals->at(0).message.substr(0, 200);
 }
 
+// A job shape given as exact offsets reaches the workers with them (every
+// task of its bucket, also after a restart), so candidates are timed on that
+// batch rather than on a draw from its statistics.
+TEST_F(ServerTest, ExactOffsetsOfAJobShapeReachTheTasks) {
+  Start({}, 2);
+  v1::Shape shape = MakeShape(0, 0, 0);
+  for (int cu : {0, 700, 700, 1724, 2000}) shape.add_cu_seqlens_q(cu);
+  v1::Job job = SubmitJob(3, shape);
+  ASSERT_FALSE(job.id().empty());
+  const std::string w = RegisterWorker();
+  auto t1 = Lease(w);
+  ASSERT_TRUE(t1);
+  EXPECT_EQ(std::vector<int>(t1->shape().cu_seqlens_q().begin(), t1->shape().cu_seqlens_q().end()),
+            (std::vector<int>{0, 700, 700, 1724, 2000}));
+  EXPECT_EQ(t1->shape().batch(), 4);
+  EXPECT_EQ(t1->shape().max_len_q(), 1024);
+  EXPECT_EQ(t1->shape().total_q(), 2000);
+  ASSERT_TRUE(Report(w, *t1, 100.0));
+
+  // After a restart the job's remaining tasks still carry them.
+  server_.reset();
+  Start({}, 2);
+  const std::string w2 = RegisterWorker();
+  auto t2 = Lease(w2);
+  ASSERT_TRUE(t2);
+  EXPECT_EQ(t2->shape().cu_seqlens_q_size(), 5);
+}
+
 TEST_F(ServerTest, RejectsQuartilesOutsideTheRange) {
   Start({}, 1);
   SubmitJob(1);

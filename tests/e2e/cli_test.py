@@ -53,6 +53,21 @@ def main():
             "--max-variants", "4", "--max-seconds", "2", "--name", "cli")
     assert "submitted job" in p.stdout and "evaluated" in p.stdout, p.stdout
     assert "state=succeeded" in p.stdout and "time budget" in p.stdout, p.stdout
+    # A shapes file with exact lengths (bench/attention/lengths.py's output):
+    # the job's buckets come from the offsets; bad lengths name the shape.
+    with open(os.path.join(work, "exact.json"), "w") as f:
+        json.dump([{"name": "x", "B": 3, "H": 4, "D": 64, "q": {"dist": "fixed", "hi": 9},
+                    "kv": {"dist": "fixed", "hi": 9}, "causal": False,
+                    "lq": [500, 0, 1000], "lk": [20, 30, 40]}], f)
+    p = run(cli, addr, "tune", "--shapes", os.path.join(work, "exact.json"), "--no-watch", "--json")
+    buckets = [s["bucket"] for s in json.loads(p.stdout)["progress"]]
+    assert buckets and ".cross." in buckets[0] and ".b4.mq1024." in buckets[0] \
+        and ".mk64." in buckets[0], p.stdout
+    run(cli, addr, "jobs", "cancel", json.loads(p.stdout)["id"])
+    with open(os.path.join(work, "bad.json"), "w") as f:
+        json.dump([{"B": 2, "H": 4, "D": 64, "kv": "same", "lq": [5, -1]}], f)
+    p = run(cli, addr, "tune", "--shapes", os.path.join(work, "bad.json"), ok=False)
+    assert p.returncode == 2 and "shape 0: lq has a negative length" in p.stderr, p.stderr
     p = run(cli, addr, "tune", *shape, "--no-watch", "--json")
     job_id = json.loads(p.stdout)["id"]
     p = run(cli, addr, "jobs")
