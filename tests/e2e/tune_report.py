@@ -35,6 +35,11 @@ def main(path):
         fmt = lambda x, spec: "-" if x is None else format(x, spec)
         print(f"{bucket:<74} {len(evals):>5} {fmt(first, '10.1f')} {fmt(near, '7.1f')} "
               f"{fmt(final, '9.1f')} {fmt(served, '9.1f')}")
+    print("\nserved variants:")
+    for bucket, template, knobs, us in db.execute(
+            "SELECT b.bucket, v.template, v.knobs, b.median_us FROM best b "
+            "JOIN variants v ON v.id = b.variant ORDER BY b.bucket"):
+        print(f"  {bucket}: {template} {knobs} {us:.1f} us")
 
 
     all_rows = db.execute("SELECT outcome, created, message FROM evaluations").fetchall()
