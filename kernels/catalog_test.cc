@@ -74,9 +74,26 @@ TEST(CatalogTest, DefaultVariantPassesStaticChecksOnEveryArch) {
 TEST(CatalogTest, DefaultVariantNotFoundForUnsupportedShape) {
   ShapeKey s = Shape(96, "sm_90a", 1024);
   EXPECT_EQ(DefaultVariant(s).status().code(), absl::StatusCode::kNotFound);
-  s = Shape(128, "sm_90a", 1024);
+  s = Shape(96, "sm_90a", 1024);
   s.op = Op::kBackward;
   EXPECT_FALSE(DefaultVariant(s).ok());
+}
+
+TEST(CatalogTest, BackwardShapesGetTheKeyMajorBackwardTemplate) {
+  ShapeKey s = Shape(128, "sm_90a", 1024);
+  s.op = Op::kBackward;
+  auto v = DefaultVariant(s);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->template_name, "bwd_mma");
+  EXPECT_EQ(v->manifest.entry_point, "kf_attn_bwd");
+  EXPECT_EQ(v->manifest.ops, std::vector<std::string>{"bwd"});
+  EXPECT_TRUE(v->manifest.key_major);
+  EXPECT_EQ(v->manifest.grid, GridPolicy::kPersistent);
+  // And forward shapes never get it.
+  s.op = Op::kForward;
+  auto f = DefaultVariant(s);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_NE(f->template_name, "bwd_mma");
 }
 
 TEST(CatalogTest, DefaultKnobsAreValidForEveryHeadDim) {

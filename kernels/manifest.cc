@@ -85,7 +85,7 @@ absl::StatusOr<Manifest> ParseManifest(std::string_view text) {
   static const std::set<std::string> kKnown = {
       "contract_version", "entry_point", "threads", "dynamic_smem_bytes", "grid",
       "tile_m", "tile_n", "workspace", "archs", "features", "head_dims", "ops",
-      "causal", "noncausal", "gqa", "ctas_per_sm", "pack_short", "tile_order"};
+      "causal", "noncausal", "gqa", "ctas_per_sm", "pack_short", "tile_order", "key_major"};
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (!kKnown.count(it.key())) return Bad(fmt::format("unknown key \"{}\"", it.key()));
   }
@@ -197,6 +197,10 @@ absl::StatusOr<Manifest> ParseManifest(std::string_view text) {
     }
     m.tile_order = o == "grouped" ? TileOrder::kGrouped : TileOrder::kLongestFirst;
   }
+  if (auto s = get_bool("key_major", m.key_major); !s.ok()) return s;
+  if (m.key_major && (m.grid != GridPolicy::kPersistent || m.ops != std::vector<std::string>{"bwd"})) {
+    return Bad("key_major: needs grid \"persistent\" and ops [\"bwd\"]");
+  }
   if (m.pack_short && m.grid != GridPolicy::kPersistent) {
     return Bad("pack_short: needs grid \"persistent\"");
   }
@@ -227,6 +231,7 @@ std::string ManifestToJson(const Manifest& m) {
   j["ctas_per_sm"] = m.ctas_per_sm;
   j["pack_short"] = m.pack_short;
   j["tile_order"] = std::string(TileOrderName(m.tile_order));
+  if (m.key_major) j["key_major"] = true;
   return j.dump();
 }
 

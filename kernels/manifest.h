@@ -65,6 +65,12 @@ struct Manifest {
   // adjacent (descending work inside) and orders the groups by descending
   // work, so concurrently running CTAs share K/V in L2.
   TileOrder tile_order = TileOrder::kLongestFirst;
+  // Backward variants only (persistent grid): the tile list is key-major
+  // (BuildKeyTiles in schedule.h): entries are key blocks of tile_n keys per
+  // kv head, plus entries for query blocks that see no key; the host sizes
+  // the workspace with one int per (query block, head) on top of the fixed
+  // bytes. See CONTRACT.md, "Backward".
+  bool key_major = false;
 };
 
 // Parses and validates the field types and ranges (not arch limits: see

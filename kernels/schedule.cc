@@ -1,6 +1,7 @@
 #include "kernels/schedule.h"
 
 #include <algorithm>
+#include <climits>
 #include <map>
 
 #include <fmt/format.h>
@@ -109,6 +110,56 @@ absl::StatusOr<std::vector<TileWork>> BuildTiles(std::span<const int32_t> cu_q,
   return tiles;
 }
 
+absl::StatusOr<KeyMajorTiles> BuildKeyTiles(std::span<const int32_t> cu_q,
+                                            std::span<const int32_t> cu_k, int heads,
+                                            int kv_heads, int tile_m, int tile_n, bool causal) {
+  if (auto s = CheckOffsets(cu_q, "cu_seqlens_q"); !s.ok()) return s;
+  if (cu_k.empty()) cu_k = cu_q;
+  if (auto s = CheckOffsets(cu_k, "cu_seqlens_k"); !s.ok()) return s;
+  if (cu_k.size() != cu_q.size()) {
+    return absl::InvalidArgumentError(fmt::format(
+        "cu_seqlens_k: {} entries, cu_seqlens_q has {}", cu_k.size(), cu_q.size()));
+  }
+  if (kv_heads <= 0) kv_heads = heads;
+  if (heads <= 0 || heads % kv_heads != 0) {
+    return absl::InvalidArgumentError(
+        fmt::format("heads: {} must be > 0 and a multiple of kv_heads {}", heads, kv_heads));
+  }
+  if (tile_m <= 0 || tile_n <= 0) {
+    return absl::InvalidArgumentError(fmt::format("tile: {}x{} must be positive", tile_m, tile_n));
+  }
+  const int group = heads / kv_heads;
+  KeyMajorTiles out;
+  const int batch = static_cast<int>(cu_q.size()) - 1;
+  for (int b = 0; b < batch; ++b) {
+    const int64_t lq = cu_q[b + 1] - cu_q[b];
+    const int64_t lk = cu_k[b + 1] - cu_k[b];
+    const int64_t shift = lk - lq;
+    const int64_t qbase = out.query_blocks;
+    const int64_t m_blocks = CeilDiv(lq, tile_m);
+    out.query_blocks += m_blocks;
+    if (qbase > INT32_MAX) return absl::InvalidArgumentError("cu_seqlens_q: too many query blocks");
+    for (int64_t nb = 0; nb < CeilDiv(lk, tile_n); ++nb) {
+      // Query rows i see key n0 when i >= n0 - shift (causal); all otherwise.
+      const int64_t first_row = causal ? std::max<int64_t>(0, nb * tile_n - shift) : 0;
+      const int64_t visited = first_row >= lq ? 0 : m_blocks - first_row / tile_m;
+      for (int g = 0; g < kv_heads; ++g) {
+        out.tiles.push_back({b, g, static_cast<int32_t>(nb), visited * group + 1,
+                             static_cast<int32_t>(qbase)});
+      }
+    }
+    for (int64_t mb = 0; mb < m_blocks; ++mb) {
+      if (TileKeyBlocks(lq, lk, mb, tile_m, tile_n, causal) > 0) continue;
+      for (int h = 0; h < heads; ++h) {
+        out.tiles.push_back({b, h, static_cast<int32_t>(-1 - mb), 1, static_cast<int32_t>(qbase)});
+      }
+    }
+  }
+  std::stable_sort(out.tiles.begin(), out.tiles.end(),
+                   [](const TileWork& a, const TileWork& b) { return a.work > b.work; });
+  return out;
+}
+
 std::vector<int32_t> PackTiles(std::span<const TileWork> tiles) {
   std::vector<int32_t> out;
   out.reserve(tiles.size() * 4);
@@ -120,16 +171,31 @@ std::vector<int32_t> PackTiles(std::span<const TileWork> tiles) {
 
 absl::StatusOr<LaunchPlan> PlanLaunch(const Manifest& m, std::span<const int32_t> cu_q,
                                       std::span<const int32_t> cu_k, int heads, bool causal,
-                                      std::string_view arch, int num_sms, int ctas_per_sm) {
-  auto tiles = BuildTiles(cu_q, cu_k, heads, m.tile_m, m.tile_n, causal,
-                          m.pack_short && m.grid == GridPolicy::kPersistent, m.tile_order);
+                                      std::string_view arch, int num_sms, int ctas_per_sm,
+                                      int kv_heads) {
+  absl::StatusOr<std::vector<TileWork>> tiles;
+  int64_t counter_bytes = 0;
+  if (m.key_major) {
+    if (m.grid != GridPolicy::kPersistent) {
+      return absl::InvalidArgumentError("manifest: key_major needs the persistent grid");
+    }
+    auto key_tiles = BuildKeyTiles(cu_q, cu_k, heads, kv_heads, m.tile_m, m.tile_n, causal);
+    if (!key_tiles.ok()) return key_tiles.status();
+    counter_bytes = key_tiles->query_blocks * heads * int64_t{4};
+    tiles = std::move(key_tiles->tiles);
+  } else {
+    tiles = BuildTiles(cu_q, cu_k, heads, m.tile_m, m.tile_n, causal,
+                       m.pack_short && m.grid == GridPolicy::kPersistent, m.tile_order);
+  }
   if (!tiles.ok()) return tiles.status();
   LaunchPlan plan;
   plan.threads = static_cast<unsigned>(m.threads);
   plan.dynamic_smem_bytes = m.dynamic_smem_bytes;
   plan.num_tiles = static_cast<int>(tiles->size());
   for (const auto& t : *tiles) plan.total_work += t.work;
-  plan.workspace_bytes = m.workspace_fixed_bytes + m.workspace_per_tile_bytes * plan.num_tiles;
+  // Key-major counters go after the fixed bytes.
+  plan.workspace_bytes = m.workspace_fixed_bytes + m.workspace_per_tile_bytes * plan.num_tiles +
+                         counter_bytes;
   plan.empty = tiles->empty();
   const int64_t batch = static_cast<int64_t>(cu_q.size()) - 1;
   if (m.grid == GridPolicy::kPerTile) {

@@ -50,6 +50,28 @@ absl::StatusOr<std::vector<TileWork>> BuildTiles(std::span<const int32_t> cu_seq
                                                  bool causal, bool pack_short = false,
                                                  TileOrder order = TileOrder::kLongestFirst);
 
+// Key-major tiles for backward variants (manifest key_major), built so that
+// a CTA owns the dK/dV of one key block and adds its dQ contributions into
+// dq_accum:
+//   {b, g, n_block, qbase}: keys [n_block * tile_n, +tile_n) of sequence b,
+//     kv head g; the kernel visits every query head of g's group and every
+//     query block (tile_m rows) that sees one of the keys. Sequences with
+//     keys but no queries get these tiles too (their dK, dV are zeros).
+//   {b, h, -1 - m_block, qbase}: query block m_block of sequence b, head h,
+//     sees no key at all: the kernel writes its dQ rows as zeros.
+// qbase is the number of query blocks of the sequences before b, so query
+// block m of sequence b, head h owns workspace int (qbase + m) * heads + h:
+// the count of key blocks that have added into its dq_accum rows. The CTA
+// that brings it to TileKeyBlocks(lq, lk, m, ...) converts the rows to dQ.
+// Work = (query blocks visited x heads of the group) + 1; longest first.
+struct KeyMajorTiles {
+  std::vector<TileWork> tiles;  // m_block holds n_block (or -1 - m_block), pack holds qbase
+  int64_t query_blocks = 0;     // over the whole batch
+};
+absl::StatusOr<KeyMajorTiles> BuildKeyTiles(std::span<const int32_t> cu_seqlens_q,
+                                            std::span<const int32_t> cu_seqlens_k, int heads,
+                                            int kv_heads, int tile_m, int tile_n, bool causal);
+
 // Flattens tiles into the int4 {b, h, m_block, pack} array KfAttnParams::tiles points to.
 std::vector<int32_t> PackTiles(std::span<const TileWork> tiles);
 
@@ -67,10 +89,11 @@ struct LaunchPlan {
 // Plans one launch. ctas_per_sm <= 0 uses manifest.ctas_per_sm, else
 // EstimateCtasPerSm(manifest, arch). Errors name the offending input
 // (offsets not starting at 0 / decreasing, batch > 65535 with per_tile, ...).
+// kv_heads <= 0 means kv_heads = heads (used by key-major plans only).
 absl::StatusOr<LaunchPlan> PlanLaunch(const Manifest& manifest,
                                       std::span<const int32_t> cu_seqlens_q,
                                       std::span<const int32_t> cu_seqlens_k, int heads,
                                       bool causal, std::string_view arch, int num_sms,
-                                      int ctas_per_sm = 0);
+                                      int ctas_per_sm = 0, int kv_heads = 0);
 
 }  // namespace kforge

@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
+#include <set>
+#include <tuple>
+
 namespace kforge {
 namespace {
 
@@ -174,5 +178,90 @@ TEST(ScheduleTest, GroupedOrderKeepsASequencesTilesTogether) {
     if (a.batch == b.batch && a.head == b.head) EXPECT_GE(a.work, b.work);
   }
 }
+}  // namespace
+}  // namespace kforge
+
+namespace kforge {
+namespace {
+
+// Replays what a key-major kernel does with the tiles: each key tile adds
+// into the query blocks it visits (first row that sees its first key, to the
+// end), and the count every (query block, head) receives must be the one the
+// kernel waits for (TileKeyBlocks); blocks that receive none have a zero tile.
+TEST(KeyMajorTiles, EveryQueryBlockIsCompletedExactlyOnce) {
+  struct Case {
+    std::vector<int32_t> cu_q, cu_k;
+    bool causal;
+  };
+  const std::vector<Case> cases = {
+      {{0, 100, 100, 350, 351}, {}, true},
+      {{0, 100, 100, 350, 351}, {}, false},
+      {{0, 70, 70, 300, 305}, {0, 0, 90, 100, 400}, true},   // Lk = 0, Lq = 0, Lq > Lk, Lq < Lk
+      {{0, 70, 70, 300, 305}, {0, 0, 90, 100, 400}, false},
+  };
+  const int heads = 4, kv_heads = 2, tm = 64, tn = 32;
+  for (const auto& c : cases) {
+    auto kt = BuildKeyTiles(c.cu_q, c.cu_k, heads, kv_heads, tm, tn, c.causal);
+    ASSERT_TRUE(kt.ok()) << kt.status();
+    const std::vector<int32_t>& cu_k = c.cu_k.empty() ? c.cu_q : c.cu_k;
+    std::map<std::pair<int64_t, int>, int> got;  // (query block, head) -> adds
+    std::set<std::pair<int64_t, int>> zeroed;
+    std::set<std::tuple<int, int, int>> key_tiles;
+    for (const TileWork& t : kt->tiles) {
+      const int64_t lq = c.cu_q[t.batch + 1] - c.cu_q[t.batch];
+      const int64_t lk = cu_k[t.batch + 1] - cu_k[t.batch];
+      if (t.m_block < 0) {
+        zeroed.insert({t.pack + (-1 - t.m_block), t.head});
+        continue;
+      }
+      key_tiles.insert({t.batch, t.head, t.m_block});
+      const int64_t n0 = int64_t{t.m_block} * tn;
+      const int64_t first = c.causal ? std::max<int64_t>(0, n0 - (lk - lq)) : 0;
+      if (first >= lq) continue;
+      for (int64_t m = first / tm; m < (lq + tm - 1) / tm; ++m) {
+        for (int h = t.head * (heads / kv_heads); h < (t.head + 1) * (heads / kv_heads); ++h) {
+          got[{t.pack + m, h}]++;
+        }
+      }
+    }
+    int64_t qbase = 0;
+    for (size_t b = 0; b + 1 < c.cu_q.size(); ++b) {
+      const int64_t lq = c.cu_q[b + 1] - c.cu_q[b], lk = cu_k[b + 1] - cu_k[b];
+      for (int64_t nb = 0; nb < (lk + tn - 1) / tn; ++nb) {
+        for (int g = 0; g < kv_heads; ++g) {
+          EXPECT_TRUE(key_tiles.count({int(b), g, int(nb)})) << "seq " << b << " key block " << nb;
+        }
+      }
+      for (int64_t m = 0; m < (lq + tm - 1) / tm; ++m) {
+        const int64_t want = TileKeyBlocks(lq, lk, m, tm, tn, c.causal);
+        for (int h = 0; h < heads; ++h) {
+          const auto key = std::make_pair(qbase + m, h);
+          EXPECT_EQ(got.count(key) ? got[key] : 0, want) << "seq " << b << " block " << m;
+          EXPECT_EQ(zeroed.count(key) == 1, want == 0) << "seq " << b << " block " << m;
+        }
+      }
+      qbase += (lq + tm - 1) / tm;
+    }
+    EXPECT_EQ(kt->query_blocks, qbase);
+  }
+}
+
+TEST(KeyMajorTiles, PlanSizesTheCountersAndNeedsThePersistentGrid) {
+  Manifest m;
+  m.threads = 128;
+  m.grid = GridPolicy::kPersistent;
+  m.tile_m = 64;
+  m.tile_n = 64;
+  m.ops = {"bwd"};
+  m.key_major = true;
+  const std::vector<int32_t> cu = {0, 100, 228};  // 2 + 2 query blocks
+  auto plan = PlanLaunch(m, cu, {}, 8, true, "sm_90a", 132, 1, 4);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->workspace_bytes, 4 * 8 * 4);
+  EXPECT_EQ(plan->num_tiles, (2 + 2) * 4);  // key blocks per sequence x kv heads
+  m.grid = GridPolicy::kPerTile;
+  EXPECT_FALSE(PlanLaunch(m, cu, {}, 8, true, "sm_90a", 132, 1, 4).ok());
+}
+
 }  // namespace
 }  // namespace kforge

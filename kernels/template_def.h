@@ -37,6 +37,7 @@ struct TemplateDef {
 
 namespace templates {
 TemplateDef FwdMmaTemplate();
+TemplateDef BwdMmaTemplate();
 #ifdef KFORGE_HAVE_FWD_SM90
 TemplateDef FwdSm90Template();
 #endif

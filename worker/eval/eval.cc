@@ -387,7 +387,8 @@ struct Evaluator::Impl {
       if (fit.ok()) ctas_per_sm = *fit;
     }
     absl::StatusOr<LaunchPlan> plan = PlanLaunch(c.manifest, s.cu_q, s.cu_k, s.heads, s.causal,
-                                                 info.arch, info.sm_count, ctas_per_sm);
+                                                 info.arch, info.sm_count, ctas_per_sm,
+                                                 s.kv_heads);
     if (!plan.ok()) {
       why = fmt::format("launch plan: {}", std::string(plan.status().message()));
       return out;

@@ -117,6 +117,31 @@ TEST_F(EvalGpu, FortyEightKilobytesOfDynamicSharedMemoryLaunch) {
   EXPECT_GT(r->attributes.static_smem_bytes, 0) << "the case needs some static shared memory";
 }
 
+// The catalog's backward template (key-major, one launch) on the hostile
+// check batches: self and cross, causal or not, GQA, both head dims.
+TEST_F(EvalGpu, BwdMmaVerifies) {
+  struct S { int d, h, kvh; bool causal, cross; int bm, bn; };
+  for (S s : {S{128, 4, 4, true, false, 64, 64}, S{128, 4, 2, false, true, 64, 64},
+              S{64, 4, 1, true, true, 32, 64}, S{64, 2, 2, false, false, 64, 32},
+              S{128, 2, 2, true, false, 32, 128}}) {
+    SCOPED_TRACE(fmt::format("d{} h{}/{} causal {} cross {} BM{} BN{}", s.d, s.h, s.kvh, s.causal,
+                             s.cross, s.bm, s.bn));
+    absl::StatusOr<Variant> v =
+        Instantiate("bwd_mma", {{"BLOCK_M", s.bm}, {"BLOCK_N", s.bn}, {"MIN_BLOCKS", 1}}, s.d);
+    ASSERT_TRUE(v.ok()) << v.status();
+    EvalRequest req;
+    req.shape = Shape(Op::kBackward, s.d, s.h, s.kvh, s.causal, s.cross);
+    req.seed = 300 + s.d + s.bm;
+    req.candidate.source = v->source;
+    req.candidate.manifest = v->manifest;
+    req.options.iterations = 3;
+    absl::StatusOr<EvalResult> r = evaluator_->Evaluate(req);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->outcome, Outcome::kVerified) << r->message << "\n" << r->errors.detail;
+    std::cout << "bwd_mma: " << r->message << "\n";
+  }
+}
+
 TEST_F(EvalGpu, GoodBackwardVerifies) {
   for (bool cross : {false, true}) {
     EvalRequest req;

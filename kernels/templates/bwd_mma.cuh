@@ -1,0 +1,418 @@
+// kforge "bwd_mma": portable jagged flash-attention backward (sm_80 and later),
+// one launch, on mma.sync.m16n8k16 (bf16 in, fp32 accumulate).
+//
+// FlashAttention-2's backward, key-major, on the host's key-major tile list
+// (schedule.h, BuildKeyTiles):
+//   * a CTA owns one block of KF_BLOCK_N keys of one kv head: K and V stay in
+//     shared memory, and each of its KF_BLOCK_N / 16 warps accumulates dK and
+//     dV of 16 keys in registers over every query head of the kv head's group
+//     and every query block (KF_BLOCK_M rows) that sees one of its keys;
+//   * per query block: S^T = K Q^T and P^T = exp2(S^T * scale_log2 - LSE_2)
+//     (LSE from the forward), dP^T = V dO^T, dS^T = P^T (dP^T - delta) with
+//     delta = rowsum(dO * O) recomputed here, dV += P^T dO, dK += dS^T Q;
+//     dS^T goes through shared memory to give dQ = dS K, which is added into
+//     the fp32 dq_accum with atomics;
+//   * each (query block, head) counts the key blocks that have added into it
+//     (an int per block in the workspace); the CTA that completes the count
+//     converts the block's dq_accum rows to bf16 dQ. Query blocks that see no
+//     key get tiles of their own that write dQ = 0.
+// No software pipelining yet: each query block's Q and dO are loaded, then
+// used (kernels/notes/bwd.md).
+// Knobs arrive as #defines (KF_BLOCK_M, KF_BLOCK_N, KF_MIN_BLOCKS, KF_HEAD_DIM).
+#include "kforge/attn_params.h"
+
+#ifndef KF_HEAD_DIM
+#define KF_HEAD_DIM 128
+#endif
+#ifndef KF_BLOCK_M
+#define KF_BLOCK_M 64
+#endif
+#ifndef KF_BLOCK_N
+#define KF_BLOCK_N 64
+#endif
+#ifndef KF_MIN_BLOCKS
+#define KF_MIN_BLOCKS 1
+#endif
+
+namespace kfb {
+
+constexpr int kD = KF_HEAD_DIM;
+constexpr int kBM = KF_BLOCK_M;  // query rows per step
+constexpr int kBN = KF_BLOCK_N;  // keys per CTA
+constexpr int kWarps = kBN / 16;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kChunks = kD / 8;      // 16-byte chunks per row of a [rows][kD] tile
+constexpr int kSChunks = kBM / 8;    // ... of the [kBN][kBM] dS tile
+constexpr int kSMask = kSChunks >= 8 ? 7 : kSChunks - 1;
+static_assert(kD % 64 == 0, "head dim must be a multiple of 64 (swizzle over 8 chunks)");
+static_assert(kBN % 16 == 0 && kBM % 16 == 0, "blocks are multiples of 16");
+static_assert(kBM >= 32, "BLOCK_M >= 32 (the dS tile swizzle needs 4 chunks)");
+
+// Shared memory: K, V (kBN rows), Q, dO (kBM rows), dS^T, then LSE_2 and delta.
+constexpr int kKBytes = kBN * kD * 2;
+constexpr int kQBytes = kBM * kD * 2;
+constexpr int kSBytes = kBN * kBM * 2;
+constexpr int kSmemBytes = 2 * kKBytes + 2 * kQBytes + kSBytes + 2 * kBM * 4;
+static_assert(kSmemBytes <= 232448, "shared memory over every arch limit");
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+  unsigned r;
+  asm volatile("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }"
+               : "=r"(r) : "l"(p));
+  return r;
+}
+
+// Byte offset of 16-byte chunk c of row r in a swizzled [rows][kD] tile.
+__device__ __forceinline__ unsigned swz(int r, int c) {
+  return (unsigned)(r * (kD * 2) + ((c ^ (r & 7)) << 4));
+}
+// ... in the swizzled [kBN][kBM] dS^T tile.
+__device__ __forceinline__ unsigned swz_s(int r, int c) {
+  return (unsigned)(r * (kBM * 2) + ((c ^ (r & kSMask)) << 4));
+}
+
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+               :: "r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+__device__ __forceinline__ void ldsm_x4(unsigned addr, unsigned& r0, unsigned& r1, unsigned& r2,
+                                        unsigned& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(unsigned addr, unsigned& r0, unsigned& r1, unsigned& r2,
+                                          unsigned& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
+}
+
+// d += a * b for one m16n8k16 tile.
+__device__ __forceinline__ void mma(float* d, const unsigned* a, unsigned b0, unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
+  unsigned r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+__device__ __forceinline__ float ex2(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
+  return r;
+}
+
+__device__ __forceinline__ float bf16_lo(unsigned w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(unsigned w) { return __uint_as_float(w & 0xffff0000u); }
+
+// Rows [0, kRows) of a tile at base + r * stride (elements) into swizzled
+// shared memory; rows >= valid are zero-filled.
+template <int kRows>
+__device__ __forceinline__ void load_tile(unsigned dst, const unsigned short* base,
+                                          long long stride, int valid, int tid) {
+#pragma unroll
+  for (int i = tid; i < kRows * kChunks; i += kThreads) {
+    const int r = i / kChunks;
+    const int c = i % kChunks;
+    const bool ok = r < valid;
+    cp_async16(dst + swz(r, c), ok ? base + r * stride + c * 8 : base, ok);
+  }
+}
+
+// Key blocks that add into query block m (the count its dQ waits for); the
+// host's TileKeyBlocks, which builds the tiles, gives the same number.
+__device__ __forceinline__ int contributors(int lq, int lk, int m, bool causal) {
+  int n_end = lk;
+  if (causal) {
+    const int last = (lq < (m + 1) * kBM ? lq : (m + 1) * kBM) - 1;
+    n_end = last + 1 + (lk - lq);
+    n_end = n_end < 0 ? 0 : (n_end > lk ? lk : n_end);
+  }
+  return (n_end + kBN - 1) / kBN;
+}
+
+// dQ rows [m0, m0 + kBM) of head h (clamped to the sequence) from dq_accum,
+// or zeros; dq_accum holds the scaled sums already.
+__device__ void write_dq(const KfAttnParams& p, int q_start, int lq, int m0, int h, bool zero,
+                         int tid) {
+  const int rows = (lq - m0 < kBM ? lq - m0 : kBM);
+  for (int i = tid; i < rows * (kD / 8); i += kThreads) {
+    const int r = i / (kD / 8);
+    const int c = (i % (kD / 8)) * 8;
+    const long long off = ((long long)(q_start + m0 + r) * p.heads + h) * kD + c;
+    uint4 out = make_uint4(0u, 0u, 0u, 0u);
+    if (!zero) {
+      const float4 a = __ldcg((const float4*)(p.dq_accum + off));
+      const float4 b = __ldcg((const float4*)(p.dq_accum + off + 4));
+      out = make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y),
+                       pack_bf16(b.z, b.w));
+    }
+    *(uint4*)((unsigned short*)p.dq + off) = out;
+  }
+}
+
+struct Tile {
+  int b, head, block, qbase;
+};
+
+__device__ void run_tile(const KfAttnParams& p, Tile t, unsigned char* smem, int* flag, int tid) {
+  const int warp = tid >> 5;
+  const int lane = tid & 31;
+  const int g = lane >> 2;
+  const int tq = lane & 3;
+  const int q_start = p.cu_seqlens_q[t.b];
+  const int lq = p.cu_seqlens_q[t.b + 1] - q_start;
+  const int k_start = p.cu_seqlens_k[t.b];
+  const int lk = p.cu_seqlens_k[t.b + 1] - k_start;
+  const int shift = lk - lq;
+
+  if (t.block < 0) {  // a query block that sees no key: dQ = 0
+    write_dq(p, q_start, lq, (-1 - t.block) * kBM, t.head, true, tid);
+    return;
+  }
+
+  const int kv = t.head;
+  const int group = p.heads / p.kv_heads;
+  const int n0 = t.block * kBN;
+  const long long q_stride = (long long)p.heads * kD;
+  const long long kv_stride = (long long)p.kv_heads * kD;
+  const unsigned short* kg =
+      (const unsigned short*)p.k + ((long long)(k_start + n0) * p.kv_heads + kv) * kD;
+  const unsigned short* vg =
+      (const unsigned short*)p.v + ((long long)(k_start + n0) * p.kv_heads + kv) * kD;
+
+  const unsigned s_k = smem_u32(smem);
+  const unsigned s_v = s_k + kKBytes;
+  const unsigned s_q = s_v + kKBytes;
+  const unsigned s_do = s_q + kQBytes;
+  const unsigned s_ds = s_do + kQBytes;
+  unsigned char* ds_ptr = smem + 2 * kKBytes + 2 * kQBytes;
+  float* lse2 = (float*)(ds_ptr + kSBytes);
+  float* delta = lse2 + kBM;
+
+  load_tile<kBN>(s_k, kg, kv_stride, lk - n0, tid);
+  load_tile<kBN>(s_v, vg, kv_stride, lk - n0, tid);
+  cp_commit();
+
+  float dk[kD / 8][4], dv[kD / 8][4];
+#pragma unroll
+  for (int j = 0; j < kD / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[j][e] = dv[j][e] = 0.f;
+  }
+
+  const int first_row = p.causal ? (n0 - shift > 0 ? n0 - shift : 0) : 0;
+  const int m_blocks = (lq + kBM - 1) / kBM;
+  const int m_first = first_row >= lq ? m_blocks : first_row / kBM;
+  const float sl2 = p.softmax_scale_log2;
+  const float log2e = 1.4426950408889634f;
+
+  for (int h = kv * group; h < (kv + 1) * group; ++h) {
+    for (int m = m_first; m < m_blocks; ++m) {
+      const int m0 = m * kBM;
+      const unsigned short* qg = (const unsigned short*)p.q + ((long long)(q_start + m0) * p.heads + h) * kD;
+      const unsigned short* dog =
+          (const unsigned short*)p.dout + ((long long)(q_start + m0) * p.heads + h) * kD;
+      load_tile<kBM>(s_q, qg, q_stride, lq - m0, tid);
+      load_tile<kBM>(s_do, dog, q_stride, lq - m0, tid);
+      cp_commit();
+      // LSE in base 2 (+inf where P must be 0) and delta = rowsum(dO * O).
+      for (int r = tid; r < kBM; r += kThreads) {
+        const int row = m0 + r;
+        float l2 = __int_as_float(0x7f800000);
+        float dsum = 0.f;
+        if (row < lq) {
+          const float l = p.lse[(long long)h * p.total_q + q_start + row];
+          if (l > -__int_as_float(0x7f800000)) l2 = l * log2e;
+          const uint4* o4 = (const uint4*)((const unsigned short*)p.o +
+                                           ((long long)(q_start + row) * p.heads + h) * kD);
+          const uint4* d4 = (const uint4*)(dog + (long long)r * q_stride);
+#pragma unroll 4
+          for (int c = 0; c < kD / 8; ++c) {
+            const uint4 a = o4[c], b = d4[c];
+            dsum += bf16_lo(a.x) * bf16_lo(b.x) + bf16_hi(a.x) * bf16_hi(b.x) +
+                    bf16_lo(a.y) * bf16_lo(b.y) + bf16_hi(a.y) * bf16_hi(b.y) +
+                    bf16_lo(a.z) * bf16_lo(b.z) + bf16_hi(a.z) * bf16_hi(b.z) +
+                    bf16_lo(a.w) * bf16_lo(b.w) + bf16_hi(a.w) * bf16_hi(b.w);
+          }
+        }
+        lse2[r] = l2;
+        delta[r] = dsum;
+      }
+      cp_wait_all();
+      __syncthreads();
+
+      // S^T (16 keys x kBM queries per warp) = K Q^T and dP^T = V dO^T.
+      float s[kBM / 8][4], dp[kBM / 8][4];
+#pragma unroll
+      for (int j = 0; j < kBM / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e] = 0.f;
+      }
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        unsigned ka[4], va[4];
+        ldsm_x4(s_k + swz(warp * 16 + (lane & 15), 2 * kk + (lane >> 4)), ka[0], ka[1], ka[2], ka[3]);
+        ldsm_x4(s_v + swz(warp * 16 + (lane & 15), 2 * kk + (lane >> 4)), va[0], va[1], va[2], va[3]);
+#pragma unroll
+        for (int j = 0; j < kBM / 8; j += 2) {
+          const int row = j * 8 + (lane & 7) + ((lane >> 4) << 3);
+          const int chunk = 2 * kk + ((lane >> 3) & 1);
+          unsigned b0, b1, b2, b3;
+          ldsm_x4(s_q + swz(row, chunk), b0, b1, b2, b3);
+          mma(s[j], ka, b0, b1);
+          mma(s[j + 1], ka, b2, b3);
+          ldsm_x4(s_do + swz(row, chunk), b0, b1, b2, b3);
+          mma(dp[j], va, b0, b1);
+          mma(dp[j + 1], va, b2, b3);
+        }
+      }
+
+      // P^T and dS^T in place (s becomes P, dp becomes dS), masked.
+#pragma unroll
+      for (int j = 0; j < kBM / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = n0 + warp * 16 + g + 8 * (e >> 1);
+          const int col = j * 8 + 2 * tq + (e & 1);
+          const int q = m0 + col;
+          const bool ok = key < lk && q < lq && (!p.causal || key <= q + shift);
+          const float prob = ok ? ex2(s[j][e] * sl2 - lse2[col]) : 0.f;
+          s[j][e] = prob;
+          dp[j][e] = prob * (dp[j][e] - delta[col]);
+        }
+      }
+
+      // dV += P^T dO and dK += dS^T Q (k = queries).
+#pragma unroll
+      for (int kk = 0; kk < kBM / 16; ++kk) {
+        unsigned pa[4], sa[4];
+        pa[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+        pa[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+        pa[2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        pa[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        sa[0] = pack_bf16(dp[2 * kk][0], dp[2 * kk][1]);
+        sa[1] = pack_bf16(dp[2 * kk][2], dp[2 * kk][3]);
+        sa[2] = pack_bf16(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
+        sa[3] = pack_bf16(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
+        const int row = kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+#pragma unroll
+        for (int j = 0; j < kD / 8; j += 2) {
+          unsigned b0, b1, b2, b3;
+          ldsm_x4_t(s_do + swz(row, j + (lane >> 4)), b0, b1, b2, b3);
+          mma(dv[j], pa, b0, b1);
+          mma(dv[j + 1], pa, b2, b3);
+          ldsm_x4_t(s_q + swz(row, j + (lane >> 4)), b0, b1, b2, b3);
+          mma(dk[j], sa, b0, b1);
+          mma(dk[j + 1], sa, b2, b3);
+        }
+      }
+
+      // dS^T to shared memory ([key][query]) for dQ = dS K.
+#pragma unroll
+      for (int j = 0; j < kBM / 8; ++j) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int row = warp * 16 + g + 8 * r;
+          *(unsigned*)(ds_ptr + swz_s(row, j) + tq * 4) = pack_bf16(dp[j][2 * r], dp[j][2 * r + 1]);
+        }
+      }
+      __syncthreads();
+
+      // dQ for 16-row slabs of the query block, 64 head dims at a time,
+      // added into dq_accum (scaled).
+      for (int slab = warp; slab < kBM / 16; slab += kWarps) {
+#pragma unroll
+        for (int dh = 0; dh < kD / 64; ++dh) {
+          float acc[8][4];
+#pragma unroll
+          for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+#pragma unroll
+          for (int kk = 0; kk < kBN / 16; ++kk) {
+            unsigned a[4];
+            ldsm_x4_t(s_ds + swz_s(kk * 16 + (lane & 7) + ((lane >> 4) << 3),
+                                   2 * slab + ((lane >> 3) & 1)),
+                      a[0], a[1], a[2], a[3]);
+            const int row = kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+#pragma unroll
+            for (int j = 0; j < 8; j += 2) {
+              unsigned b0, b1, b2, b3;
+              ldsm_x4_t(s_k + swz(row, dh * 8 + j + (lane >> 4)), b0, b1, b2, b3);
+              mma(acc[j], a, b0, b1);
+              mma(acc[j + 1], a, b2, b3);
+            }
+          }
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int qrow = m0 + slab * 16 + g + 8 * r;
+            if (qrow < lq) {
+              float* dst = p.dq_accum + ((long long)(q_start + qrow) * p.heads + h) * kD + dh * 64;
+#pragma unroll
+              for (int j = 0; j < 8; ++j) {
+                atomicAdd(dst + j * 8 + 2 * tq, acc[j][2 * r] * p.softmax_scale);
+                atomicAdd(dst + j * 8 + 2 * tq + 1, acc[j][2 * r + 1] * p.softmax_scale);
+              }
+            }
+          }
+        }
+      }
+
+      // Count this key block in; the last one converts the block's dQ.
+      __threadfence();
+      __syncthreads();
+      if (tid == 0) {
+        int* counter = (int*)p.workspace + (long long)(t.qbase + m) * p.heads + h;
+        const int done = atomicAdd(counter, 1) + 1;
+        *flag = done == contributors(lq, lk, m, p.causal);
+        __threadfence();
+      }
+      __syncthreads();
+      if (*flag) write_dq(p, q_start, lq, m0, h, false, tid);
+      __syncthreads();  // Q, dO, dS, LSE and delta are refilled next
+    }
+  }
+  cp_wait_all();  // K and V, when no query block was visited
+
+  // dK (scaled) and dV of this warp's 16 keys.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = n0 + warp * 16 + g + 8 * r;
+    if (key < lk) {
+      const long long off = ((long long)(k_start + key) * p.kv_heads + kv) * kD;
+#pragma unroll
+      for (int j = 0; j < kD / 8; ++j) {
+        const int c = j * 8 + 2 * tq;
+        *(unsigned*)((unsigned short*)p.dk + off + c) =
+            pack_bf16(dk[j][2 * r] * p.softmax_scale, dk[j][2 * r + 1] * p.softmax_scale);
+        *(unsigned*)((unsigned short*)p.dv + off + c) = pack_bf16(dv[j][2 * r], dv[j][2 * r + 1]);
+      }
+    }
+  }
+}
+
+}  // namespace kfb
+
+extern "C" __global__ void __launch_bounds__(kfb::kThreads, KF_MIN_BLOCKS)
+    kf_attn_bwd(const __grid_constant__ KfAttnParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ int next_index;
+  __shared__ int flag;
+  const int tid = threadIdx.x;
+  int tile = blockIdx.x;
+  while (tile < p.num_tiles) {
+    const int* e = p.tiles + 4 * tile;
+    kfb::run_tile(p, kfb::Tile{e[0], e[1], e[2], e[3]}, smem, &flag, tid);
+    if (tid == 0) next_index = atomicAdd(p.tile_counter, 1) + (int)gridDim.x;
+    __syncthreads();
+    tile = next_index;
+    __syncthreads();  // next_index is rewritten after the next tile
+  }
+}
