@@ -1,5 +1,6 @@
 #include "server/components.h"
 
+#include <algorithm>
 #include <optional>
 
 #include <fmt/format.h>
@@ -62,6 +63,13 @@ std::set<int> CatalogHeadDims() {
   for (const auto& t : ListTemplates())
     for (int d : t.head_dims) dims.insert(d);
   return dims;
+}
+
+bool CatalogServesBackward() {
+  for (const auto& t : ListTemplates()) {
+    if (std::find(t.ops.begin(), t.ops.end(), "bwd") != t.ops.end()) return true;
+  }
+  return false;
 }
 
 }  // namespace kforge::server

@@ -23,5 +23,7 @@ SeedProvider DefaultSeedProvider();
 
 // Head dims some template of the kernel catalog supports.
 std::set<int> CatalogHeadDims();
+// True when a catalog template serves the backward op.
+bool CatalogServesBackward();
 
 }  // namespace kforge::server

@@ -35,7 +35,7 @@ absl::StatusOr<ShapeKey> ShapeFromProto(const v1::Shape& s, std::string_view fie
     case v1::OP_FORWARD: k.op = Op::kForward; break;
     case v1::OP_BACKWARD:
       if (!limits.backward)
-        return Invalid(fmt::format("{}.op", field), "OP_BACKWARD: no backward kernels are served yet");
+        return Invalid(fmt::format("{}.op", field), "OP_BACKWARD: no backward kernels are served by this server");
       k.op = Op::kBackward;
       break;
     default:

@@ -28,7 +28,7 @@ namespace v1 = ::kforge::v1;
 // Empty sets mean "no restriction beyond core's limits".
 struct ServedLimits {
   std::set<int> head_dims;
-  bool backward = false;  // no backward kernels yet
+  bool backward = false;  // a backward template exists (CatalogServesBackward)
 };
 
 // Validates every field of `shape` and returns its key; `field` is the path

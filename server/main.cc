@@ -76,6 +76,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   cfg.server.api.limits.head_dims = kforge::server::CatalogHeadDims();
+  cfg.server.api.limits.backward = kforge::server::CatalogServesBackward();
   auto proposers = kforge::server::DefaultProposerFactory(cfg.model_proposer_json);
   if (!proposers.ok()) {
     std::fprintf(stderr, "kforge-server: config %s: %s\n", config_path.c_str(),

@@ -875,6 +875,30 @@ TEST_F(ServerTest, ExactOffsetsOfAJobShapeReachTheTasks) {
   EXPECT_EQ(t2->shape().cu_seqlens_q_size(), 5);
 }
 
+// Backward shapes are accepted exactly when the catalog serves backward
+// (main() sets the limit from CatalogServesBackward, true since bwd_mma).
+TEST_F(ServerTest, BackwardShapesNeedABackwardTemplate) {
+  v1::Shape bwd = MakeShape();
+  bwd.set_op(v1::OP_BACKWARD);
+  v1::SubmitJobRequest req;
+  req.set_name("bwd");
+  *req.add_shapes() = bwd;
+  {
+    Start({}, 1);
+    v1::Job job;
+    grpc::Status s = kernels_->SubmitJob(Ctx(kClient).get(), req, &job);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(s.error_message().find("OP_BACKWARD"), std::string::npos) << s.error_message();
+    server_.reset();
+  }
+  ServerOptions o;
+  o.api.limits.backward = true;
+  Start(o, 1);
+  v1::Job job;
+  grpc::Status s = kernels_->SubmitJob(Ctx(kClient).get(), req, &job);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+}
+
 TEST_F(ServerTest, RejectsQuartilesOutsideTheRange) {
   Start({}, 1);
   SubmitJob(1);
