@@ -9,15 +9,18 @@
 //     and every query block (KF_BLOCK_M rows) that sees one of its keys;
 //   * per query block: S^T = K Q^T and P^T = exp2(S^T * scale_log2 - LSE_2)
 //     (LSE from the forward), dP^T = V dO^T, dS^T = P^T (dP^T - delta) with
-//     delta = rowsum(dO * O) recomputed here, dV += P^T dO, dK += dS^T Q;
+//     delta = rowsum(dO * O) recomputed by each visitor, dV += P^T dO,
+//     dK += dS^T Q;
 //     dS^T goes through shared memory to give dQ = dS K, which is added into
 //     the fp32 dq_accum with atomics;
 //   * each (query block, head) counts the key blocks that have added into it
 //     (an int per block in the workspace); the CTA that completes the count
 //     converts the block's dq_accum rows to bf16 dQ. Query blocks that see no
 //     key get tiles of their own that write dQ = 0.
-// No software pipelining yet: each query block's Q and dO are loaded, then
-// used (kernels/notes/bwd.md).
+//   * the next query block's Q and dO are loaded (cp.async, two buffers)
+//     while the current one is computed; LSE and delta = rowsum(dO * O) are
+//     read by every thread at once; the dq counters of a head are bumped once
+//     after all its query blocks, behind one fence (kernels/notes/bwd.md, v2).
 // Knobs arrive as #defines (KF_BLOCK_M, KF_BLOCK_N, KF_MIN_BLOCKS, KF_HEAD_DIM).
 #include "kforge/attn_params.h"
 
@@ -48,11 +51,12 @@ static_assert(kD % 64 == 0, "head dim must be a multiple of 64 (swizzle over 8 c
 static_assert(kBN % 16 == 0 && kBM % 16 == 0, "blocks are multiples of 16");
 static_assert(kBM >= 32, "BLOCK_M >= 32 (the dS tile swizzle needs 4 chunks)");
 
-// Shared memory: K, V (kBN rows), Q, dO (kBM rows), dS^T, then LSE_2 and delta.
+// Shared memory: K, V (kBN rows), two buffers of Q and dO (kBM rows), dS^T,
+// then LSE_2, delta and the completion flags of the dq counters.
 constexpr int kKBytes = kBN * kD * 2;
 constexpr int kQBytes = kBM * kD * 2;
 constexpr int kSBytes = kBN * kBM * 2;
-constexpr int kSmemBytes = 2 * kKBytes + 2 * kQBytes + kSBytes + 2 * kBM * 4;
+constexpr int kSmemBytes = 2 * kKBytes + 4 * kQBytes + kSBytes + 2 * kBM * 4 + kThreads * 4;
 static_assert(kSmemBytes <= 232448, "shared memory over every arch limit");
 
 __device__ __forceinline__ unsigned smem_u32(const void* p) {
@@ -77,6 +81,7 @@ __device__ __forceinline__ void cp_async16(unsigned dst, const void* src, bool v
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_wait_one() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 
 __device__ __forceinline__ void ldsm_x4(unsigned addr, unsigned& r0, unsigned& r1, unsigned& r2,
                                         unsigned& r3) {
@@ -163,7 +168,7 @@ struct Tile {
   int b, head, block, qbase;
 };
 
-__device__ void run_tile(const KfAttnParams& p, Tile t, unsigned char* smem, int* flag, int tid) {
+__device__ void run_tile(const KfAttnParams& p, Tile t, unsigned char* smem, int tid) {
   const int warp = tid >> 5;
   const int lane = tid & 31;
   const int g = lane >> 2;
@@ -191,15 +196,35 @@ __device__ void run_tile(const KfAttnParams& p, Tile t, unsigned char* smem, int
 
   const unsigned s_k = smem_u32(smem);
   const unsigned s_v = s_k + kKBytes;
-  const unsigned s_q = s_v + kKBytes;
-  const unsigned s_do = s_q + kQBytes;
-  const unsigned s_ds = s_do + kQBytes;
-  unsigned char* ds_ptr = smem + 2 * kKBytes + 2 * kQBytes;
+  const unsigned s_qd = s_v + kKBytes;  // buffer b: Q at + 2b kQBytes, dO at + (2b + 1) kQBytes
+  const unsigned s_ds = s_qd + 4 * kQBytes;
+  unsigned char* ds_ptr = smem + 2 * kKBytes + 4 * kQBytes;
   float* lse2 = (float*)(ds_ptr + kSBytes);
   float* delta = lse2 + kBM;
+  int* flags = (int*)(delta + kBM);
+
+  // Query blocks m_first .. m_blocks - 1 of every head of the group see keys
+  // of this block: step i is head kv * group + i / visited, block
+  // m_first + i % visited.
+  const int first_row = p.causal ? (n0 - shift > 0 ? n0 - shift : 0) : 0;
+  const int m_blocks = (lq + kBM - 1) / kBM;
+  const int m_first = first_row >= lq ? m_blocks : first_row / kBM;
+  const int visited = m_blocks - m_first;
+  const int steps = group * visited;
+  auto rows_of = [&](const void* base, int i) {
+    const int h = kv * group + i / visited;
+    const int m0 = (m_first + i % visited) * kBM;
+    return (const unsigned short*)base + ((long long)(q_start + m0) * p.heads + h) * kD;
+  };
+  auto issue = [&](int i, int buf) {
+    const int m0 = (m_first + i % visited) * kBM;
+    load_tile<kBM>(s_qd + 2 * buf * kQBytes, rows_of(p.q, i), q_stride, lq - m0, tid);
+    load_tile<kBM>(s_qd + (2 * buf + 1) * kQBytes, rows_of(p.dout, i), q_stride, lq - m0, tid);
+  };
 
   load_tile<kBN>(s_k, kg, kv_stride, lk - n0, tid);
   load_tile<kBN>(s_v, vg, kv_stride, lk - n0, tid);
+  if (steps > 0) issue(0, 0);
   cp_commit();
 
   float dk[kD / 8][4], dv[kD / 8][4];
@@ -208,176 +233,188 @@ __device__ void run_tile(const KfAttnParams& p, Tile t, unsigned char* smem, int
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk[j][e] = dv[j][e] = 0.f;
   }
-
-  const int first_row = p.causal ? (n0 - shift > 0 ? n0 - shift : 0) : 0;
-  const int m_blocks = (lq + kBM - 1) / kBM;
-  const int m_first = first_row >= lq ? m_blocks : first_row / kBM;
   const float sl2 = p.softmax_scale_log2;
   const float log2e = 1.4426950408889634f;
 
-  for (int h = kv * group; h < (kv + 1) * group; ++h) {
-    for (int m = m_first; m < m_blocks; ++m) {
-      const int m0 = m * kBM;
-      const unsigned short* qg = (const unsigned short*)p.q + ((long long)(q_start + m0) * p.heads + h) * kD;
-      const unsigned short* dog =
-          (const unsigned short*)p.dout + ((long long)(q_start + m0) * p.heads + h) * kD;
-      load_tile<kBM>(s_q, qg, q_stride, lq - m0, tid);
-      load_tile<kBM>(s_do, dog, q_stride, lq - m0, tid);
-      cp_commit();
-      // LSE in base 2 (+inf where P must be 0) and delta = rowsum(dO * O).
-      for (int r = tid; r < kBM; r += kThreads) {
-        const int row = m0 + r;
-        float l2 = __int_as_float(0x7f800000);
-        float dsum = 0.f;
-        if (row < lq) {
-          const float l = p.lse[(long long)h * p.total_q + q_start + row];
-          if (l > -__int_as_float(0x7f800000)) l2 = l * log2e;
-          const uint4* o4 = (const uint4*)((const unsigned short*)p.o +
-                                           ((long long)(q_start + row) * p.heads + h) * kD);
-          const uint4* d4 = (const uint4*)(dog + (long long)r * q_stride);
+  for (int i = 0; i < steps; ++i) {
+    const int buf = i & 1;
+    const int h = kv * group + i / visited;
+    const int m = m_first + i % visited;
+    const int m0 = m * kBM;
+    const unsigned s_q = s_qd + 2 * buf * kQBytes;
+    const unsigned s_do = s_q + kQBytes;
+    if (i + 1 < steps) issue(i + 1, buf ^ 1);
+    cp_commit();
+
+    // LSE in base 2 (+inf where P must be 0) and delta = rowsum(dO * O):
+    // kChunks consecutive threads share a row, one 16-byte chunk each.
+    if (tid < kBM) {
+      float l2 = __int_as_float(0x7f800000);
+      if (m0 + tid < lq) {
+        const float l = p.lse[(long long)h * p.total_q + q_start + m0 + tid];
+        if (l > -__int_as_float(0x7f800000)) l2 = l * log2e;
+      }
+      lse2[tid] = l2;
+    }
+    const unsigned short* og = rows_of(p.o, i);
+    const unsigned short* dog = rows_of(p.dout, i);
 #pragma unroll 4
-          for (int c = 0; c < kD / 8; ++c) {
-            const uint4 a = o4[c], b = d4[c];
-            dsum += bf16_lo(a.x) * bf16_lo(b.x) + bf16_hi(a.x) * bf16_hi(b.x) +
-                    bf16_lo(a.y) * bf16_lo(b.y) + bf16_hi(a.y) * bf16_hi(b.y) +
-                    bf16_lo(a.z) * bf16_lo(b.z) + bf16_hi(a.z) * bf16_hi(b.z) +
-                    bf16_lo(a.w) * bf16_lo(b.w) + bf16_hi(a.w) * bf16_hi(b.w);
+    for (int e = tid; e < kBM * kChunks; e += kThreads) {
+      const int r = e / kChunks;
+      const int c = e % kChunks;
+      float v = 0.f;
+      if (m0 + r < lq) {
+        const uint4 a = *(const uint4*)(og + r * q_stride + c * 8);
+        const uint4 b = *(const uint4*)(dog + r * q_stride + c * 8);
+        v = bf16_lo(a.x) * bf16_lo(b.x) + bf16_hi(a.x) * bf16_hi(b.x) +
+            bf16_lo(a.y) * bf16_lo(b.y) + bf16_hi(a.y) * bf16_hi(b.y) +
+            bf16_lo(a.z) * bf16_lo(b.z) + bf16_hi(a.z) * bf16_hi(b.z) +
+            bf16_lo(a.w) * bf16_lo(b.w) + bf16_hi(a.w) * bf16_hi(b.w);
+      }
+#pragma unroll
+      for (int off = kChunks / 2; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+      if (c == 0) delta[r] = v;
+    }
+    cp_wait_one();  // this step's Q and dO (and K, V) have landed
+    __syncthreads();
+
+    // S^T (16 keys x kBM queries per warp) = K Q^T and dP^T = V dO^T.
+    float s[kBM / 8][4], dp[kBM / 8][4];
+#pragma unroll
+    for (int j = 0; j < kBM / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e] = 0.f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      unsigned ka[4], va[4];
+      ldsm_x4(s_k + swz(warp * 16 + (lane & 15), 2 * kk + (lane >> 4)), ka[0], ka[1], ka[2], ka[3]);
+      ldsm_x4(s_v + swz(warp * 16 + (lane & 15), 2 * kk + (lane >> 4)), va[0], va[1], va[2], va[3]);
+#pragma unroll
+      for (int j = 0; j < kBM / 8; j += 2) {
+        const int row = j * 8 + (lane & 7) + ((lane >> 4) << 3);
+        const int chunk = 2 * kk + ((lane >> 3) & 1);
+        unsigned b0, b1, b2, b3;
+        ldsm_x4(s_q + swz(row, chunk), b0, b1, b2, b3);
+        mma(s[j], ka, b0, b1);
+        mma(s[j + 1], ka, b2, b3);
+        ldsm_x4(s_do + swz(row, chunk), b0, b1, b2, b3);
+        mma(dp[j], va, b0, b1);
+        mma(dp[j + 1], va, b2, b3);
+      }
+    }
+
+    // P^T and dS^T in place (s becomes P, dp becomes dS), masked.
+#pragma unroll
+    for (int j = 0; j < kBM / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = n0 + warp * 16 + g + 8 * (e >> 1);
+        const int col = j * 8 + 2 * tq + (e & 1);
+        const int q = m0 + col;
+        const bool ok = key < lk && q < lq && (!p.causal || key <= q + shift);
+        const float prob = ok ? ex2(s[j][e] * sl2 - lse2[col]) : 0.f;
+        s[j][e] = prob;
+        dp[j][e] = prob * (dp[j][e] - delta[col]);
+      }
+    }
+
+    // dV += P^T dO and dK += dS^T Q (k = queries).
+#pragma unroll
+    for (int kk = 0; kk < kBM / 16; ++kk) {
+      unsigned pa[4], sa[4];
+      pa[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+      pa[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+      pa[2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      pa[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      sa[0] = pack_bf16(dp[2 * kk][0], dp[2 * kk][1]);
+      sa[1] = pack_bf16(dp[2 * kk][2], dp[2 * kk][3]);
+      sa[2] = pack_bf16(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
+      sa[3] = pack_bf16(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
+      const int row = kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+#pragma unroll
+      for (int j = 0; j < kD / 8; j += 2) {
+        unsigned b0, b1, b2, b3;
+        ldsm_x4_t(s_do + swz(row, j + (lane >> 4)), b0, b1, b2, b3);
+        mma(dv[j], pa, b0, b1);
+        mma(dv[j + 1], pa, b2, b3);
+        ldsm_x4_t(s_q + swz(row, j + (lane >> 4)), b0, b1, b2, b3);
+        mma(dk[j], sa, b0, b1);
+        mma(dk[j + 1], sa, b2, b3);
+      }
+    }
+
+    // dS^T to shared memory ([key][query]) for dQ = dS K.
+#pragma unroll
+    for (int j = 0; j < kBM / 8; ++j) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = warp * 16 + g + 8 * r;
+        *(unsigned*)(ds_ptr + swz_s(row, j) + tq * 4) = pack_bf16(dp[j][2 * r], dp[j][2 * r + 1]);
+      }
+    }
+    __syncthreads();
+
+    // dQ for 16-row slabs of the query block, 64 head dims at a time,
+    // added into dq_accum (scaled).
+    for (int slab = warp; slab < kBM / 16; slab += kWarps) {
+#pragma unroll
+      for (int dh = 0; dh < kD / 64; ++dh) {
+        float acc[8][4];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < kBN / 16; ++kk) {
+          unsigned a[4];
+          ldsm_x4_t(s_ds + swz_s(kk * 16 + (lane & 7) + ((lane >> 4) << 3),
+                                 2 * slab + ((lane >> 3) & 1)),
+                    a[0], a[1], a[2], a[3]);
+          const int row = kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+#pragma unroll
+          for (int j = 0; j < 8; j += 2) {
+            unsigned b0, b1, b2, b3;
+            ldsm_x4_t(s_k + swz(row, dh * 8 + j + (lane >> 4)), b0, b1, b2, b3);
+            mma(acc[j], a, b0, b1);
+            mma(acc[j + 1], a, b2, b3);
           }
         }
-        lse2[r] = l2;
-        delta[r] = dsum;
-      }
-      cp_wait_all();
-      __syncthreads();
-
-      // S^T (16 keys x kBM queries per warp) = K Q^T and dP^T = V dO^T.
-      float s[kBM / 8][4], dp[kBM / 8][4];
-#pragma unroll
-      for (int j = 0; j < kBM / 8; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e] = 0.f;
-      }
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk) {
-        unsigned ka[4], va[4];
-        ldsm_x4(s_k + swz(warp * 16 + (lane & 15), 2 * kk + (lane >> 4)), ka[0], ka[1], ka[2], ka[3]);
-        ldsm_x4(s_v + swz(warp * 16 + (lane & 15), 2 * kk + (lane >> 4)), va[0], va[1], va[2], va[3]);
-#pragma unroll
-        for (int j = 0; j < kBM / 8; j += 2) {
-          const int row = j * 8 + (lane & 7) + ((lane >> 4) << 3);
-          const int chunk = 2 * kk + ((lane >> 3) & 1);
-          unsigned b0, b1, b2, b3;
-          ldsm_x4(s_q + swz(row, chunk), b0, b1, b2, b3);
-          mma(s[j], ka, b0, b1);
-          mma(s[j + 1], ka, b2, b3);
-          ldsm_x4(s_do + swz(row, chunk), b0, b1, b2, b3);
-          mma(dp[j], va, b0, b1);
-          mma(dp[j + 1], va, b2, b3);
-        }
-      }
-
-      // P^T and dS^T in place (s becomes P, dp becomes dS), masked.
-#pragma unroll
-      for (int j = 0; j < kBM / 8; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = n0 + warp * 16 + g + 8 * (e >> 1);
-          const int col = j * 8 + 2 * tq + (e & 1);
-          const int q = m0 + col;
-          const bool ok = key < lk && q < lq && (!p.causal || key <= q + shift);
-          const float prob = ok ? ex2(s[j][e] * sl2 - lse2[col]) : 0.f;
-          s[j][e] = prob;
-          dp[j][e] = prob * (dp[j][e] - delta[col]);
-        }
-      }
-
-      // dV += P^T dO and dK += dS^T Q (k = queries).
-#pragma unroll
-      for (int kk = 0; kk < kBM / 16; ++kk) {
-        unsigned pa[4], sa[4];
-        pa[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
-        pa[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
-        pa[2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-        pa[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-        sa[0] = pack_bf16(dp[2 * kk][0], dp[2 * kk][1]);
-        sa[1] = pack_bf16(dp[2 * kk][2], dp[2 * kk][3]);
-        sa[2] = pack_bf16(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
-        sa[3] = pack_bf16(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
-        const int row = kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
-#pragma unroll
-        for (int j = 0; j < kD / 8; j += 2) {
-          unsigned b0, b1, b2, b3;
-          ldsm_x4_t(s_do + swz(row, j + (lane >> 4)), b0, b1, b2, b3);
-          mma(dv[j], pa, b0, b1);
-          mma(dv[j + 1], pa, b2, b3);
-          ldsm_x4_t(s_q + swz(row, j + (lane >> 4)), b0, b1, b2, b3);
-          mma(dk[j], sa, b0, b1);
-          mma(dk[j + 1], sa, b2, b3);
-        }
-      }
-
-      // dS^T to shared memory ([key][query]) for dQ = dS K.
-#pragma unroll
-      for (int j = 0; j < kBM / 8; ++j) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const int row = warp * 16 + g + 8 * r;
-          *(unsigned*)(ds_ptr + swz_s(row, j) + tq * 4) = pack_bf16(dp[j][2 * r], dp[j][2 * r + 1]);
-        }
-      }
-      __syncthreads();
-
-      // dQ for 16-row slabs of the query block, 64 head dims at a time,
-      // added into dq_accum (scaled).
-      for (int slab = warp; slab < kBM / 16; slab += kWarps) {
+          const int qrow = m0 + slab * 16 + g + 8 * r;
+          if (qrow < lq) {
+            float* dst = p.dq_accum + ((long long)(q_start + qrow) * p.heads + h) * kD + dh * 64;
 #pragma unroll
-        for (int dh = 0; dh < kD / 64; ++dh) {
-          float acc[8][4];
-#pragma unroll
-          for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-#pragma unroll
-          for (int kk = 0; kk < kBN / 16; ++kk) {
-            unsigned a[4];
-            ldsm_x4_t(s_ds + swz_s(kk * 16 + (lane & 7) + ((lane >> 4) << 3),
-                                   2 * slab + ((lane >> 3) & 1)),
-                      a[0], a[1], a[2], a[3]);
-            const int row = kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
-#pragma unroll
-            for (int j = 0; j < 8; j += 2) {
-              unsigned b0, b1, b2, b3;
-              ldsm_x4_t(s_k + swz(row, dh * 8 + j + (lane >> 4)), b0, b1, b2, b3);
-              mma(acc[j], a, b0, b1);
-              mma(acc[j + 1], a, b2, b3);
-            }
-          }
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int qrow = m0 + slab * 16 + g + 8 * r;
-            if (qrow < lq) {
-              float* dst = p.dq_accum + ((long long)(q_start + qrow) * p.heads + h) * kD + dh * 64;
-#pragma unroll
-              for (int j = 0; j < 8; ++j) {
-                atomicAdd(dst + j * 8 + 2 * tq, acc[j][2 * r] * p.softmax_scale);
-                atomicAdd(dst + j * 8 + 2 * tq + 1, acc[j][2 * r + 1] * p.softmax_scale);
-              }
+            for (int j = 0; j < 8; ++j) {
+              atomicAdd(dst + j * 8 + 2 * tq, acc[j][2 * r] * p.softmax_scale);
+              atomicAdd(dst + j * 8 + 2 * tq + 1, acc[j][2 * r + 1] * p.softmax_scale);
             }
           }
         }
       }
+    }
 
-      // Count this key block in; the last one converts the block's dQ.
+    if (m == m_blocks - 1) {
+      // Head h is done: count this key block into each of its query blocks
+      // behind one fence; the key block that completes a count converts.
       __threadfence();
       __syncthreads();
-      if (tid == 0) {
-        int* counter = (int*)p.workspace + (long long)(t.qbase + m) * p.heads + h;
-        const int done = atomicAdd(counter, 1) + 1;
-        *flag = done == contributors(lq, lk, m, p.causal);
-        __threadfence();
+      for (int base = m_first; base < m_blocks; base += kThreads) {
+        const int mm = base + tid;
+        int done = 0;
+        if (mm < m_blocks) {
+          int* counter = (int*)p.workspace + (long long)(t.qbase + mm) * p.heads + h;
+          done = atomicAdd(counter, 1) + 1 == contributors(lq, lk, mm, p.causal);
+          __threadfence();
+        }
+        flags[tid] = done;
+        __syncthreads();
+        for (int j = 0; j < kThreads && base + j < m_blocks; ++j) {
+          if (flags[j]) write_dq(p, q_start, lq, (base + j) * kBM, h, false, tid);
+        }
+        __syncthreads();
       }
-      __syncthreads();
-      if (*flag) write_dq(p, q_start, lq, m0, h, false, tid);
-      __syncthreads();  // Q, dO, dS, LSE and delta are refilled next
     }
+    __syncthreads();  // this buffer, dS, LSE and delta are refilled by later steps
   }
   cp_wait_all();  // K and V, when no query block was visited
 
@@ -404,12 +441,11 @@ extern "C" __global__ void __launch_bounds__(kfb::kThreads, KF_MIN_BLOCKS)
     kf_attn_bwd(const __grid_constant__ KfAttnParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ int next_index;
-  __shared__ int flag;
   const int tid = threadIdx.x;
   int tile = blockIdx.x;
   while (tile < p.num_tiles) {
     const int* e = p.tiles + 4 * tile;
-    kfb::run_tile(p, kfb::Tile{e[0], e[1], e[2], e[3]}, smem, &flag, tid);
+    kfb::run_tile(p, kfb::Tile{e[0], e[1], e[2], e[3]}, smem, tid);
     if (tid == 0) next_index = atomicAdd(p.tile_counter, 1) + (int)gridDim.x;
     __syncthreads();
     tile = next_index;
