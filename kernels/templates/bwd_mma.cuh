@@ -164,6 +164,54 @@ __device__ void write_dq(const KfAttnParams& p, int q_start, int lq, int m0, int
   }
 }
 
+// Adds a warp's 16 x 64 dQ slab (scaled) into dq_accum. On sm_90 and later
+// one 16-byte vector reduction replaces four scalar ones: lanes tq and tq ^ 1
+// swap halves so the even lane holds 4 consecutive columns of row g and the
+// odd lane 4 of row g + 8 (fewer reductions is what the dQ path waits on,
+// notes/bwd.md).
+__device__ __forceinline__ void add_dq(const KfAttnParams& p, float (&acc)[8][4], int q_start,
+                                       int row0, int lq, int h, int dh, int g, int tq) {
+  const float sc = p.softmax_scale;
+#if __CUDA_ARCH__ >= 900
+  const bool odd = tq & 1;
+  const int qrow = row0 + g + (odd ? 8 : 0);
+  const int col0 = 2 * (tq & ~1);
+  float* dst = p.dq_accum + ((long long)(q_start + qrow) * p.heads + h) * kD + dh * 64 + col0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    // Even lanes keep row g and send row g + 8; odd lanes the reverse.
+    const float send0 = odd ? acc[j][0] : acc[j][2];
+    const float send1 = odd ? acc[j][1] : acc[j][3];
+    const float got0 = __shfl_xor_sync(0xffffffffu, send0, 1);
+    const float got1 = __shfl_xor_sync(0xffffffffu, send1, 1);
+    float v0, v1, v2, v3;
+    if (odd) {
+      v0 = got0; v1 = got1; v2 = acc[j][2]; v3 = acc[j][3];
+    } else {
+      v0 = acc[j][0]; v1 = acc[j][1]; v2 = got0; v3 = got1;
+    }
+    if (qrow < lq) {
+      asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n"
+                   :: "l"(dst + j * 8), "f"(v0 * sc), "f"(v1 * sc), "f"(v2 * sc), "f"(v3 * sc)
+                   : "memory");
+    }
+  }
+#else
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int qrow = row0 + g + 8 * r;
+    if (qrow < lq) {
+      float* dst = p.dq_accum + ((long long)(q_start + qrow) * p.heads + h) * kD + dh * 64;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        atomicAdd(dst + j * 8 + 2 * tq, acc[j][2 * r] * sc);
+        atomicAdd(dst + j * 8 + 2 * tq + 1, acc[j][2 * r + 1] * sc);
+      }
+    }
+  }
+#endif
+}
+
 struct Tile {
   int b, head, block, qbase;
 };
@@ -378,18 +426,7 @@ __device__ void run_tile(const KfAttnParams& p, Tile t, unsigned char* smem, int
             mma(acc[j + 1], a, b2, b3);
           }
         }
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int qrow = m0 + slab * 16 + g + 8 * r;
-          if (qrow < lq) {
-            float* dst = p.dq_accum + ((long long)(q_start + qrow) * p.heads + h) * kD + dh * 64;
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-              atomicAdd(dst + j * 8 + 2 * tq, acc[j][2 * r] * p.softmax_scale);
-              atomicAdd(dst + j * 8 + 2 * tq + 1, acc[j][2 * r + 1] * p.softmax_scale);
-            }
-          }
-        }
+        add_dq(p, acc, q_start, m0 + slab * 16, lq, h, dh, g, tq);
       }
     }
 
