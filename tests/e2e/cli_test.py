@@ -38,6 +38,11 @@ def main():
     assert json.load(open(os.path.join(work, "k", "manifest.json")))["entry_point"]
     p = run(cli, addr, "--json", "get", *shape)
     assert json.loads(p.stdout)["kernel"]["requested_bucket"].startswith("fwd.bf16.d128.h4"), p.stdout
+    # Backward shapes are served too: the seed is the key-major backward template.
+    p = run(cli, addr, "get", "--op", "bwd", *shape, "--out", os.path.join(work, "kb"))
+    assert "tuned        no" in p.stdout, p.stdout
+    manifest = json.load(open(os.path.join(work, "kb", "manifest.json")))
+    assert manifest["entry_point"] == "kf_attn_bwd" and manifest.get("key_major"), manifest
 
     with open(os.path.join(work, "lens.json"), "w") as f:
         json.dump([0, 100, 1000, 1500], f)
