@@ -5,6 +5,7 @@
 
 namespace kforge::embedded {
 extern const char bwd_mma_cuh[];
+extern const char mma_common_cuh[];
 }
 
 namespace kforge::templates {
@@ -47,7 +48,7 @@ TemplateDef BwdMmaTemplate() {
   def.build = [archs = def.info.archs](const std::map<std::string, int>& k,
                                        int d) -> absl::StatusOr<Variant> {
     Variant v;
-    v.source = KnobPrelude(k, d) + embedded::bwd_mma_cuh;
+    v.source = KnobPrelude(k, d) + embedded::mma_common_cuh + embedded::bwd_mma_cuh;
     Manifest& m = v.manifest;
     m.entry_point = "kf_attn_bwd";
     m.threads = 32 * (Knob(k, "BLOCK_N") / 16);

@@ -38,6 +38,7 @@
 #endif
 
 namespace kfb {
+using namespace kfm;  // mma_common.cuh, prepended by the catalog
 
 constexpr int kD = KF_HEAD_DIM;
 constexpr int kBM = KF_BLOCK_M;  // query rows per step
@@ -59,13 +60,6 @@ constexpr int kSBytes = kBN * kBM * 2;
 constexpr int kSmemBytes = 2 * kKBytes + 4 * kQBytes + kSBytes + 2 * kBM * 4 + kThreads * 4;
 static_assert(kSmemBytes <= 232448, "shared memory over every arch limit");
 
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-  unsigned r;
-  asm volatile("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }"
-               : "=r"(r) : "l"(p));
-  return r;
-}
-
 // Byte offset of 16-byte chunk c of row r in a swizzled [rows][kD] tile.
 __device__ __forceinline__ unsigned swz(int r, int c) {
   return (unsigned)(r * (kD * 2) + ((c ^ (r & 7)) << 4));
@@ -73,46 +67,6 @@ __device__ __forceinline__ unsigned swz(int r, int c) {
 // ... in the swizzled [kBN][kBM] dS^T tile.
 __device__ __forceinline__ unsigned swz_s(int r, int c) {
   return (unsigned)(r * (kBM * 2) + ((c ^ (r & kSMask)) << 4));
-}
-
-__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-               :: "r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_wait_one() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
-
-__device__ __forceinline__ void ldsm_x4(unsigned addr, unsigned& r0, unsigned& r1, unsigned& r2,
-                                        unsigned& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_t(unsigned addr, unsigned& r0, unsigned& r1, unsigned& r2,
-                                          unsigned& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
-}
-
-// d += a * b for one m16n8k16 tile.
-__device__ __forceinline__ void mma(float* d, const unsigned* a, unsigned b0, unsigned b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
-  unsigned r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-
-__device__ __forceinline__ float ex2(float x) {
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
-  return r;
 }
 
 __device__ __forceinline__ float bf16_lo(unsigned w) { return __uint_as_float(w << 16); }
@@ -323,7 +277,7 @@ __device__ void run_tile(const KfAttnParams& p, Tile t, unsigned char* smem, int
       for (int off = kChunks / 2; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
       if (c == 0) delta[r] = v;
     }
-    cp_wait_one();  // this step's Q and dO (and K, V) have landed
+    cp_wait<1>();  // this step's Q and dO (and K, V) have landed
     __syncthreads();
 
     // S^T (16 keys x kBM queries per warp) = K Q^T and dP^T = V dO^T.
@@ -453,7 +407,7 @@ __device__ void run_tile(const KfAttnParams& p, Tile t, unsigned char* smem, int
     }
     __syncthreads();  // this buffer, dS, LSE and delta are refilled by later steps
   }
-  cp_wait_all();  // K and V, when no query block was visited
+  cp_wait<0>();  // K and V, when no query block was visited
 
   // dK (scaled) and dV of this warp's 16 keys.
 #pragma unroll

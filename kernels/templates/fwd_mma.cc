@@ -5,6 +5,7 @@
 
 namespace kforge::embedded {
 extern const char fwd_mma_cuh[];
+extern const char mma_common_cuh[];
 }
 
 namespace kforge::templates {
@@ -66,7 +67,7 @@ TemplateDef FwdMmaTemplate() {
   def.build = [archs = def.info.archs](const std::map<std::string, int>& k,
                                        int d) -> absl::StatusOr<Variant> {
     Variant v;
-    v.source = KnobPrelude(k, d) + embedded::fwd_mma_cuh;
+    v.source = KnobPrelude(k, d) + embedded::mma_common_cuh + embedded::fwd_mma_cuh;
     Manifest& m = v.manifest;
     m.entry_point = "kf_attn_fwd";
     m.threads = 32 * Knob(k, "WARPS");
