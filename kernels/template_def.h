@@ -4,6 +4,9 @@
 // kforge_embed) plus a TemplateDef factory. catalog.cc lists the factories;
 // a template whose factory file is absent from the tree is simply not built:
 //   kernels/templates/fwd_mma.cc   -> templates::FwdMmaTemplate()   (always)
+//   kernels/templates/bwd_mma.cc   -> templates::BwdMmaTemplate()   (always)
+// The two portable templates share their PTX helpers through
+// templates/mma_common.cuh, which their build() prepends to the source.
 //   kernels/templates/fwd_sm90.cc  -> templates::FwdSm90Template()  (if the
 //       file exists; CMake then defines KFORGE_HAVE_FWD_SM90 and embeds
 //       kernels/templates/fwd_sm90.cuh as kforge::embedded::fwd_sm90_cuh)
