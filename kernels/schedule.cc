@@ -25,6 +25,24 @@ absl::Status CheckOffsets(std::span<const int32_t> cu, const char* name) {
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// What both tile builders need: valid offsets of equal length (cu_k empty
+// means self-attention and becomes cu_q), heads > 0 and a positive tile.
+absl::Status CheckTileInputs(std::span<const int32_t> cu_q, std::span<const int32_t>& cu_k,
+                             int heads, int tile_m, int tile_n) {
+  if (auto s = CheckOffsets(cu_q, "cu_seqlens_q"); !s.ok()) return s;
+  if (cu_k.empty()) cu_k = cu_q;
+  if (auto s = CheckOffsets(cu_k, "cu_seqlens_k"); !s.ok()) return s;
+  if (cu_k.size() != cu_q.size()) {
+    return absl::InvalidArgumentError(fmt::format(
+        "cu_seqlens_k: {} entries, cu_seqlens_q has {}", cu_k.size(), cu_q.size()));
+  }
+  if (heads <= 0) return absl::InvalidArgumentError(fmt::format("heads: {} must be > 0", heads));
+  if (tile_m <= 0 || tile_n <= 0) {
+    return absl::InvalidArgumentError(fmt::format("tile: {}x{} must be positive", tile_m, tile_n));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int64_t TileKeyBlocks(int64_t lq, int64_t lk, int64_t m_block, int tile_m, int tile_n,
@@ -42,17 +60,7 @@ absl::StatusOr<std::vector<TileWork>> BuildTiles(std::span<const int32_t> cu_q,
                                                  std::span<const int32_t> cu_k, int heads,
                                                  int tile_m, int tile_n, bool causal,
                                                  bool pack_short, TileOrder order) {
-  if (auto s = CheckOffsets(cu_q, "cu_seqlens_q"); !s.ok()) return s;
-  if (cu_k.empty()) cu_k = cu_q;
-  if (auto s = CheckOffsets(cu_k, "cu_seqlens_k"); !s.ok()) return s;
-  if (cu_k.size() != cu_q.size()) {
-    return absl::InvalidArgumentError(fmt::format(
-        "cu_seqlens_k: {} entries, cu_seqlens_q has {}", cu_k.size(), cu_q.size()));
-  }
-  if (heads <= 0) return absl::InvalidArgumentError(fmt::format("heads: {} must be > 0", heads));
-  if (tile_m <= 0 || tile_n <= 0) {
-    return absl::InvalidArgumentError(fmt::format("tile: {}x{} must be positive", tile_m, tile_n));
-  }
+  if (auto s = CheckTileInputs(cu_q, cu_k, heads, tile_m, tile_n); !s.ok()) return s;
   std::vector<TileWork> tiles;
   const int batch = static_cast<int>(cu_q.size()) - 1;
   for (int b = 0; b < batch; ++b) {
@@ -113,20 +121,11 @@ absl::StatusOr<std::vector<TileWork>> BuildTiles(std::span<const int32_t> cu_q,
 absl::StatusOr<KeyMajorTiles> BuildKeyTiles(std::span<const int32_t> cu_q,
                                             std::span<const int32_t> cu_k, int heads,
                                             int kv_heads, int tile_m, int tile_n, bool causal) {
-  if (auto s = CheckOffsets(cu_q, "cu_seqlens_q"); !s.ok()) return s;
-  if (cu_k.empty()) cu_k = cu_q;
-  if (auto s = CheckOffsets(cu_k, "cu_seqlens_k"); !s.ok()) return s;
-  if (cu_k.size() != cu_q.size()) {
-    return absl::InvalidArgumentError(fmt::format(
-        "cu_seqlens_k: {} entries, cu_seqlens_q has {}", cu_k.size(), cu_q.size()));
-  }
+  if (auto s = CheckTileInputs(cu_q, cu_k, heads, tile_m, tile_n); !s.ok()) return s;
   if (kv_heads <= 0) kv_heads = heads;
-  if (heads <= 0 || heads % kv_heads != 0) {
+  if (heads % kv_heads != 0) {
     return absl::InvalidArgumentError(
-        fmt::format("heads: {} must be > 0 and a multiple of kv_heads {}", heads, kv_heads));
-  }
-  if (tile_m <= 0 || tile_n <= 0) {
-    return absl::InvalidArgumentError(fmt::format("tile: {}x{} must be positive", tile_m, tile_n));
+        fmt::format("heads: {} must be a multiple of kv_heads {}", heads, kv_heads));
   }
   const int group = heads / kv_heads;
   KeyMajorTiles out;

@@ -416,13 +416,12 @@ absl::Status KforgeApi::FillTask(const TaskRecord& t, v1::Task* out) {
   out->set_task_id(t.id);
   out->set_kind(TaskKindToProto(t.kind));
   out->set_job_id(t.job_id);
-  auto shape = DecodeShapeKey(t.shape_json);
+  auto shape = DecodeTaskShape(t.shape_json);
   if (!shape.ok()) return shape.status();
-  ShapeToProto(*shape, out->mutable_shape());
-  auto lengths = DecodeShapeLengths(t.shape_json);
-  if (!lengths.ok()) return lengths.status();
-  out->mutable_shape()->mutable_cu_seqlens_q()->Add(lengths->cu_q.begin(), lengths->cu_q.end());
-  out->mutable_shape()->mutable_cu_seqlens_k()->Add(lengths->cu_k.begin(), lengths->cu_k.end());
+  ShapeToProto(shape->key, out->mutable_shape());
+  const ShapeLengths& l = shape->lengths;
+  out->mutable_shape()->mutable_cu_seqlens_q()->Add(l.cu_q.begin(), l.cu_q.end());
+  out->mutable_shape()->mutable_cu_seqlens_k()->Add(l.cu_k.begin(), l.cu_k.end());
   auto fill_variant = [&](const std::string& id, v1::VariantSource* vs) -> absl::Status {
     auto v = store_->GetVariant(id);
     if (!v.ok()) return v.status();
@@ -528,7 +527,7 @@ absl::Status KforgeApi::ReportResult(const v1::ReportResultRequest& req,
   if (e.outcome == Outcome::kCompileError && !r.compile().log().empty())
     // The worker's message says which step failed (NVRTC, loading, the
     // launch plan); the log's error lines follow.
-    e.message = r.message().empty() || r.message() == "compile error"
+    e.message = r.message().empty()
                     ? CompileLogMessage(r.compile().log())
                     : Clip(r.message() + "\n" + CompileLogMessage(r.compile().log()));
   e.compile_ms = r.compile().compile_ms();

@@ -160,12 +160,6 @@ bool IsFinal(JobState s) {
 
 std::string EncodeShapeKey(const ShapeKey& key) { return ShapeKeyToJson(key).dump(); }
 
-absl::StatusOr<ShapeKey> DecodeShapeKey(const std::string& text) {
-  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return absl::DataLossError("stored shape is not JSON");
-  return StoredShape(j);
-}
-
 namespace {
 
 void PutLengths(const ShapeLengths& l, json& j) {
@@ -188,10 +182,14 @@ absl::StatusOr<ShapeLengths> GetLengths(const json& j) {
 
 }  // namespace
 
-absl::StatusOr<ShapeLengths> DecodeShapeLengths(const std::string& text) {
+absl::StatusOr<TaskShape> DecodeTaskShape(const std::string& text) {
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return absl::DataLossError("stored shape is not JSON");
-  return GetLengths(j);
+  auto key = StoredShape(j);
+  if (!key.ok()) return key.status();
+  auto lengths = GetLengths(j);
+  if (!lengths.ok()) return lengths.status();
+  return TaskShape{*std::move(key), *std::move(lengths)};
 }
 
 std::string EncodeJobSpec(const JobSpec& spec) {

@@ -92,9 +92,12 @@ std::string EncodeJobSpec(const JobSpec& spec);
 absl::StatusOr<JobSpec> DecodeJobSpec(const std::string& json);
 // Shape keys travel inside TaskRecord::shape_json in the same encoding.
 std::string EncodeShapeKey(const ShapeKey& key);
-absl::StatusOr<ShapeKey> DecodeShapeKey(const std::string& json);
-// The exact offsets a task's shape JSON carries, if any.
-absl::StatusOr<ShapeLengths> DecodeShapeLengths(const std::string& json);
+// A task's shape JSON: the key and the exact offsets it carries, if any.
+struct TaskShape {
+  ShapeKey key;
+  ShapeLengths lengths;
+};
+absl::StatusOr<TaskShape> DecodeTaskShape(const std::string& json);
 absl::StatusOr<JobView> DecodeJob(const JobRecord& record);
 
 bool IsFinal(JobState s);

@@ -147,9 +147,10 @@ TEST(JobSpecCodec, ExactOffsetsRoundTripAndAreOptional) {
   back = DecodeJobSpec(EncodeJobSpec(spec));
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_TRUE(back->lengths.empty());
-  auto none = DecodeShapeLengths(EncodeShapeKey(k));
-  ASSERT_TRUE(none.ok());
-  EXPECT_TRUE(none->empty());
+  auto none = DecodeTaskShape(EncodeShapeKey(k));
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_TRUE(none->lengths.empty());
+  EXPECT_EQ(none->key.total_k, 7);
 }
 
 TEST_F(JobsTest, RunsRoundsUntilTheBudgetIsSpent) {

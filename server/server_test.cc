@@ -203,6 +203,31 @@ class ServerTest : public ::testing::Test {
     return job;
   }
 
+  // A bucket's incumbent at 100 us, then a challenger from another job at
+  // 95 us, and the RETIME task that follows (not reported yet).
+  struct RetimeSetup {
+    std::string worker, incumbent, challenger;
+    v1::Task retime;
+  };
+  std::optional<RetimeSetup> SetUpRetime() {
+    Start({}, 1);
+    SubmitJob(1);
+    RetimeSetup r;
+    r.worker = RegisterWorker();
+    auto t1 = Lease(r.worker);
+    if (!t1 || !Report(r.worker, *t1, 100.0)) return std::nullopt;
+    SubmitJob(1, MakeShape(3, 1000, 3000));  // same bucket, another job
+    auto t2 = Lease(r.worker);
+    if (!t2 || !Report(r.worker, *t2, 95.0)) return std::nullopt;
+    auto retime = Lease(r.worker);
+    EXPECT_TRUE(retime && retime->kind() == v1::TASK_KIND_RETIME);
+    if (!retime || retime->kind() != v1::TASK_KIND_RETIME) return std::nullopt;
+    r.incumbent = t1->variant().variant_id();
+    r.challenger = t2->variant().variant_id();
+    r.retime = *retime;
+    return r;
+  }
+
   v1::Job GetJob(const std::string& id) {
     v1::GetJobRequest req;
     req.set_job_id(id);
@@ -778,47 +803,25 @@ TEST_F(ServerTest, WorkerFlowReplacesTheBestOnlyAfterARetimeWin) {
 }
 
 TEST_F(ServerTest, RetimeWithinTheSpreadKeepsTheIncumbent) {
-  Start({}, 1);
-  SubmitJob(1);
-  const std::string w = RegisterWorker();
-  auto t1 = Lease(w);
-  ASSERT_TRUE(t1);
-  ASSERT_TRUE(Report(w, *t1, 100.0));
-  SubmitJob(1, MakeShape(3, 1000, 3000));  // same bucket, another job
-  auto t2 = Lease(w);
-  ASSERT_TRUE(t2);
-  ASSERT_TRUE(Report(w, *t2, 95.0));
-  auto retime = Lease(w);
-  ASSERT_TRUE(retime);
-  ASSERT_EQ(retime->kind(), v1::TASK_KIND_RETIME);
+  std::optional<RetimeSetup> r = SetUpRetime();
+  ASSERT_TRUE(r);
   // Faster by 3 us, but the timings spread over 10 us: noise, not a win.
-  ASSERT_TRUE(Report(w, *retime, 97.0, 10.0, 100.0));
+  ASSERT_TRUE(Report(r->worker, r->retime, 97.0, 10.0, 100.0));
   v1::GetKernelResponse k;
   ASSERT_TRUE(GetKernel(MakeShape(), &k).ok());
-  EXPECT_EQ(k.kernel().variant_id(), t1->variant().variant_id());
+  EXPECT_EQ(k.kernel().variant_id(), r->incumbent);
 }
 
 // With quartiles reported, the spread is their distance, as in the worker's
 // own verdict: one slow outlier (a wide min..max) does not veto a clear win.
 TEST_F(ServerTest, RetimeSpreadIsTheInterquartileRange) {
-  Start({}, 1);
-  SubmitJob(1);
-  const std::string w = RegisterWorker();
-  auto t1 = Lease(w);
-  ASSERT_TRUE(t1);
-  ASSERT_TRUE(Report(w, *t1, 100.0));
-  SubmitJob(1, MakeShape(3, 1000, 3000));
-  auto t2 = Lease(w);
-  ASSERT_TRUE(t2);
-  ASSERT_TRUE(Report(w, *t2, 95.0));
-  auto retime = Lease(w);
-  ASSERT_TRUE(retime);
-  ASSERT_EQ(retime->kind(), v1::TASK_KIND_RETIME);
+  std::optional<RetimeSetup> r = SetUpRetime();
+  ASSERT_TRUE(r);
   // 5 us faster; min..max spans 20 us, the quartiles 2 us.
-  ASSERT_TRUE(Report(w, *retime, 95.0, 20.0, 100.0, v1::EVAL_OUTCOME_VERIFIED, 2.0));
+  ASSERT_TRUE(Report(r->worker, r->retime, 95.0, 20.0, 100.0, v1::EVAL_OUTCOME_VERIFIED, 2.0));
   v1::GetKernelResponse k;
   ASSERT_TRUE(GetKernel(MakeShape(), &k).ok());
-  EXPECT_EQ(k.kernel().variant_id(), t2->variant().variant_id());
+  EXPECT_EQ(k.kernel().variant_id(), r->challenger);
 }
 
 // A compile error's message leads with the error lines of the log, which

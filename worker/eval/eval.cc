@@ -1,9 +1,11 @@
 #include "worker/eval/eval.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "fmt/format.h"
 #include "kernels/schedule.h"
@@ -28,6 +30,12 @@ constexpr float kLog2e = 1.4426950408889634f;
 // for restoring, `candidate` for the candidate to read (and maybe scribble on).
 struct InputSet {
   gpu::DeviceBuffer q, k, v, cu_q, cu_k, dout, o, lse;
+
+  // Every buffer, in one order, for copying a set buffer by buffer.
+  std::array<gpu::DeviceBuffer*, 8> Buffers() { return {&q, &k, &v, &cu_q, &cu_k, &dout, &o, &lse}; }
+  std::array<const gpu::DeviceBuffer*, 8> Buffers() const {
+    return {&q, &k, &v, &cu_q, &cu_k, &dout, &o, &lse};
+  }
 };
 
 // One batch with its inputs and the reference's answers, all on the device:
@@ -184,30 +192,24 @@ struct Evaluator::Impl {
   // A device copy of `src` (same sizes).
   absl::StatusOr<InputSet> Clone(const InputSet& src) {
     InputSet dst;
-    for (auto [d, from] : {std::pair{&dst.q, &src.q}, std::pair{&dst.k, &src.k},
-                           std::pair{&dst.v, &src.v}, std::pair{&dst.cu_q, &src.cu_q},
-                           std::pair{&dst.cu_k, &src.cu_k}, std::pair{&dst.dout, &src.dout},
-                           std::pair{&dst.o, &src.o}, std::pair{&dst.lse, &src.lse}}) {
-      if (from->size() == 0) continue;
-      absl::StatusOr<gpu::DeviceBuffer> b = Alloc(from->size());
-      if (!b.ok()) return b.status();
-      *d = *std::move(b);
-      KF_RETURN_IF_ERROR(d->CopyFromDevice(*from, from->size(), stream));
+    const auto from = src.Buffers();
+    const auto to = dst.Buffers();
+    for (size_t i = 0; i < from.size(); ++i) {
+      if (from[i]->size() == 0) continue;
+      KF_RETURN_IF_ERROR(AllocInto(*to[i], from[i]->size()));
+      KF_RETURN_IF_ERROR(to[i]->CopyFromDevice(*from[i], from[i]->size(), stream));
     }
     return dst;
   }
 
   // Copies the pristine inputs over the candidate's.
   absl::Status Restore(Problem& p) {
-    for (auto [dst, src] : {std::pair{&p.candidate.q, &p.pristine.q},
-                            std::pair{&p.candidate.k, &p.pristine.k},
-                            std::pair{&p.candidate.v, &p.pristine.v},
-                            std::pair{&p.candidate.cu_q, &p.pristine.cu_q},
-                            std::pair{&p.candidate.cu_k, &p.pristine.cu_k},
-                            std::pair{&p.candidate.dout, &p.pristine.dout},
-                            std::pair{&p.candidate.o, &p.pristine.o},
-                            std::pair{&p.candidate.lse, &p.pristine.lse}}) {
-      if (src->size() > 0) KF_RETURN_IF_ERROR(dst->CopyFromDevice(*src, src->size(), stream));
+    const auto from = std::as_const(p.pristine).Buffers();
+    const auto to = p.candidate.Buffers();
+    for (size_t i = 0; i < from.size(); ++i) {
+      if (from[i]->size() > 0) {
+        KF_RETURN_IF_ERROR(to[i]->CopyFromDevice(*from[i], from[i]->size(), stream));
+      }
     }
     return absl::OkStatus();
   }
@@ -311,6 +313,23 @@ struct Evaluator::Impl {
       *ref_time = Summarize({*ms * 1000.0});
     }
     return p;
+  }
+
+  // Check batches 0 .. count - 1 of `req`, with inputs and answers; with
+  // `ref_time`, the reference launch on the last one is timed.
+  absl::StatusOr<std::vector<Problem>> MakeChecks(const EvalRequest& req, int count,
+                                                  std::mt19937_64& rng,
+                                                  std::optional<Timing>* ref_time) {
+    const bool backward = req.shape.op == Op::kBackward;
+    std::vector<Problem> checks;
+    for (int i = 0; i < count; ++i) {
+      absl::StatusOr<Problem> p =
+          MakeProblem(CheckBatch(req.shape, req.seed, i), backward, rng,
+                      fmt::format("check {}", i), i == count - 1 ? ref_time : nullptr);
+      if (!p.ok()) return p.status();
+      checks.push_back(*std::move(p));
+    }
+    return checks;
   }
 
   absl::Status FlushL2() {
@@ -697,13 +716,9 @@ absl::StatusOr<EvalResult> Evaluator::Evaluate(const EvalRequest& req,
 
   // Everything the reference must answer, before any candidate launch.
   std::mt19937_64 rng(req.seed ^ 0x6b666f7267650001ull);
-  std::vector<Problem> checks;
-  for (int i = 0; i < o.checks; ++i) {
-    absl::StatusOr<Problem> p = m.MakeProblem(CheckBatch(req.shape, req.seed, i), backward, rng,
-                                              fmt::format("check {}", i), nullptr);
-    if (!p.ok()) return p.status();
-    checks.push_back(*std::move(p));
-  }
+  absl::StatusOr<std::vector<Problem>> made = m.MakeChecks(req, o.checks, rng, nullptr);
+  if (!made.ok()) return made.status();
+  std::vector<Problem>& checks = *made;
   absl::StatusOr<JaggedShape> timing_shape =
       TimingBatch(req.shape, req.cu_seqlens_q, req.cu_seqlens_k);
   if (!timing_shape.ok()) return timing_shape.status();
@@ -761,7 +776,6 @@ absl::StatusOr<EvalResult> Evaluator::CheckOnly(const EvalRequest& req,
   Impl& m = *impl_;
   KF_RETURN_IF_ERROR(m.context->MakeCurrent());
   const EvalOptions& o = req.options;
-  const bool backward = req.shape.op == Op::kBackward;
   LoadedCandidate cand;
   std::optional<gpu::CompileResult> compiled;
   if (std::optional<EvalResult> bad = m.Load(req.candidate, cand, compiled)) return *bad;
@@ -769,16 +783,11 @@ absl::StatusOr<EvalResult> Evaluator::CheckOnly(const EvalRequest& req,
   if (!attrs.ok()) return attrs.status();
 
   std::mt19937_64 rng(req.seed ^ 0x6b666f7267650001ull);  // Evaluate's check inputs
-  std::vector<Problem> checks;
   std::optional<Timing> ref_time;
   const int count = std::max(1, o.checks);
-  for (int i = 0; i < count; ++i) {
-    absl::StatusOr<Problem> p = m.MakeProblem(CheckBatch(req.shape, req.seed, i), backward, rng,
-                                              fmt::format("check {}", i),
-                                              i == count - 1 ? &ref_time : nullptr);
-    if (!p.ok()) return p.status();
-    checks.push_back(*std::move(p));
-  }
+  absl::StatusOr<std::vector<Problem>> made = m.MakeChecks(req, count, rng, &ref_time);
+  if (!made.ok()) return made.status();
+  std::vector<Problem>& checks = *made;
   if (on_reference) on_reference(ref_time->median_us / 1000.0, count + 1);
   ErrorMetrics errors;
   std::string notes;
@@ -821,11 +830,9 @@ absl::StatusOr<RetimeResult> Evaluator::Retime(const EvalRequest& req, const Can
   }
 
   std::mt19937_64 rng(req.seed ^ 0x6b666f7267650002ull);
-  std::vector<Problem> checks;
-  absl::StatusOr<Problem> check =
-      m.MakeProblem(CheckBatch(req.shape, req.seed, 0), backward, rng, "check 0", nullptr);
-  if (!check.ok()) return check.status();
-  checks.push_back(*std::move(check));
+  absl::StatusOr<std::vector<Problem>> made = m.MakeChecks(req, 1, rng, nullptr);
+  if (!made.ok()) return made.status();
+  std::vector<Problem>& checks = *made;
   absl::StatusOr<JaggedShape> timing_shape =
       TimingBatch(req.shape, req.cu_seqlens_q, req.cu_seqlens_k);
   if (!timing_shape.ok()) return timing_shape.status();
