@@ -1,5 +1,6 @@
 #include "core/shape.h"
 
+#include <algorithm>
 #include <bit>
 #include <charconv>
 #include <cstdlib>
@@ -215,6 +216,23 @@ std::optional<int> BucketDistance(const Bucket& a, const Bucket& b) {
   auto d = [](int64_t x, int64_t y) { return std::abs(Log2(x) - Log2(y)); };
   return d(a.batch, b.batch) + d(a.max_q, b.max_q) + d(a.mean_q, b.mean_q) + d(a.max_k, b.max_k) +
          d(a.mean_k, b.mean_k);
+}
+
+bool ExtentCovers(const SizeExtent& v, const ShapeKey& k) {
+  const int64_t max_k = k.cross ? k.max_len_k : k.max_len_q;
+  const int64_t total_k = k.cross ? k.total_k : k.total_q;
+  return k.batch <= v.batch && k.max_len_q <= v.max_len_q && k.total_q <= v.total_q &&
+         max_k <= v.max_len_k && total_k <= v.total_k;
+}
+
+SizeExtent BucketExtent(const Bucket& b) {
+  SizeExtent e;
+  e.batch = b.batch;
+  e.max_len_q = b.max_q;
+  e.max_len_k = b.max_k;
+  e.total_q = b.batch * std::min(b.mean_q, b.max_q);
+  e.total_k = b.batch * std::min(b.mean_k, b.max_k);
+  return e;
 }
 
 }  // namespace kforge

@@ -99,6 +99,30 @@ absl::StatusOr<Bucket> ParseBucketId(std::string_view id);
 // the summed log2 distance of the length statistics (0 = same bucket).
 std::optional<int> BucketDistance(const Bucket& a, const Bucket& b);
 
+// The sizes a kernel was verified at: for each statistic, the largest value
+// among the batches its evaluation checked (not a tuple from one batch). A
+// kernel is served only for requests inside the extent it was verified on:
+// a kernel can be right at every size it was shown and wrong past them (int32
+// element offsets past 2^31 elements, a size the author special-cased).
+struct SizeExtent {
+  int64_t batch = 0;
+  int64_t max_len_q = 0;
+  int64_t max_len_k = 0;
+  int64_t total_q = 0;
+  int64_t total_k = 0;
+
+  bool empty() const { return batch == 0; }
+  bool operator==(const SizeExtent&) const = default;
+};
+
+// True when every statistic of `key` is within `verified` (self-attention
+// keys count as their queries).
+bool ExtentCovers(const SizeExtent& verified, const ShapeKey& key);
+
+// The largest sizes any key of the bucket can have: batch, the maximum
+// lengths, and totals of batch * mean (which also bound batch * max).
+SizeExtent BucketExtent(const Bucket& b);
+
 // Smallest power of two >= v (v >= 1); 1 for v <= 1.
 int64_t CeilPow2(int64_t v);
 

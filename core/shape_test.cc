@@ -118,5 +118,31 @@ TEST(Bucket, DistanceOnlyBetweenCompatibleBuckets) {
   EXPECT_FALSE(BucketDistance(a, b).has_value());
 }
 
+TEST(SizeExtent, TheBucketExtentCoversEveryKeyOfTheBucket) {
+  ShapeKey k = HstuProd();
+  const SizeExtent e = BucketExtent(BucketOf(k));
+  EXPECT_TRUE(ExtentCovers(e, k));
+  // The largest key of the bucket still fits: every sequence at the maximum.
+  k.batch = e.batch;
+  k.max_len_q = e.max_len_q;
+  k.total_q = e.total_q;
+  EXPECT_EQ(BucketOf(k), BucketOf(HstuProd()));
+  EXPECT_TRUE(ExtentCovers(e, k));
+}
+
+TEST(SizeExtent, AnyStatisticPastTheExtentIsNotCovered) {
+  const ShapeKey k = HstuProd();
+  SizeExtent e{.batch = k.batch, .max_len_q = k.max_len_q, .max_len_k = k.max_len_q,
+               .total_q = k.total_q, .total_k = k.total_q};
+  EXPECT_TRUE(ExtentCovers(e, k));
+  for (int64_t SizeExtent::*field : {&SizeExtent::batch, &SizeExtent::max_len_q,
+                                     &SizeExtent::max_len_k, &SizeExtent::total_q,
+                                     &SizeExtent::total_k}) {
+    SizeExtent smaller = e;
+    smaller.*field -= 1;
+    EXPECT_FALSE(ExtentCovers(smaller, k));
+  }
+}
+
 }  // namespace
 }  // namespace kforge

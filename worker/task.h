@@ -34,19 +34,28 @@ struct Registration {
   std::string worker_name;
   GpuDescription gpu;
   bool compile_only = false;
+  // The compute-sanitizer tools every promotion candidate runs under on this
+  // worker before its result is reported ("memcheck", "racecheck",
+  // "synccheck", "initcheck"); empty when this worker does not gate. The
+  // server promotes only gated results unless configured otherwise.
+  std::vector<std::string> sanitizer_tools;
 };
 
 // What the server answered to Register.
 struct Session {
   std::string worker_id;
+  // Secret the server issued at Register: sent with every later call, it is
+  // what ties a report to this registration (a worker id is only a name).
+  std::string session_token;
   int heartbeat_interval_ms = 5000;
   int lease_ttl_ms = 30000;
 };
 
 enum class TaskKind {
   kEvaluate,  // compile, verify, time one variant (sandboxed)
-  kRetime,    // time candidate and incumbent interleaved in one child
+  kRetime,    // promotion: gates, then candidate and incumbent interleaved in one child
   kCompile,   // compile only
+  kConfirm,   // promotion of a bucket's first best: gates, then verify and time it alone
 };
 
 struct VariantSpec {
@@ -111,6 +120,9 @@ struct TaskResult {
   std::optional<ErrorStats> errors;
   std::optional<TimingStats> timing;
   std::optional<TimingStats> incumbent_timing;  // RETIME only
+  // EVALUATE / RETIME / CONFIRM: the largest sizes the candidate was verified
+  // at (core/shape.h); a kernel is never served past them.
+  std::optional<SizeExtent> verified;
   GpuDescription gpu;
   std::string message;  // one line: why it failed, or a summary
   std::string reference_version;
@@ -120,6 +132,6 @@ struct TaskResult {
   bool worker_fault = false;
 };
 
-std::string_view TaskKindName(TaskKind kind);  // "evaluate" | "retime" | "compile"
+std::string_view TaskKindName(TaskKind kind);  // "evaluate" | "retime" | "compile" | "confirm"
 
 }  // namespace kforge::worker

@@ -306,6 +306,7 @@ std::string_view TaskKindName(TaskKind kind) {
     case TaskKind::kEvaluate: return "evaluate";
     case TaskKind::kRetime: return "retime";
     case TaskKind::kCompile: return "compile";
+    case TaskKind::kConfirm: return "confirm";
   }
   return "unknown";
 }
