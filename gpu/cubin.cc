@@ -13,6 +13,7 @@
 #include <map>
 
 #include "gpu/compile.h"
+#include "gpu/cubin.h"
 
 namespace kforge::gpu {
 namespace {
@@ -51,33 +52,80 @@ int ArchMajor(std::string_view arch) {
   return n / 10;
 }
 
-}  // namespace
-
-std::vector<FunctionResources> ParseCubinResources(std::string_view cubin, std::string_view arch) {
-  std::vector<FunctionResources> out;
+// The section headers of a 64-bit little-endian ELF image, names resolved;
+// empty when `cubin` is no such image.
+std::vector<Section> ReadSections(std::string_view cubin) {
+  std::vector<Section> sections;
   if (cubin.size() < 64 || cubin.substr(0, 4) != "\x7f" "ELF" || cubin[4] != 2 || cubin[5] != 1) {
-    return out;  // not a 64-bit little-endian ELF
+    return sections;
   }
   uint64_t shoff = 0;
   uint16_t shentsize = 0, shnum = 0, shstrndx = 0;
   if (!Read(cubin, 0x28, shoff) || !Read(cubin, 0x3a, shentsize) || !Read(cubin, 0x3c, shnum) ||
       !Read(cubin, 0x3e, shstrndx) || shentsize < 64 || shstrndx >= shnum) {
-    return out;
+    return sections;
   }
-  std::vector<Section> sections(shnum);
+  sections.resize(shnum);
+  std::vector<uint32_t> names(shnum);
   for (uint16_t i = 0; i < shnum; ++i) {
     const uint64_t at = shoff + uint64_t{i} * shentsize;
-    uint32_t name = 0;
-    if (!Read(cubin, at, name) || !Read(cubin, at + 4, sections[i].type) ||
+    if (!Read(cubin, at, names[i]) || !Read(cubin, at + 4, sections[i].type) ||
         !Read(cubin, at + 0x18, sections[i].offset) || !Read(cubin, at + 0x20, sections[i].size) ||
         !Read(cubin, at + 0x28, sections[i].link)) {
-      return out;
+      return {};
     }
     sections[i].link &= 0xffff;
-    sections[i].name = std::to_string(name);  // resolved below
   }
   const Section& shstr = sections[shstrndx];
-  for (Section& s : sections) s.name = CString(cubin, shstr.offset + std::stoul(s.name));
+  for (uint16_t i = 0; i < shnum; ++i) sections[i].name = CString(cubin, shstr.offset + names[i]);
+  return sections;
+}
+
+}  // namespace
+
+std::vector<GlobalSection> MutableGlobalSections(std::string_view cubin) {
+  std::vector<GlobalSection> out;
+  const std::vector<Section> sections = ReadSections(cubin);
+  std::map<size_t, size_t> index;  // section number -> entry of `out`
+  for (size_t i = 0; i < sections.size(); ++i) {
+    const Section& s = sections[i];
+    if ((s.name == ".nv.global" || s.name.rfind(".nv.global.", 0) == 0) && s.size > 0) {
+      index[i] = out.size();
+      out.push_back(GlobalSection{s.name, s.size, {}});
+    }
+  }
+  // Data symbols (OBJECT) defined in those sections, from .symtab.
+  for (const Section& s : sections) {
+    if (s.type != 2 || s.link >= sections.size()) continue;
+    const Section& str = sections[s.link];
+    for (uint64_t k = 0; k * 24 + 24 <= s.size; ++k) {
+      const uint64_t at = s.offset + k * 24;
+      uint32_t name = 0;
+      uint8_t info = 0;
+      uint16_t shndx = 0;
+      uint64_t value = 0;
+      if (!Read(cubin, at, name) || !Read(cubin, at + 4, info) || !Read(cubin, at + 6, shndx) ||
+          !Read(cubin, at + 8, value)) {
+        break;
+      }
+      auto it = index.find(shndx);
+      if ((info & 0xf) != 1 || it == index.end()) continue;  // STT_OBJECT in a global section
+      out[it->second].symbols.emplace_back(CString(cubin, str.offset + name), value);
+    }
+  }
+  return out;
+}
+
+int64_t MutableGlobalBytes(std::string_view cubin) {
+  int64_t bytes = 0;
+  for (const GlobalSection& s : MutableGlobalSections(cubin)) bytes += int64_t(s.bytes);
+  return bytes;
+}
+
+std::vector<FunctionResources> ParseCubinResources(std::string_view cubin, std::string_view arch) {
+  std::vector<FunctionResources> out;
+  std::vector<Section> sections = ReadSections(cubin);
+  if (sections.empty()) return out;
 
   // Symbol index -> name, from .symtab (type 2) and its string table.
   std::map<uint32_t, std::string> symbols;

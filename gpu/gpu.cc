@@ -97,6 +97,7 @@ absl::StatusOr<std::unique_ptr<Driver>> Driver::Load() {
   need(api->ModuleLoadData, {"cuModuleLoadData"});
   need(api->ModuleUnload, {"cuModuleUnload"});
   need(api->ModuleGetFunction, {"cuModuleGetFunction"});
+  need(api->ModuleGetGlobal, {"cuModuleGetGlobal_v2"});
   need(api->FuncGetAttribute, {"cuFuncGetAttribute"});
   need(api->FuncSetAttribute, {"cuFuncSetAttribute"});
   need(api->OccupancyMaxActiveBlocksPerMultiprocessor,
@@ -404,6 +405,19 @@ absl::StatusOr<Kernel> Module::GetKernel(std::string_view name) const {
   }
   KF_CU(r, "cuModuleGetFunction");
   return Kernel(driver_, f, std::move(n));
+}
+
+absl::StatusOr<DeviceRegion> Module::GetGlobal(std::string_view name) const {
+  const DriverApi& api = driver_->api();
+  std::string n(name);
+  CUdeviceptr ptr = 0;
+  size_t bytes = 0;
+  CUresult r = api.ModuleGetGlobal(&ptr, &bytes, static_cast<CUmodule>(module_), n.c_str());
+  if (r == CUDA_ERROR_NOT_FOUND) {
+    return absl::NotFoundError(fmt::format("no global '{}' in the module", n));
+  }
+  KF_CU(r, "cuModuleGetGlobal");
+  return DeviceRegion{static_cast<uint64_t>(ptr), bytes};
 }
 
 absl::StatusOr<KernelAttributes> Kernel::Attributes() const {

@@ -183,6 +183,12 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
+// Device memory someone else owns (a module's globals): an address and a size.
+struct DeviceRegion {
+  uint64_t address = 0;
+  size_t bytes = 0;
+};
+
 struct Dim3 {
   unsigned x = 1, y = 1, z = 1;
 };
@@ -238,6 +244,9 @@ class Module {
 
   // An `extern "C"` entry point; kNotFound when the image has no such symbol.
   absl::StatusOr<Kernel> GetKernel(std::string_view name) const;
+  // Where module-scope device variable `name` (its symbol, mangled) lives;
+  // kNotFound when the image has no such symbol.
+  absl::StatusOr<DeviceRegion> GetGlobal(std::string_view name) const;
 
  private:
   Module(const Driver* driver, void* module) : driver_(driver), module_(module) {}
