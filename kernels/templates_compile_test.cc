@@ -1,11 +1,14 @@
 // Compile-only checks of the seed templates with NVRTC (no GPU needed): every
 // knob combination of every template builds for sm_80, sm_90a and sm_100a
 // where the template lists the arch, and the default knobs do not spill.
+#include <cctype>
+#include <cstdlib>
 #include <future>
 #include <thread>
 
 #include <gtest/gtest.h>
 
+#include "gpu/cubin.h"
 #include "kernels/catalog.h"
 #include "kernels/check.h"
 #include "kernels/testing/nvrtc_util.h"
@@ -57,6 +60,17 @@ std::string Describe(const std::map<std::string, int>& knobs, int d) {
   return s;
 }
 
+// ptxas reports "N bytes gmem" of module-scope device variables: NVRTC's
+// -default-device puts namespace-scope constants there, and the evaluator
+// refuses images with more than gpu::kMaxModuleGlobalBytes of them.
+int GmemBytes(const std::string& log) {
+  const size_t at = log.find(" bytes gmem");
+  if (at == std::string::npos) return 0;
+  size_t begin = at;
+  while (begin > 0 && std::isdigit(static_cast<unsigned char>(log[begin - 1]))) --begin;
+  return std::atoi(log.substr(begin, at - begin).c_str());
+}
+
 class TemplatesCompile : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(TemplatesCompile, EveryValidKnobCombinationCompiles) {
@@ -94,6 +108,7 @@ TEST_P(TemplatesCompile, EveryValidKnobCombinationCompiles) {
       auto r = fut[i].get();
       const auto& job = jobs[start + i];
       EXPECT_TRUE(r.ok) << arch << " " << job.what << "\n" << r.log;
+      EXPECT_LE(GmemBytes(r.log), gpu::kMaxModuleGlobalBytes) << arch << " " << job.what;
       std::printf("%-8s %-70s regs=%3d spill_st=%4d spill_ld=%4d %.2fs\n", arch.c_str(),
                   job.what.c_str(), r.registers, r.spill_stores, r.spill_loads, r.seconds);
     }

@@ -32,7 +32,11 @@ ChildReport ToReport(const eval::EvalResult& r) {
                             .worst_output = r.errors.worst_output,
                             .detail = r.errors.detail};
   }
-  if (r.outcome == Outcome::kVerified) out.timing = ToTiming(r.timing);
+  if (r.outcome == Outcome::kVerified) {
+    out.timing = ToTiming(r.timing);
+    out.verified = r.verified;
+  }
+  out.operator_note = r.operator_note;
   return out;
 }
 
@@ -75,6 +79,7 @@ absl::StatusOr<ChildReport> EvaluateInChild(const ChildRequest& request,
   req.seed = request.seed;
   req.candidate.cubin = request.candidate.cubin;
   req.candidate.manifest = *manifest;
+  req.options.promotion = request.promotion;
 
   if (request.mode == ChildRequest::Mode::kCheck) {
     absl::StatusOr<eval::EvalResult> r = (*evaluator)->CheckOnly(req, on_reference);

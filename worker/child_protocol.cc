@@ -102,6 +102,7 @@ std::string RequestToJson(const ChildRequest& r) {
            {"manifest_json", r.candidate.manifest_json},
            {"cubin_file", kCandidateFile}}},
          {"self_test", r.self_test},
+         {"promotion", r.promotion},
          {"compile_cache_dir", r.compile_cache_dir}};
   if (r.incumbent) {
     j["incumbent"] = {{"variant_id", r.incumbent->variant_id},
@@ -147,6 +148,7 @@ absl::StatusOr<ChildRequest> RequestFromJson(std::string_view text) {
           .cubin = {}};
     }
     r.self_test = j.value("self_test", "");
+    r.promotion = j.value("promotion", false);
     r.compile_cache_dir = j.value("compile_cache_dir", "");
     return r;
   } catch (const json::exception& e) {
@@ -205,6 +207,14 @@ std::string ResultEventJson(const ChildReport& r) {
   }
   if (r.timing) j["timing"] = TimingToJson(*r.timing);
   if (r.incumbent_timing) j["incumbent_timing"] = TimingToJson(*r.incumbent_timing);
+  if (r.verified) {
+    j["verified"] = {{"batch", r.verified->batch},
+                     {"max_len_q", r.verified->max_len_q},
+                     {"max_len_k", r.verified->max_len_k},
+                     {"total_q", r.verified->total_q},
+                     {"total_k", r.verified->total_k}};
+  }
+  if (!r.operator_note.empty()) j["operator_note"] = r.operator_note;
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
@@ -252,6 +262,14 @@ absl::StatusOr<ChildEvent> ParseChildEvent(std::string_view line) {
       if (auto it = j.find("incumbent_timing"); it != j.end() && it->is_object()) {
         r.incumbent_timing = TimingFromJson(*it);
       }
+      if (auto it = j.find("verified"); it != j.end() && it->is_object()) {
+        r.verified = SizeExtent{.batch = it->at("batch").get<int64_t>(),
+                                .max_len_q = it->at("max_len_q").get<int64_t>(),
+                                .max_len_k = it->at("max_len_k").get<int64_t>(),
+                                .total_q = it->at("total_q").get<int64_t>(),
+                                .total_k = it->at("total_k").get<int64_t>()};
+      }
+      r.operator_note = j.value("operator_note", "");
       return e;
     }
     return absl::InvalidArgumentError(fmt::format("unknown event '{}'", event));

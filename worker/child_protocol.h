@@ -54,6 +54,9 @@ struct ChildRequest {
   uint64_t seed = 0;
   ChildKernel candidate;
   std::optional<ChildKernel> incumbent;  // kRetime
+  // kEvaluate for a CONFIRM task (kRetime always is one): the evaluation of
+  // a kernel about to be served, with more checks and the bucket's corner.
+  bool promotion = false;
   // The worker's on-disk compile cache: the child compiles the reference
   // through it (once per worker, not once per child). Empty: no cache.
   std::string compile_cache_dir;
@@ -72,6 +75,9 @@ struct ChildReport {
   std::optional<ErrorStats> errors;
   std::optional<TimingStats> timing;
   std::optional<TimingStats> incumbent_timing;
+  std::optional<SizeExtent> verified;  // kVerified: the sizes it was checked at
+  // Which problem and launch failed: the worker logs it, never reports it.
+  std::string operator_note;
 };
 
 // One line from the child, parsed.

@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
@@ -50,6 +51,20 @@ std::filesystem::path DefaultCacheDir() {
   return std::filesystem::temp_directory_path() / "kforge-cache";
 }
 
+
+// compute-sanitizer next to the CUDA toolkit, if there is one.
+std::string DefaultSanitizer() {
+  std::vector<std::filesystem::path> candidates;
+  if (const char* home = std::getenv("CUDA_HOME")) candidates.emplace_back(home);
+  candidates.emplace_back("/usr/local/cuda");
+  for (const auto& dir : candidates) {
+    const std::filesystem::path p = dir / "bin" / "compute-sanitizer";
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(p, ec)) return p.string();
+  }
+  return "";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -69,6 +84,9 @@ int main(int argc, char** argv) {
   double eval_reference_factor = 50;
   std::vector<std::string> nvrtc_options;
   std::string sanitizer_gate;
+  std::string sanitizer;
+  std::vector<std::string> sanitizer_tools(std::begin(kSanitizerTools), std::end(kSanitizerTools));
+  bool no_sanitizer_gate = false;
   std::string log_level = "info";
   // Hidden: the sandboxed evaluator child.
   bool eval_child = false;
@@ -103,9 +121,20 @@ int main(int argc, char** argv) {
   app.add_option("--eval-absolute-limit-s", eval_absolute_limit_s,
                  "watchdog: hard cap on one evaluation")
       ->capture_default_str();
+  app.add_option("--sanitizer", sanitizer,
+                 "compute-sanitizer binary for the gates (default: $CUDA_HOME/bin or "
+                 "/usr/local/cuda/bin/compute-sanitizer when it exists)");
   app.add_option("--sanitizer-gate", sanitizer_gate,
-                 "compute-sanitizer binary: a candidate about to become a bucket's best first "
-                 "passes its checks under memcheck (e.g. /usr/local/cuda/bin/compute-sanitizer)");
+                 "like --sanitizer, and refuse to start unless memcheck works there");
+  app.add_option("--sanitizer-tools", sanitizer_tools,
+                 "tools every promotion candidate runs under (tools that do not work here are "
+                 "dropped at start)")
+      ->delimiter(',')
+      ->check(CLI::IsMember(std::vector<std::string>(std::begin(kSanitizerTools),
+                                                     std::end(kSanitizerTools))));
+  app.add_flag("--no-sanitizer-gate", no_sanitizer_gate,
+               "run no sanitizer gates (the server then promotes nothing from this worker "
+               "unless it allows ungated promotion)");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error")->capture_default_str();
   app.add_flag("--eval-child", eval_child)->group("");
   app.add_option("--request-dir", request_dir)->group("");
@@ -194,7 +223,8 @@ int main(int argc, char** argv) {
   kforge::gpu::CompileCache compile_cache(cache / "cubins");
   kforge::gpu::CompilePool compile_pool(compile_threads, &compile_cache);
 
-  std::unique_ptr<Sandbox> sandbox, gate;
+  std::unique_ptr<Sandbox> sandbox;
+  RunnerOptions ro;
   if (!registration.compile_only) {
     SandboxOptions so;
     so.scratch_dir = cache / "sandbox";
@@ -204,40 +234,37 @@ int main(int argc, char** argv) {
     so.absolute_limit = ms(eval_absolute_limit_s);
     so.reference_factor = eval_reference_factor;
     sandbox = std::make_unique<Sandbox>(so);
-    if (!sanitizer_gate.empty()) {
-      // memcheck slows every kernel (the reference too, so the watchdog's
-      // relative limit still holds); its exit code 86 marks a finding.
-      so.wrapper = SanitizerGateWrapper(sanitizer_gate);
+    const std::string path = no_sanitizer_gate          ? ""
+                             : !sanitizer_gate.empty() ? sanitizer_gate
+                             : !sanitizer.empty()      ? sanitizer
+                                                       : DefaultSanitizer();
+    if (!path.empty()) {
+      // The sanitizers slow every kernel they instrument; the gates' setup
+      // (the reference's compile and first launches) gets ten times longer.
       so.setup_limit *= 10;
-      gate = std::make_unique<Sandbox>(so);
-      // Some machines cannot run compute-sanitizer at all (e.g. under gVisor
-      // it refuses the device). A gate that fails every candidate would stop
-      // every bucket from improving, so find out now and refuse to start.
-      kforge::worker::ChildRequest probe;
-      probe.mode = kforge::worker::ChildRequest::Mode::kProbe;
-      probe.gpu_ordinal = gpu_ordinal;
-      probe.compile_cache_dir = (cache / "cubins").string();
-      absl::StatusOr<kforge::worker::SandboxRun> run = gate->Run(probe);
-      if (!run.ok() || run->report.outcome != kforge::Outcome::kVerified) {
-        spdlog::error("--sanitizer-gate {}: the evaluator does not run under compute-sanitizer "
-                      "memcheck on this machine: {}{}",
-                      sanitizer_gate,
-                      run.ok() ? run->report.message : std::string(run.status().message()),
-                      run.ok() && !run->stderr_tail.empty() ? "\n" + run->stderr_tail : "");
+      ro.sanitizer = path;
+      ro.gate_sandbox = so;
+      ro.sanitizer_tools = ProbeSanitizerTools(path, sanitizer_tools, so, gpu_ordinal,
+                                               (cache / "cubins").string());
+      const bool memcheck = std::find(ro.sanitizer_tools.begin(), ro.sanitizer_tools.end(),
+                                      "memcheck") != ro.sanitizer_tools.end();
+      if (!sanitizer_gate.empty() && !memcheck) {
+        spdlog::error("--sanitizer-gate {}: memcheck does not run on this machine", path);
         return 2;
       }
-      spdlog::info("sanitizer gate ready ({:.1f} s): {}", run->wall_ms / 1000.0,
-                   run->report.message);
+    }
+    if (ro.sanitizer_tools.empty()) {
+      spdlog::warn("no sanitizer gates: the server will not promote this worker's results unless "
+                   "its configuration allows ungated promotion");
     }
   }
+  registration.sanitizer_tools = ro.sanitizer_tools;
 
-  RunnerOptions ro;
   ro.gpu = registration.gpu;
   ro.compile_only = registration.compile_only;
   ro.gpu_ordinal = gpu_ordinal;
   ro.extra_compile_options = nvrtc_options;
   ro.compile_cache_dir = (cache / "cubins").string();
-  ro.sanitizer_gate = gate.get();
   LocalTaskRunner runner(&compile_pool, sandbox.get(), ro);
 
   GrpcClientOptions co;

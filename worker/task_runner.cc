@@ -3,6 +3,7 @@
 #include <cctype>
 #include <chrono>
 #include <cmath>
+#include <algorithm>
 #include <future>
 #include <utility>
 
@@ -214,6 +215,7 @@ std::optional<TaskResult> LocalTaskRunner::RunUnchecked(const TaskSpec& task,
   ChildRequest request;
   request.mode =
       task.kind == TaskKind::kRetime ? ChildRequest::Mode::kRetime : ChildRequest::Mode::kEvaluate;
+  request.promotion = task.kind == TaskKind::kConfirm || task.kind == TaskKind::kRetime;
   request.gpu_ordinal = options_.gpu_ordinal;
   request.shape = task.shape;
   request.seed = task.seed;
@@ -241,31 +243,17 @@ std::optional<TaskResult> LocalTaskRunner::RunUnchecked(const TaskSpec& task,
                                     .cubin = incumbent->stats.cubin};
   }
 
-  if (task.kind == TaskKind::kRetime && options_.sanitizer_gate != nullptr) {
+  if (task.kind == TaskKind::kRetime || task.kind == TaskKind::kConfirm) {
     // A race or an out-of-bounds access can give right answers by luck; a
-    // kernel that is about to be served gets memcheck's look first.
-    ChildRequest checks = request;
-    checks.mode = ChildRequest::Mode::kCheck;
-    checks.incumbent.reset();
-    absl::StatusOr<SandboxRun> gate = options_.sanitizer_gate->Run(checks, &cancel);
-    if (!gate.ok()) {
-      result.outcome = Outcome::kCrashed;
-      result.message = fmt::format("sanitizer gate failure: {}", std::string(gate.status().message()));
-      result.worker_fault = true;
-      return result;
+    // kernel that is about to be served gets the sanitizers' look first.
+    bool cancelled = false;
+    std::optional<TaskResult> gated = RunGates(task, request, cancel, cancelled);
+    if (cancelled) return std::nullopt;
+    if (gated) {
+      gated->compile = result.compile;
+      gated->gpu = result.gpu;
+      return gated;
     }
-    if (gate->cancelled) return std::nullopt;
-    if (gate->report.outcome != Outcome::kVerified) {
-      result.outcome = gate->report.outcome;
-      result.errors = gate->report.errors;
-      result.worker_fault = gate->infrastructure_failure;
-      result.message = fmt::format("compute-sanitizer gate: {}{}", gate->report.message,
-                                   gate->stderr_tail.empty() ? "" : "\n" + gate->stderr_tail);
-      spdlog::info("task {}: {}", task.task_id, result.message);
-      return result;
-    }
-    spdlog::info("task {}: compute-sanitizer gate passed in {:.1f} s", task.task_id,
-                 gate->wall_ms / 1000.0);
   }
 
   absl::StatusOr<SandboxRun> run = sandbox_->Run(request, &cancel);
@@ -288,6 +276,11 @@ std::optional<TaskResult> LocalTaskRunner::RunUnchecked(const TaskSpec& task,
   result.errors = run->report.errors;
   result.timing = run->report.timing;
   result.incumbent_timing = run->report.incumbent_timing;
+  result.verified = run->report.verified;
+  if (!run->report.operator_note.empty()) {
+    spdlog::info("task {}: {}: {}", task.task_id, OutcomeName(run->report.outcome),
+                 run->report.operator_note);
+  }
   if (run->infrastructure_failure) {
     result.worker_fault = true;
     result.message = fmt::format("evaluator child failed before running the candidate: {}",
@@ -296,9 +289,109 @@ std::optional<TaskResult> LocalTaskRunner::RunUnchecked(const TaskSpec& task,
   return result;
 }
 
-std::vector<std::string> SanitizerGateWrapper(const std::string& path) {
-  return {path, "--tool", "memcheck", "--error-exitcode", std::to_string(kSanitizerFindingExit),
-          "--print-limit", "20", "--show-backtrace", "device"};
+std::optional<TaskResult> LocalTaskRunner::RunGates(const TaskSpec& task,
+                                                   const ChildRequest& request,
+                                                   const std::atomic<bool>& cancel,
+                                                   bool& cancelled) {
+  if (options_.sanitizer_tools.empty()) return std::nullopt;
+  ChildRequest checks = request;
+  checks.mode = ChildRequest::Mode::kCheck;
+  checks.incumbent.reset();
+  std::string entry_point;
+  {
+    nlohmann::json m = nlohmann::json::parse(request.candidate.manifest_json, nullptr, false);
+    if (m.is_object() && m.contains("entry_point") && m["entry_point"].is_string())
+      entry_point = m["entry_point"].get<std::string>();
+  }
+  // The tools run at once, each in its own child: none of them is timed,
+  // and a promotion waits for the slowest instead of for all in a row.
+  struct Gate {
+    std::string tool;
+    std::future<absl::StatusOr<SandboxRun>> run;
+  };
+  std::vector<Gate> gates;
+  for (const std::string& tool : options_.sanitizer_tools) {
+    SandboxOptions so = options_.gate_sandbox;
+    so.wrapper = SanitizerGateWrapper(options_.sanitizer, tool, entry_point);
+    gates.push_back(Gate{tool, std::async(std::launch::async, [so, checks, &cancel] {
+                           return Sandbox(so).Run(checks, &cancel);
+                         })});
+  }
+  std::optional<TaskResult> failed;
+  std::string passed;
+  for (Gate& g : gates) {
+    absl::StatusOr<SandboxRun> run = g.run.get();
+    if (failed) continue;  // the first finding in kSanitizerTools order is reported
+    if (!run.ok()) {
+      failed = TaskResult{};
+      failed->outcome = Outcome::kCrashed;
+      failed->message = fmt::format("sanitizer gate failure ({}): {}", g.tool,
+                                    std::string(run.status().message()));
+      failed->worker_fault = true;
+      continue;
+    }
+    if (run->cancelled) {
+      cancelled = true;
+      continue;
+    }
+    if (run->report.outcome != Outcome::kVerified) {
+      failed = TaskResult{};
+      failed->outcome = run->report.outcome;
+      failed->errors = run->report.errors;
+      failed->worker_fault = run->infrastructure_failure;
+      failed->message = fmt::format("compute-sanitizer {} gate: {}{}", g.tool, run->report.message,
+                                    run->stderr_tail.empty() ? "" : "\n" + run->stderr_tail);
+      spdlog::info("task {}: {}{}", task.task_id, failed->message,
+                   run->report.operator_note.empty() ? "" : " (" + run->report.operator_note + ")");
+      continue;
+    }
+    passed += fmt::format("{}{} {:.1f} s", passed.empty() ? "" : ", ", g.tool, run->wall_ms / 1000.0);
+  }
+  if (cancelled) return std::nullopt;
+  if (!failed) spdlog::info("task {}: sanitizer gates passed ({})", task.task_id, passed);
+  return failed;
+}
+
+std::vector<std::string> SanitizerGateWrapper(const std::string& path, const std::string& tool,
+                                              const std::string& entry_point) {
+  std::vector<std::string> w = {path, "--tool", tool, "--error-exitcode",
+                                std::to_string(kSanitizerFindingExit), "--print-limit", "20",
+                                "--show-backtrace", "device"};
+  const bool identifier =
+      !entry_point.empty() && std::all_of(entry_point.begin(), entry_point.end(), [](char c) {
+        return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+      });
+  if (identifier && tool != "initcheck") {
+    w.push_back("--kernel-name");
+    w.push_back("kns=" + entry_point);
+  }
+  return w;
+}
+
+std::vector<std::string> ProbeSanitizerTools(const std::string& path,
+                                             const std::vector<std::string>& wanted,
+                                             const SandboxOptions& base, int gpu_ordinal,
+                                             const std::string& compile_cache_dir) {
+  std::vector<std::string> working;
+  for (const char* tool : kSanitizerTools) {
+    if (std::find(wanted.begin(), wanted.end(), tool) == wanted.end()) continue;
+    SandboxOptions so = base;
+    so.wrapper = SanitizerGateWrapper(path, tool);
+    ChildRequest probe;
+    probe.mode = ChildRequest::Mode::kProbe;
+    probe.gpu_ordinal = gpu_ordinal;
+    probe.compile_cache_dir = compile_cache_dir;
+    absl::StatusOr<SandboxRun> run = Sandbox(so).Run(probe);
+    if (!run.ok() || run->report.outcome != Outcome::kVerified) {
+      spdlog::warn("sanitizer gate {} dropped: the evaluator does not run under it here: {}{}",
+                   tool, run.ok() ? run->report.message : std::string(run.status().message()),
+                   run.ok() && !run->stderr_tail.empty() ? "\n" + run->stderr_tail : "");
+      continue;
+    }
+    spdlog::info("sanitizer gate {} ready ({:.1f} s)", tool, run->wall_ms / 1000.0);
+    working.push_back(tool);
+  }
+  return working;
 }
 
 std::string_view TaskKindName(TaskKind kind) {

@@ -3,7 +3,10 @@
 //   COMPILE  → compile (CompilePool) → kCompiled | kCompileError
 //   EVALUATE → compile → sandboxed child verifies and times it
 //              → kCompileError | kVerified | kWrong | kCrashed | kTimeout
-//   RETIME   → compile both → one child times candidate and incumbent
+//   CONFIRM  → compile → sanitizer gates → child verifies (promotion
+//              strength: more checks and the bucket's corner) and times it
+//   RETIME   → compile both → sanitizer gates on the candidate → one child
+//              verifies both at promotion strength and times them
 //              interleaved → the same outcomes, plus incumbent timing
 //
 // Every failure of the candidate is a result. The runner returns nullopt
@@ -21,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "worker/sandbox.h"
 #include "worker/task.h"
 
 namespace kforge::gpu {
@@ -28,8 +32,6 @@ class CompilePool;
 }
 
 namespace kforge::worker {
-
-class Sandbox;
 
 class TaskRunner {
  public:
@@ -47,19 +49,30 @@ struct RunnerOptions {
   // Handed to the evaluator child for the reference's compile (see
   // ChildRequest::compile_cache_dir). Empty: none.
   std::string compile_cache_dir;
-  // When set (must outlive the runner), a RETIME candidate, i.e. one about to
-  // become a bucket's best, first runs its checks in this sandbox, whose
-  // wrapper is compute-sanitizer memcheck; any finding stops it there.
-  Sandbox* sanitizer_gate = nullptr;
+  // The sanitizer gates: a CONFIRM or RETIME candidate, i.e. one about to
+  // become a bucket's best, first runs its checks (Evaluator::CheckOnly)
+  // under compute-sanitizer at `sanitizer`, once per tool, all tools at
+  // once; any finding stops it there. Empty `sanitizer_tools`: no gates.
+  std::string sanitizer;
+  std::vector<std::string> sanitizer_tools;
+  SandboxOptions gate_sandbox;  // the gates' sandbox (the wrapper is set per run)
 };
 
 // The exit code the sanitizer gate asks compute-sanitizer to use for a finding.
 inline constexpr int kSanitizerFindingExit = 86;
 
-// The gate sandbox's wrapper: compute-sanitizer at `path` running memcheck,
+// The tools a gate may run, in the order their findings are reported.
+inline constexpr const char* kSanitizerTools[] = {"memcheck", "synccheck", "racecheck", "initcheck"};
+
+// The gate sandbox's wrapper: compute-sanitizer at `path` running `tool`,
 // exiting with kSanitizerFindingExit on a finding, its report kept short
 // (device backtraces only) so the finding fits in the result's message.
-std::vector<std::string> SanitizerGateWrapper(const std::string& path);
+// With `entry_point` (an identifier), only kernels whose name holds it are
+// instrumented, so the evaluator's own reference runs at full speed;
+// initcheck instruments everything, since memory the evaluator's own
+// kernels wrote must count as written.
+std::vector<std::string> SanitizerGateWrapper(const std::string& path, const std::string& tool,
+                                              const std::string& entry_point = "");
 
 class LocalTaskRunner final : public TaskRunner {
  public:
@@ -73,6 +86,11 @@ class LocalTaskRunner final : public TaskRunner {
   // The NVRTC target for `task`: the GPU's own for work that runs, the
   // shape's for compile checks (sm_100a checks run everywhere).
   std::string TargetArch(const TaskSpec& task) const;
+  // Runs every sanitizer gate on `request`'s candidate; nullopt when all
+  // passed (or there are none), else the result to report. Sets `cancelled`
+  // when the task was cancelled meanwhile.
+  std::optional<TaskResult> RunGates(const TaskSpec& task, const ChildRequest& request,
+                                     const std::atomic<bool>& cancel, bool& cancelled);
   // Run() before the result is made fit to report (NaN metrics, log size,
   // timing sanity).
   std::optional<TaskResult> RunUnchecked(const TaskSpec& task, const std::atomic<bool>& cancel);
@@ -81,6 +99,16 @@ class LocalTaskRunner final : public TaskRunner {
   Sandbox* const sandbox_;        // must outlive this; null when compile-only
   const RunnerOptions options_;
 };
+
+// The tools of `wanted` (kSanitizerTools names) that can run the evaluator
+// on GPU `gpu_ordinal` here, each checked by setting the evaluator up once
+// under it in a sandbox like `base`: some machines cannot run
+// compute-sanitizer at all (under gVisor it refuses the device), and a gate
+// that fails every candidate would stop every bucket from improving.
+std::vector<std::string> ProbeSanitizerTools(const std::string& path,
+                                             const std::vector<std::string>& wanted,
+                                             const SandboxOptions& base, int gpu_ordinal,
+                                             const std::string& compile_cache_dir);
 
 // Splits NVRTC options at whitespace ("-O3  --use_fast_math" → two options).
 std::vector<std::string> SplitOptions(std::string_view options);

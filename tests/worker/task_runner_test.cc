@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <thread>
 
 #include <unistd.h>
@@ -42,7 +43,8 @@ class TaskRunnerTest : public ::testing::Test {
 
   std::optional<TaskResult> Run(const std::string& self_test, TaskSpec task,
                                 std::atomic<bool>* cancel = nullptr,
-                                const std::string& gate_script = "") {
+                                const std::string& gate_script = "",
+                                std::vector<std::string> tools = {"memcheck"}) {
     SandboxOptions so;
     so.executable = testing::WorkerBinary();
     so.child_args = {"--eval-child", "--self-test=" + self_test};
@@ -55,9 +57,12 @@ class TaskRunnerTest : public ::testing::Test {
     SandboxOptions gate_options = so;
     gate_options.child_args = {"--eval-child", "--self-test=verified"};
     gate_options.wrapper = {gate_script};
-    Sandbox gate(gate_options);
     RunnerOptions ro;
-    if (!gate_script.empty()) ro.sanitizer_gate = &gate;
+    if (!gate_script.empty()) {
+      ro.sanitizer = gate_script;
+      ro.sanitizer_tools = std::move(tools);
+      ro.gate_sandbox = gate_options;
+    }
     ro.gpu.name = "Fake GPU";
     ro.gpu.arch = "sm_90a";
     LocalTaskRunner runner(&pool_, &sandbox, ro);
@@ -163,11 +168,58 @@ std::string Script(const std::filesystem::path& dir, const std::string& name,
   return path.string();
 }
 
+// The stand-in sanitizers drop compute-sanitizer's own options (everything
+// before the child's absolute path) and record which tool they were asked for.
+const std::string kSkipSanitizerOptions =
+    "while [ \"${1#/}\" = \"$1\" ]; do\n"
+    "  if [ \"$1\" = --tool ]; then echo \"$2\" >> \"$(dirname \"$0\")/tools-run\"; fi\n"
+    "  shift\n"
+    "done\n";
+
+TEST_F(TaskRunnerTest, ConfirmRunsEveryGateThenAPromotionStrengthEvaluation) {
+  TaskSpec t = Evaluate();
+  t.kind = TaskKind::kConfirm;
+  const std::string clean = Script(scratch_, "clean-sanitizer", kSkipSanitizerOptions + "exec \"$@\"\n");
+  std::optional<TaskResult> r =
+      Run("verified", t, nullptr, clean, {"memcheck", "synccheck", "racecheck", "initcheck"});
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->outcome, Outcome::kVerified) << r->message;
+  std::ifstream in(scratch_ / "tools-run");
+  std::set<std::string> tools;
+  for (std::string line; std::getline(in, line);) tools.insert(line);
+  EXPECT_EQ(tools, (std::set<std::string>{"memcheck", "synccheck", "racecheck", "initcheck"}));
+}
+
+TEST_F(TaskRunnerTest, AFindingOfAnyToolStopsAConfirmAndNamesTheTool) {
+  TaskSpec t = Evaluate();
+  t.kind = TaskKind::kConfirm;
+  const std::string racy = Script(
+      scratch_, "racy-sanitizer",
+      "case \" $* \" in *' racecheck '*) race=1;; esac\n" + kSkipSanitizerOptions +
+          "\"$@\"\nif [ -n \"$race\" ]; then echo '========= Race reported' >&2; exit " +
+          std::to_string(kSanitizerFindingExit) + "; fi\n");
+  std::optional<TaskResult> r = Run("verified", t, nullptr, racy, {"memcheck", "racecheck"});
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->outcome, Outcome::kCrashed) << r->message;
+  EXPECT_NE(r->message.find("compute-sanitizer racecheck gate"), std::string::npos) << r->message;
+  EXPECT_FALSE(r->worker_fault);
+}
+
+TEST(SanitizerGateWrapper, InstrumentsOnlyTheCandidateExceptForInitcheck) {
+  const auto memcheck = SanitizerGateWrapper("/cs", "memcheck", "kf_attn_fwd");
+  EXPECT_NE(std::find(memcheck.begin(), memcheck.end(), "kns=kf_attn_fwd"), memcheck.end());
+  const auto initcheck = SanitizerGateWrapper("/cs", "initcheck", "kf_attn_fwd");
+  EXPECT_EQ(std::find(initcheck.begin(), initcheck.end(), "--kernel-name"), initcheck.end());
+  // A name that is no identifier is not passed to compute-sanitizer's parser.
+  const auto odd = SanitizerGateWrapper("/cs", "memcheck", "a,b=c");
+  EXPECT_EQ(std::find(odd.begin(), odd.end(), "--kernel-name"), odd.end());
+}
+
 TEST_F(TaskRunnerTest, RetimeAfterACleanSanitizerGateIsTimedAsUsual) {
   TaskSpec t = Evaluate();
   t.kind = TaskKind::kRetime;
   t.incumbent = VariantSpec{"v0", kGood, R"({"entry_point":"kf_attn_fwd","threads":64})", ""};
-  const std::string clean = Script(scratch_, "clean-sanitizer", "exec \"$@\"\n");
+  const std::string clean = Script(scratch_, "clean-sanitizer", kSkipSanitizerOptions + "exec \"$@\"\n");
   std::optional<TaskResult> r = Run("retime", t, nullptr, clean);
   ASSERT_TRUE(r.has_value());
   EXPECT_EQ(r->outcome, Outcome::kVerified) << r->message;
@@ -182,12 +234,13 @@ TEST_F(TaskRunnerTest, ASanitizerFindingStopsTheCandidateBeforeRetiming) {
   // sanitizer prints its finding and exits with the finding code.
   const std::string finding = Script(
       scratch_, "finding-sanitizer",
-      "\"$@\"\necho '========= Invalid __global__ write of size 4 bytes' >&2\nexit " +
+      kSkipSanitizerOptions +
+          "\"$@\"\necho '========= Invalid __global__ write of size 4 bytes' >&2\nexit " +
           std::to_string(kSanitizerFindingExit) + "\n");
   std::optional<TaskResult> r = Run("retime", t, nullptr, finding);
   ASSERT_TRUE(r.has_value());
   EXPECT_EQ(r->outcome, Outcome::kCrashed) << r->message;
-  EXPECT_NE(r->message.find("compute-sanitizer gate"), std::string::npos) << r->message;
+  EXPECT_NE(r->message.find("compute-sanitizer memcheck gate"), std::string::npos) << r->message;
   EXPECT_NE(r->message.find("Invalid __global__ write"), std::string::npos) << r->message;
   EXPECT_FALSE(r->incumbent_timing.has_value());
   EXPECT_FALSE(r->worker_fault);

@@ -14,11 +14,13 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "gpu/compile.h"
 #include "gpu/compile_cache.h"
 #include "gpu/gpu.h"
+#include "kernels/catalog.h"
 #include "tests/bad_kernels/corpus.h"
 #include "tests/worker/fake_server.h"
 #include "tests/worker/worker_bin.h"
@@ -247,80 +249,154 @@ std::string SanitizerPath() {
   return access(path.c_str(), X_OK) == 0 ? path : "";
 }
 
-// The sanitizer gate for real: the probe kforge-worker runs at start, then a
-// RETIME whose candidate reads past the end of K (oob_read.cu, which passes
-// every check without the gate) stopped by memcheck, and a good candidate let
-// through to its retime.
-TEST_F(WorkerGpuSequence, SanitizerGateStopsAQuietOutOfBoundsRead) {
-  const std::string sanitizer = SanitizerPath();
-  if (sanitizer.empty()) {
-    GTEST_SKIP() << "no compute-sanitizer (set KFORGE_COMPUTE_SANITIZER or install CUDA's)";
-  }
-  SandboxOptions gate_options = GpuSandboxOptions();
-  gate_options.wrapper = SanitizerGateWrapper(sanitizer);
-  gate_options.setup_limit = 600s;
-  gate_options.absolute_limit = 900s;
-  Sandbox gate(gate_options);
+SandboxOptions GateSandboxOptions() {
+  SandboxOptions o = GpuSandboxOptions();
+  o.setup_limit = 600s;
+  o.absolute_limit = 900s;
+  return o;
+}
 
-  ChildRequest probe;
-  probe.mode = ChildRequest::Mode::kProbe;
-  probe.compile_cache_dir = CacheDir();
-  absl::StatusOr<SandboxRun> ready = gate.Run(probe);
-  ASSERT_TRUE(ready.ok()) << ready.status();
-  if (ready->report.outcome != Outcome::kVerified &&
-      ready->stderr_tail.find("Device not supported") != std::string::npos) {
-    // Seen on gVisor machines: the tool refuses the device outright.
-    GTEST_SKIP() << "compute-sanitizer does not support this device here: "
-                 << ready->stderr_tail;
-  }
-  ASSERT_EQ(ready->report.outcome, Outcome::kVerified)
-      << ready->report.message << "\n" << ready->stderr_tail;
-  std::cout << "probe under memcheck: " << ready->wall_ms / 1000.0 << " s, "
-            << ready->report.message << "\n";
+// The gates this machine runs, probed once as kforge-worker does at start.
+const std::vector<std::string>& WorkingGates() {
+  static const std::vector<std::string>* tools = [] {
+    auto* t = new std::vector<std::string>;
+    const std::string path = SanitizerPath();
+    if (path.empty() || !TheGpu().driver) return t;
+    *t = ProbeSanitizerTools(path, {std::begin(kSanitizerTools), std::end(kSanitizerTools)},
+                             GateSandboxOptions(), 0, CacheDir());
+    std::cout << "sanitizer gates that run here: " << fmt::format("{}", fmt::join(*t, ", ")) << "\n";
+    return t;
+  }();
+  return *tools;
+}
 
-  gpu::CompilePool pool(2, nullptr);
-  Sandbox sandbox(GpuSandboxOptions());
+// A runner as kforge-worker builds it: every gate that works here.
+RunnerOptions GatedRunnerOptions() {
   RunnerOptions ro;
   ro.gpu = Describe(TheGpu().info);
   ro.compile_cache_dir = CacheDir();
-  ro.sanitizer_gate = &gate;
-  LocalTaskRunner runner(&pool, &sandbox, ro);
-  CorpusCase good, quiet;
+  ro.sanitizer = SanitizerPath();
+  ro.sanitizer_tools = WorkingGates();
+  ro.gate_sandbox = GateSandboxOptions();
+  return ro;
+}
+
+bool Has(const std::vector<std::string>& v, const std::string& x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
+
+std::vector<CorpusCase> VerifiedCorpus() {
+  std::vector<CorpusCase> out;
+  nlohmann::json expected = nlohmann::json::parse(bad_kernels::ExpectedJson());
   for (const CorpusCase& c : LoadCorpus()) {
-    if (c.file == "good.cu") good = c;
-    if (c.file == "oob_read.cu") quiet = c;
+    if (c.expected == "verified") out.push_back(c);
   }
-  ASSERT_FALSE(quiet.file.empty());
+  return out;
+}
+
+// What a CONFIRM task (promotion strength, every gate that runs here) must
+// end in for corpus kernel `file`, and the gate it needs to get there.
+std::pair<std::string, std::string> Promoted(const std::string& file) {
+  nlohmann::json expected = nlohmann::json::parse(bad_kernels::ExpectedJson());
+  for (const auto& k : expected.at("kernels")) {
+    if (k.at("file") != file) continue;
+    return {k.value("promoted", k.at("expected").get<std::string>()), k.value("gate", "")};
+  }
+  return {"", ""};
+}
+
+class WorkerGpuPromotion : public ::testing::TestWithParam<CorpusCase> {
+ protected:
+  void SetUp() override {
+    if (!TheGpu().driver) GTEST_SKIP() << TheGpu().skip_reason;
+  }
+};
+
+// Every corpus kernel an EVALUATE verifies goes through a CONFIRM, as one
+// about to become a bucket's best would: the quiet out-of-bounds read, the
+// race and the divergent barrier are stopped by their sanitizer, the 32-bit
+// offsets by the bucket's corner, and the good kernels pass everything.
+TEST_P(WorkerGpuPromotion, CorpusKernelGetsItsPromotedOutcome) {
+  const CorpusCase& c = GetParam();
+  const auto [want, gate] = Promoted(c.file);
+  if (!gate.empty() && !Has(WorkingGates(), gate)) {
+    GTEST_SKIP() << c.file << " needs compute-sanitizer's " << gate << ", which does not run here";
+  }
+  gpu::CompilePool pool(1, nullptr);
+  Sandbox sandbox(GpuSandboxOptions());
+  LocalTaskRunner runner(&pool, &sandbox, GatedRunnerOptions());
+  TaskSpec t = CorpusTask(c, TheGpu().info.arch, 5150);
+  t.kind = TaskKind::kConfirm;
   std::atomic<bool> cancel{false};
+  const auto start = std::chrono::steady_clock::now();
+  std::optional<TaskResult> r = runner.Run(t, cancel);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_TRUE(r.has_value());
+  std::cout << fmt::format("confirm {:22} {:14} {:6.1f} s  {}\n", c.file, OutcomeName(r->outcome), s,
+                           r->message.substr(0, 300));
+  EXPECT_EQ(std::string(OutcomeName(r->outcome)), want) << r->message;
+  EXPECT_FALSE(r->worker_fault) << r->message;
+  if (!gate.empty()) {
+    EXPECT_NE(r->message.find("compute-sanitizer " + gate + " gate"), std::string::npos) << r->message;
+  }
+  if (want == "verified") {
+    ASSERT_TRUE(r->verified.has_value());
+    // Promotion verifies the whole bucket: the extent covers its corner.
+    const ShapeKey key = bad_kernels::ShapeFromJson(c.shape);
+    EXPECT_TRUE(ExtentCovers(*r->verified, key));
+  }
+}
 
-  // Without the gate the quiet kernel passes: the gate is what stops it.
-  LocalTaskRunner plain(&pool, &sandbox, RunnerOptions{.gpu = ro.gpu,
-                                                       .compile_cache_dir = ro.compile_cache_dir});
-  std::optional<TaskResult> ungated = plain.Run(CorpusTask(quiet, ro.gpu.arch, 5), cancel);
-  ASSERT_TRUE(ungated.has_value());
-  EXPECT_EQ(ungated->outcome, Outcome::kVerified) << ungated->message;
+INSTANTIATE_TEST_SUITE_P(Corpus, WorkerGpuPromotion, ::testing::ValuesIn(VerifiedCorpus()),
+                         [](const ::testing::TestParamInfo<CorpusCase>& info) {
+                           std::string name = info.param.file.substr(0, info.param.file.find('.'));
+                           for (char& ch : name)
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return name;
+                         });
 
-  TaskSpec bad = CorpusTask(quiet, ro.gpu.arch, 6);
-  bad.kind = TaskKind::kRetime;
-  bad.incumbent = CorpusTask(good, ro.gpu.arch, 6).variant;
-  std::optional<TaskResult> stopped = runner.Run(bad, cancel);
-  ASSERT_TRUE(stopped.has_value());
-  EXPECT_EQ(stopped->outcome, Outcome::kCrashed) << stopped->message;
-  EXPECT_FALSE(stopped->worker_fault) << stopped->message;
-  EXPECT_NE(stopped->message.find("compute-sanitizer gate"), std::string::npos)
-      << stopped->message;
-  EXPECT_NE(stopped->message.find("Invalid __global__ read"), std::string::npos)
-      << stopped->message;
-  std::cout << "gate on oob_read.cu: " << stopped->message << "\n";
-
-  TaskSpec fine = CorpusTask(good, ro.gpu.arch, 7);
-  fine.kind = TaskKind::kRetime;
-  fine.incumbent = fine.variant;
-  fine.incumbent->variant_id = "incumbent-good";
-  std::optional<TaskResult> passed = runner.Run(fine, cancel);
-  ASSERT_TRUE(passed.has_value());
-  EXPECT_EQ(passed->outcome, Outcome::kVerified) << passed->message;
-  EXPECT_TRUE(passed->incumbent_timing.has_value()) << passed->message;
+// kforge's own seed kernels must pass every gate: a sanitizer that flags
+// them would stop every bucket from being served a tuned kernel.
+TEST_F(WorkerGpuSequence, SeedDefaultsPassEveryGate) {
+  if (WorkingGates().empty()) GTEST_SKIP() << "no compute-sanitizer tool runs here";
+  gpu::CompilePool pool(2, nullptr);
+  Sandbox sandbox(GpuSandboxOptions());
+  LocalTaskRunner runner(&pool, &sandbox, GatedRunnerOptions());
+  std::atomic<bool> cancel{false};
+  uint64_t seed = 900;
+  for (Op op : {Op::kForward, Op::kBackward}) {
+    for (int d : {64, 128}) {
+      ShapeKey k;
+      k.op = op;
+      k.head_dim = d;
+      k.heads = 4;
+      k.kv_heads = 2;
+      k.causal = d == 128;
+      k.arch = TheGpu().info.arch;
+      k.batch = 24;
+      k.max_len_q = 700;
+      k.total_q = 24 * 300;
+      k.max_len_k = 700;
+      k.total_k = 24 * 300;
+      absl::StatusOr<Variant> v = DefaultVariant(k);
+      ASSERT_TRUE(v.ok()) << v.status();
+      TaskSpec t;
+      t.task_id = fmt::format("seed-{}-d{}", OpName(op), d);
+      t.kind = TaskKind::kConfirm;
+      t.shape.key = k;
+      t.variant.variant_id = v->template_name;
+      t.variant.source = v->source;
+      t.variant.manifest_json = ManifestToJson(v->manifest);
+      t.seed = ++seed;
+      const auto start = std::chrono::steady_clock::now();
+      std::optional<TaskResult> r = runner.Run(t, cancel);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      ASSERT_TRUE(r.has_value());
+      std::cout << fmt::format("confirm seed {:8} {} d{} {:10} {:6.1f} s  {}\n", v->template_name,
+                               OpName(op), d, OutcomeName(r->outcome), s, r->message.substr(0, 300));
+      EXPECT_EQ(r->outcome, Outcome::kVerified) << t.task_id << ": " << r->message;
+    }
+  }
 }
 
 // The whole worker (gRPC client, loop, runner, sandbox) against the test

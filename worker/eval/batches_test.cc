@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <random>
 #include <set>
 
 namespace kforge::eval {
@@ -31,36 +33,148 @@ ShapeKey Key(bool cross) {
   return k;
 }
 
-TEST(CheckBatch, HoldsMaxEmptyAndLengthOneAndAwkwardLengths) {
-  for (int i = 0; i < 4; ++i) {
-    reference::JaggedShape s = CheckBatch(Key(false), 42, i);
-    ASSERT_TRUE(reference::ValidateJaggedShape(s).ok());
-    auto l = Lengths(s.cu_q);
+std::set<int> AllLengths(const std::vector<ProblemSpec>& problems, bool keys) {
+  std::set<int> all;
+  for (const ProblemSpec& p : problems) {
+    for (int l : Lengths(keys ? p.shape.cu_k : p.shape.cu_q)) all.insert(l);
+  }
+  return all;
+}
+
+TEST(CheckProblems, EachHoldsTheLongestLengthZeroOneAndAwkwardLengths) {
+  for (const ProblemSpec& p : CheckProblems(Key(false), 42, 4, 128)) {
+    ASSERT_TRUE(reference::ValidateJaggedShape(p.shape).ok());
+    auto l = Lengths(p.shape.cu_q);
     EXPECT_NE(std::find(l.begin(), l.end(), 0), l.end());
     EXPECT_NE(std::find(l.begin(), l.end(), 1), l.end());
-    EXPECT_NE(std::find(l.begin(), l.end(), 1000), l.end());
+    // The longest length the bucket serves (1000 rounds up to 1024).
+    EXPECT_NE(std::find(l.begin(), l.end(), 1024), l.end());
     EXPECT_TRUE(std::any_of(l.begin(), l.end(), [](int x) { return x > 1 && x % 64 != 0 && x % 2; }));
-    EXPECT_EQ(s.cu_q, s.cu_k);
-    EXPECT_EQ(s.heads, 4);
-    EXPECT_EQ(s.kv_heads, 2);
+    EXPECT_EQ(p.shape.cu_q, p.shape.cu_k);
+    EXPECT_EQ(p.shape.heads, 4);
+    EXPECT_EQ(p.shape.kv_heads, 2);
   }
 }
 
-TEST(CheckBatch, CrossHasDifferentKeyLengths) {
-  reference::JaggedShape s = CheckBatch(Key(true), 7, 0);
-  ASSERT_TRUE(reference::ValidateJaggedShape(s).ok());
-  auto lq = Lengths(s.cu_q), lk = Lengths(s.cu_k);
-  bool differs = false;
-  for (size_t b = 0; b < lq.size(); ++b) differs |= lq[b] > 0 && lk[b] > 0 && lq[b] != lk[b];
-  EXPECT_TRUE(differs);
-  EXPECT_NE(std::find(lk.begin(), lk.end(), 0), lk.end());
-  EXPECT_NE(std::find(lk.begin(), lk.end(), 700), lk.end());
+// A kernel wrong for a few short lengths cannot hope to be missed: every
+// length up to twice the largest tile appears in every evaluation.
+TEST(CheckProblems, TogetherTheyHoldEveryLengthUpToTwiceTheLargestTile) {
+  for (int tile : {64, 128, 176, 256}) {
+    const int cover = CoverageLength(tile, 1024);
+    EXPECT_EQ(cover, std::min(2 * std::max(tile, 128), 1024));
+    for (uint64_t seed : {1, 2, 3}) {
+      const std::set<int> all = AllLengths(CheckProblems(Key(false), seed, 3, tile), false);
+      for (int l = 0; l <= cover; ++l) ASSERT_TRUE(all.count(l)) << "length " << l << " tile " << tile;
+    }
+  }
+  // Never past what the bucket serves.
+  ShapeKey small = Key(false);
+  small.max_len_q = 100;
+  small.total_q = 64 * 50;
+  EXPECT_EQ(CoverageLength(128, BucketOf(small).max_q), 128);
+  EXPECT_LE(*AllLengths(CheckProblems(small, 1, 3, 128), false).rbegin(), 128);
 }
 
-TEST(CheckBatch, DependsOnSeedAndIndex) {
-  EXPECT_NE(CheckBatch(Key(false), 1, 0).cu_q, CheckBatch(Key(false), 2, 0).cu_q);
-  EXPECT_NE(CheckBatch(Key(false), 1, 0).cu_q, CheckBatch(Key(false), 1, 1).cu_q);
-  EXPECT_EQ(CheckBatch(Key(false), 1, 0).cu_q, CheckBatch(Key(false), 1, 0).cu_q);
+TEST(CheckProblems, CrossCoversKeyLengthsAndPairsThemWithOtherQueryLengths) {
+  const std::vector<ProblemSpec> problems = CheckProblems(Key(true), 7, 3, 128);
+  const std::set<int> keys = AllLengths(problems, true);
+  for (int l = 0; l <= CoverageLength(128, BucketOf(Key(true)).max_k); ++l)
+    ASSERT_TRUE(keys.count(l)) << l;
+  for (const ProblemSpec& p : problems) {
+    auto lq = Lengths(p.shape.cu_q), lk = Lengths(p.shape.cu_k);
+    ASSERT_EQ(lq.size(), lk.size());
+    bool differs = false;
+    for (size_t b = 0; b < lq.size(); ++b) differs |= lq[b] > 0 && lk[b] > 0 && lq[b] != lk[b];
+    EXPECT_TRUE(differs);
+    EXPECT_NE(std::find(lk.begin(), lk.end(), 0), lk.end());
+  }
+}
+
+TEST(CheckProblems, ScalesMagnitudesAndGridsVary) {
+  const std::vector<ProblemSpec> p = CheckProblems(Key(false), 5, 6, 128);
+  const float usual = 1.0f / std::sqrt(128.0f);
+  EXPECT_FLOAT_EQ(p[0].shape.scale(), usual);
+  EXPECT_LT(p[1].shape.scale(), 0.75f * usual);
+  EXPECT_GT(p[2].shape.scale(), 1.45f * usual);
+  EXPECT_TRUE(p[0].style.plain());
+  EXPECT_GT(p[1].style.outlier_period, 0u);
+  EXPECT_GE(p[2].style.q_scale, 4.0f);
+  EXPECT_GE(p[2].style.outlier_magnitude, 64.0f);
+  EXPECT_EQ(p[1].grid_ctas, 1);
+  EXPECT_GE(p[2].grid_ctas, 2);
+  EXPECT_LE(p[2].grid_ctas, 3);
+  EXPECT_EQ(p[0].grid_ctas, 0);
+}
+
+TEST(CheckProblems, DependOnTheSeed) {
+  EXPECT_NE(CheckProblems(Key(false), 1, 3, 128)[0].shape.cu_q,
+            CheckProblems(Key(false), 2, 3, 128)[0].shape.cu_q);
+  EXPECT_EQ(CheckProblems(Key(false), 1, 3, 128)[1].shape.cu_q,
+            CheckProblems(Key(false), 1, 3, 128)[1].shape.cu_q);
+}
+
+TEST(TimingProblem, IsTheTimingBatchWithAnUnusualScaleAndOutliers) {
+  absl::StatusOr<ProblemSpec> p = TimingProblem(Key(true), {}, {}, 9);
+  ASSERT_TRUE(p.ok()) << p.status();
+  absl::StatusOr<reference::JaggedShape> batch = TimingBatch(Key(true), {}, {});
+  ASSERT_TRUE(batch.ok());
+  EXPECT_EQ(p->shape.cu_q, batch->cu_q);
+  EXPECT_EQ(p->role, ProblemRole::kTiming);
+  EXPECT_NE(p->shape.softmax_scale, 0.0f);
+  EXPECT_GT(p->style.outlier_period, 0u);
+}
+
+// Promotion verifies the bucket's largest batch: the extent then covers
+// every request of the bucket.
+TEST(CornerProblem, ReachesTheBucketExtentWhenMemoryAllows) {
+  for (bool cross : {false, true}) {
+    const ShapeKey k = Key(cross);
+    const ProblemSpec p = CornerProblem(k, 3, int64_t{1} << 40);
+    ASSERT_TRUE(reference::ValidateJaggedShape(p.shape).ok());
+    EXPECT_EQ(ExtentOf(p.shape), BucketExtent(BucketOf(k)));
+    EXPECT_TRUE(ExtentCovers(ExtentOf(p.shape), k));
+  }
+}
+
+TEST(CornerProblem, StopsShortOfTheCornerWhenMemoryDoesNot) {
+  const ShapeKey k = Key(false);
+  const int64_t budget = 20000 * int64_t(k.heads) * k.head_dim;
+  const ProblemSpec p = CornerProblem(k, 3, budget);
+  ASSERT_TRUE(reference::ValidateJaggedShape(p.shape).ok());
+  EXPECT_LE(int64_t(p.shape.q_elems()), budget);
+  EXPECT_LT(p.shape.total_q(), BucketExtent(BucketOf(k)).total_q);
+}
+
+TEST(GateProblem, KeepsTheBatchSizeWithFewTokens) {
+  ShapeKey k = Key(false);
+  k.total_q = 64 * 900;
+  const ProblemSpec p = GateProblem(k, 1);
+  ASSERT_TRUE(reference::ValidateJaggedShape(p.shape).ok());
+  EXPECT_EQ(p.shape.batch(), 64);
+  EXPECT_LE(p.shape.total_q(), kGateMaxTokens);
+  EXPECT_EQ(p.shape.max_q(), 1000);
+}
+
+TEST(StyleBf16, ScalesAndPlacesOutliersAtAboutTheRate) {
+  std::mt19937_64 rng(1);
+  std::vector<uint16_t> v = RandomBf16(100000, rng);
+  std::vector<uint16_t> scaled = v;
+  StyleBf16(scaled, 4.0f, 77, 0, 0);
+  for (size_t i = 0; i < v.size(); ++i)
+    ASSERT_EQ(reference::Bf16ToFloat(scaled[i]), 4.0f * reference::Bf16ToFloat(v[i]));
+  std::vector<uint16_t> out = v;
+  StyleBf16(out, 1.0f, 77, 257, 64.0f);
+  int outliers = 0;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const float x = std::fabs(reference::Bf16ToFloat(out[i]));
+    if (out[i] != v[i]) {
+      ++outliers;
+      EXPECT_GE(x, 32.0f);
+      EXPECT_LE(x, 64.0f);
+    }
+  }
+  EXPECT_GT(outliers, 100000 / 257 / 2);
+  EXPECT_LT(outliers, 100000 / 257 * 2);
 }
 
 TEST(TimingBatch, FollowsTheKeyStatistics) {
@@ -100,7 +214,8 @@ TEST(TimingBatch, RejectsHugeProblems) {
   ShapeKey k = Key(false);
   k.batch = 1 << 16;
   k.max_len_q = 1 << 16;
-  k.total_q = int64_t{1} << 31;
+  k.total_q = (int64_t{1} << 31) - 1;
+  k.heads = 16;
   EXPECT_FALSE(TimingBatch(k, {}, {}).ok());
 }
 

@@ -28,8 +28,10 @@ std::string Layout::Describe(size_t index) const {
   }
   const size_t in_seq = cu.empty() ? row : row - size_t(cu[b]);
   const int len = cu.size() >= 2 ? cu[b + 1] - cu[b] : 0;
-  if (head_major) return fmt::format("seq {} (len {}) row {} head {}", b, len, in_seq, head);
-  return fmt::format("seq {} (len {}) row {} head {} dim {}", b, len, in_seq, head, dim);
+  // Where in a sequence, not which sequence of which batch: feedback names
+  // what went wrong, never the check schedule (verification.md).
+  if (head_major) return fmt::format("row {} of a sequence of {}, head {}", in_seq, len, head);
+  return fmt::format("row {} of a sequence of {}, head {}, dim {}", in_seq, len, head, dim);
 }
 
 namespace {

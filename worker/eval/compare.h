@@ -34,7 +34,8 @@ struct Layout {
   int head_dim = 1;         // 1 for LSE
   bool head_major = false;  // LSE: (heads, rows); else (rows, heads, head_dim)
 
-  // "seq 3 row 17 head 2 dim 5" (row within its sequence).
+  // "row 17 of a sequence of 40, head 2, dim 5": the place within its
+  // sequence and that sequence's length, not its index in the batch.
   std::string Describe(size_t index) const;
 };
 

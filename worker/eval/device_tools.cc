@@ -44,6 +44,7 @@ absl::StatusOr<std::unique_ptr<DeviceTools>> DeviceTools::Create(const gpu::Driv
   if (!module.ok()) return module.status();
   tools->module_ = *std::move(module);
   for (auto [kernel, name] : {std::pair{&tools->fill_, "kf_fill_bf16"},
+                              std::pair{&tools->style_, "kf_style_bf16"},
                               std::pair{&tools->to_bf16_, "kf_to_bf16_kernel"},
                               std::pair{&tools->tally_bf16_, "kf_tally_bf16"},
                               std::pair{&tools->tally_lse_, "kf_tally_lse"},
@@ -68,6 +69,19 @@ absl::Status DeviceTools::FillRandomBf16(const gpu::DeviceBuffer& out, size_t n,
   unsigned long long state = state0;
   void* args[] = {&ptr, &count, &state};
   return fill_.LaunchRaw(args, {Blocks(n)}, {kThreads}, 0, stream);
+}
+
+absl::Status DeviceTools::StyleBf16(const gpu::DeviceBuffer& buf, size_t n, float scale,
+                                     uint64_t seed, uint32_t period, float magnitude,
+                                     const gpu::Stream& stream) const {
+  if (n == 0) return absl::OkStatus();
+  if (buf.size() < n * 2) return absl::InvalidArgumentError("StyleBf16: buffer too small");
+  void* ptr = buf.get();
+  long long count = static_cast<long long>(n);
+  unsigned long long s = seed;
+  unsigned p = period;
+  void* args[] = {&ptr, &count, &scale, &s, &p, &magnitude};
+  return style_.LaunchRaw(args, {Blocks(n)}, {kThreads}, 0, stream);
 }
 
 absl::Status DeviceTools::ToBf16(const gpu::DeviceBuffer& out, const gpu::DeviceBuffer& in,
@@ -122,10 +136,10 @@ absl::StatusOr<Tally> DeviceTools::TallyLse(const gpu::DeviceBuffer& got,
 absl::StatusOr<uint64_t> DeviceTools::Fingerprint(const gpu::DeviceBuffer& buf,
                                                   const gpu::Stream& stream) const {
   const size_t n = buf.size() / 2;
-  if (n == 0) return uint64_t{0};
+  if (buf.size() == 0) return uint64_t{0};
   if (absl::Status s = partials_.Fill8(0, stream); !s.ok()) return s;
   void* ptr = buf.get();
-  long long count = static_cast<long long>(n);
+  long long count = static_cast<long long>(buf.size());
   void* out = partials_.get();
   void* args[] = {&ptr, &count, &out};
   if (absl::Status s = fingerprint_.LaunchRaw(args, {Blocks(n)}, {kThreads}, 0, stream); !s.ok()) {
@@ -134,6 +148,41 @@ absl::StatusOr<uint64_t> DeviceTools::Fingerprint(const gpu::DeviceBuffer& buf,
   uint64_t sum = 0;
   if (absl::Status s = partials_.Download(std::span<uint64_t>(&sum, 1), stream); !s.ok()) return s;
   return sum;
+}
+
+absl::StatusOr<std::vector<uint64_t>> DeviceTools::Fingerprints(
+    std::span<const gpu::DeviceBuffer* const> bufs, const gpu::Stream& stream) const {
+  std::vector<gpu::DeviceRegion> regions;
+  regions.reserve(bufs.size());
+  for (const gpu::DeviceBuffer* b : bufs) regions.push_back({b->address(), b->size()});
+  return Fingerprints(regions, stream);
+}
+
+absl::StatusOr<std::vector<uint64_t>> DeviceTools::Fingerprints(
+    std::span<const gpu::DeviceRegion> regions, const gpu::Stream& stream) const {
+  if (regions.size() * sizeof(uint64_t) > partials_.size()) {
+    return absl::InvalidArgumentError("Fingerprints: too many buffers at once");
+  }
+  if (absl::Status s = partials_.Fill8(0, stream); !s.ok()) return s;
+  for (size_t i = 0; i < regions.size(); ++i) {
+    const size_t n = regions[i].bytes / 2;
+    if (regions[i].bytes == 0) continue;
+    void* ptr = reinterpret_cast<void*>(regions[i].address);
+    long long count = static_cast<long long>(regions[i].bytes);
+    void* out = partials_.as<char>() + i * sizeof(uint64_t);
+    void* args[] = {&ptr, &count, &out};
+    if (absl::Status s = fingerprint_.LaunchRaw(args, {Blocks(n)}, {kThreads}, 0, stream); !s.ok()) {
+      return s;
+    }
+  }
+  std::vector<uint64_t> sums(regions.size());
+  if (regions.empty()) return sums;
+  if (absl::Status s = partials_.CopyToHost(sums.data(), sums.size() * sizeof(uint64_t), stream);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = stream.Synchronize(); !s.ok()) return s;
+  return sums;
 }
 
 }  // namespace kforge::eval

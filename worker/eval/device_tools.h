@@ -8,7 +8,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "gpu/compile_cache.h"
@@ -32,6 +34,9 @@ class DeviceTools {
   // generator handed it `state0`. Asynchronous.
   absl::Status FillRandomBf16(const gpu::DeviceBuffer& out, size_t n, uint64_t state0,
                               const gpu::Stream& stream) const;
+  // StyleBf16 of n values of `buf` in place. Asynchronous.
+  absl::Status StyleBf16(const gpu::DeviceBuffer& buf, size_t n, float scale, uint64_t seed,
+                         uint32_t period, float magnitude, const gpu::Stream& stream) const;
   // out[i] = FloatToBf16(in[i]) for n elements. Asynchronous.
   absl::Status ToBf16(const gpu::DeviceBuffer& out, const gpu::DeviceBuffer& in, size_t n,
                       const gpu::Stream& stream) const;
@@ -44,6 +49,13 @@ class DeviceTools {
   // give equal digests.
   absl::StatusOr<uint64_t> Fingerprint(const gpu::DeviceBuffer& buf,
                                        const gpu::Stream& stream) const;
+  // Fingerprint of each buffer (empty ones digest to 0), with one
+  // synchronisation for all of them.
+  absl::StatusOr<std::vector<uint64_t>> Fingerprints(std::span<const gpu::DeviceBuffer* const> bufs,
+                                                     const gpu::Stream& stream) const;
+  // The same for memory someone else owns (a module's globals).
+  absl::StatusOr<std::vector<uint64_t>> Fingerprints(std::span<const gpu::DeviceRegion> regions,
+                                                     const gpu::Stream& stream) const;
 
  private:
   DeviceTools() = default;
@@ -53,7 +65,7 @@ class DeviceTools {
 
   const gpu::Driver* driver_ = nullptr;
   gpu::Module module_;
-  gpu::Kernel fill_, to_bf16_, tally_bf16_, tally_lse_, fingerprint_;
+  gpu::Kernel fill_, style_, to_bf16_, tally_bf16_, tally_lse_, fingerprint_;
   // kMaxBlocks tallies, or the fingerprint's sum; scratch, so const methods may use it.
   mutable gpu::DeviceBuffer partials_;
 };

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <tuple>
 
 #include "worker/eval/batches.h"
 #include "worker/reference/jagged.h"
@@ -81,6 +82,20 @@ TEST_F(DeviceToolsGpu, FillIsBitIdenticalToRandomBf16) {
     std::vector<uint16_t> got = Download<uint16_t>(*buf, n);
     ASSERT_EQ(std::memcmp(got.data(), want.data(), n * 2), 0) << "n = " << n;
     EXPECT_EQ(host_rng(), device_rng()) << "both drew the same number of values";
+  }
+}
+
+TEST_F(DeviceToolsGpu, StyleIsBitIdenticalToTheHost) {
+  for (auto [scale, period, magnitude] : {std::tuple{4.0f, 0u, 0.0f}, std::tuple{1.0f, 257u, 32.0f},
+                                          std::tuple{0.25f, 509u, 64.0f}}) {
+    std::mt19937_64 rng(9);
+    std::vector<uint16_t> want = RandomBf16(2'000'003, rng);
+    gpu::DeviceBuffer buf = Upload(want);
+    StyleBf16(want, scale, 1234, period, magnitude);
+    ASSERT_TRUE(tools_->StyleBf16(buf, want.size(), scale, 1234, period, magnitude, stream_).ok());
+    std::vector<uint16_t> got = Download<uint16_t>(buf, want.size());
+    ASSERT_EQ(std::memcmp(got.data(), want.data(), want.size() * 2), 0)
+        << "scale " << scale << " period " << period;
   }
 }
 
@@ -179,6 +194,30 @@ TEST_F(DeviceToolsGpu, FingerprintSeesOneChangedWord) {
     ASSERT_TRUE(fc.ok());
     EXPECT_NE(*fa, *fc);
   }
+}
+
+// Several buffers in one call give each its own digest, the single-buffer
+// one; an odd last byte counts too (module globals can be one byte long).
+TEST_F(DeviceToolsGpu, FingerprintsOfManyBuffersAndOddRegions) {
+  std::mt19937_64 rng(5);
+  gpu::DeviceBuffer a = Upload(RandomBf16(1000, rng));
+  gpu::DeviceBuffer b = Upload(RandomBf16(77777, rng));
+  const gpu::DeviceBuffer* both[] = {&a, &b};
+  auto many = tools_->Fingerprints(both, stream_);
+  ASSERT_TRUE(many.ok()) << many.status();
+  EXPECT_EQ((*many)[0], *tools_->Fingerprint(a, stream_));
+  EXPECT_EQ((*many)[1], *tools_->Fingerprint(b, stream_));
+  std::vector<uint8_t> bytes = {1, 2, 3};
+  auto c = gpu::DeviceBuffer::Allocate(*driver_, bytes.size());
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE(c->Upload(std::span<const uint8_t>(bytes), stream_).ok());
+  const gpu::DeviceRegion odd[] = {{c->address(), 3}};
+  auto before = tools_->Fingerprints(odd, stream_);
+  bytes[2] = 4;
+  ASSERT_TRUE(c->Upload(std::span<const uint8_t>(bytes), stream_).ok());
+  auto after = tools_->Fingerprints(odd, stream_);
+  ASSERT_TRUE(before.ok() && after.ok());
+  EXPECT_NE((*before)[0], (*after)[0]);
 }
 
 }  // namespace

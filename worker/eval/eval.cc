@@ -5,13 +5,16 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <random>
 #include <utility>
 
 #include "fmt/format.h"
+#include "gpu/cubin.h"
 #include "kernels/schedule.h"
 #include "worker/eval/batches.h"
 #include "worker/eval/compare.h"
 #include "worker/eval/device_tools.h"
+#include "worker/eval/launches.h"
 #include "worker/reference/gpu_reference.h"
 
 namespace kforge::eval {
@@ -19,50 +22,88 @@ namespace {
 
 using reference::JaggedShape;
 
-#define KF_RETURN_IF_ERROR(expr)               \
-  do {                                         \
+#define KF_RETURN_IF_ERROR(expr)                             \
+  do {                                                       \
     if (absl::Status kf_s = (expr); !kf_s.ok()) return kf_s; \
   } while (0)
 
 constexpr float kLog2e = 1.4426950408889634f;
+// Bumped whenever what a candidate must pass gets stronger: results verified
+// by an older evaluator name an older version.
+constexpr std::string_view kChecksVersion = "checks-2";
 
-// Device copies of one problem's inputs: `pristine` for the reference and
-// for restoring, `candidate` for the candidate to read (and maybe scribble on).
+// One problem's inputs on the device. The candidate reads them and nothing
+// writes them once they are made: after every launch their fingerprints are
+// checked, so a kernel that changes an input (even in a way that leaves the
+// next launch's answer the same) fails rather than being restored.
 struct InputSet {
   gpu::DeviceBuffer q, k, v, cu_q, cu_k, dout, o, lse;
 
-  // Every buffer, in one order, for copying a set buffer by buffer.
-  std::array<gpu::DeviceBuffer*, 8> Buffers() { return {&q, &k, &v, &cu_q, &cu_k, &dout, &o, &lse}; }
   std::array<const gpu::DeviceBuffer*, 8> Buffers() const {
     return {&q, &k, &v, &cu_q, &cu_k, &dout, &o, &lse};
   }
 };
+constexpr std::array<const char*, 8> kInputNames = {"Q",  "K",  "V", "cu_seqlens_q",
+                                                    "cu_seqlens_k", "dO", "O", "LSE"};
 
-// One batch with its inputs and the reference's answers, all on the device:
-// a 500k-token batch is gigabytes, too slow to move through the host.
+// One problem with its inputs and the reference's answers (fp32), all on the
+// device: a 500k-token batch is gigabytes, too slow to move through the host.
 struct Problem {
-  JaggedShape shape;
+  ProblemSpec spec;
   bool backward = false;
-  std::string label;  // "check 1 (B=5 ...)" or "timing batch (...)"
-  InputSet pristine, candidate;
-  // The reference's answers (fp32): O and LSE forward; dQ, dK, dV backward.
+  InputSet in;
   gpu::DeviceBuffer ref_o, ref_lse, ref_dq, ref_dk, ref_dv;
-  // Their digest, taken before any candidate ran: a candidate that writes
-  // outside its outputs must not be able to grade itself.
+  // Digests taken before any candidate ran: a candidate that writes outside
+  // its outputs must not be able to grade itself or change its inputs.
   uint64_t ref_fingerprint = 0;
+  std::vector<uint64_t> input_fingerprints;
+
+  const JaggedShape& shape() const { return spec.shape; }
 };
 
-// What one candidate writes (poisoned before every launch) and its scratch.
+// What one candidate writes on one problem (poisoned before every launch)
+// and its scratch.
 struct OutputSet {
   gpu::DeviceBuffer o, lse, dq, dk, dv, delta, dq_accum;
   gpu::DeviceBuffer tiles, tile_counter, workspace;
   LaunchPlan plan;
+
+  // The outputs the contract has the candidate write, in a fixed order.
+  std::vector<const gpu::DeviceBuffer*> Written(bool backward) const {
+    if (backward) return {&dq, &dk, &dv};
+    return {&o, &lse};
+  }
 };
 
 struct LoadedCandidate {
   gpu::Module module;
   gpu::Kernel kernel;
   Manifest manifest;
+  // The module's writable globals (constants NVRTC placed there, or state a
+  // variant tries to keep) and their digests before the first launch.
+  std::vector<gpu::DeviceRegion> state;
+  std::vector<uint64_t> state_fingerprints;
+};
+
+
+// One candidate on one problem.
+struct Slot {
+  bool planned = false;
+  OutputSet out;
+  uint64_t tiles_fingerprint = 0;
+  // The digests of the outputs of its previous launch on this problem.
+  std::optional<std::vector<uint64_t>> last_outputs;
+};
+
+// One candidate under evaluation.
+struct Contender {
+  const LoadedCandidate* candidate = nullptr;
+  std::vector<Slot> slots;            // one per problem
+  std::optional<EvalResult> verdict;  // set once it failed
+  ErrorMetrics errors;                // the worst output so far
+  std::vector<double> samples;        // timed launches, microseconds
+  std::string notes;                  // e.g. backward not bitwise deterministic
+  int launches = 0;
 };
 
 template <typename T>
@@ -72,13 +113,6 @@ absl::StatusOr<gpu::DeviceBuffer> UploadNew(const gpu::Driver& driver, const std
   if (!buf.ok()) return buf.status();
   KF_RETURN_IF_ERROR(buf->CopyFromHost(host.data(), host.size() * sizeof(T), stream));
   return buf;
-}
-
-template <typename T>
-absl::Status DownloadInto(const gpu::DeviceBuffer& buf, std::vector<T>& host, size_t n,
-                          const gpu::Stream& stream) {
-  host.resize(n);
-  return buf.Download(std::span<T>(host), stream);
 }
 
 KfAttnParams BaseParams(const JaggedShape& s) {
@@ -118,34 +152,32 @@ EvalResult MakeResult(Outcome o, std::string message) {
   return r;
 }
 
-// The checks of one run, folded into the result's worst output.
-struct Verdict {
-  bool pass = true;
-  std::vector<OutputCheck> checks;
-};
+EvalResult Crashed(const absl::Status& s, std::string_view when) {
+  EvalResult r = MakeResult(Outcome::kCrashed, fmt::format("{}: {}", when, std::string(s.message())));
+  r.context_lost = true;
+  return r;
+}
 
-void Fold(const Verdict& v, const std::string& label, ErrorMetrics& errors, bool& failed,
-          std::string& message) {
-  for (const OutputCheck& c : v.checks) {
-    const bool first_failure = !c.pass && !failed;
-    const bool worse = c.rel_l2 > errors.rel_l2 || std::isnan(c.rel_l2);
-    if (first_failure || (!failed && worse)) {
+// The largest of a launch's output checks, folded into `errors`.
+void FoldWorst(const std::vector<OutputCheck>& checks, ErrorMetrics& errors) {
+  for (const OutputCheck& c : checks) {
+    if (c.rel_l2 > errors.rel_l2 || std::isnan(c.rel_l2) || errors.worst_output.empty()) {
       errors.worst_output = c.output;
       errors.rel_l2 = c.rel_l2;
       errors.max_abs = c.max_abs;
-      errors.detail = c.pass ? "" : fmt::format("{}: {}", label, c.detail);
-    }
-    if (first_failure) {
-      failed = true;
-      message = fmt::format("wrong: {}", errors.detail);
     }
   }
 }
 
+// Bytes of device memory per element of Q a problem takes in this process
+// (inputs, the reference's fp32 answers, two candidates' outputs and
+// scratch): the corner problem is sized from it.
+int BytesPerQElement(bool backward) { return backward ? 48 : 16; }
+
 using Clock = std::chrono::steady_clock;
 
 // "prepare 2.1 s, run 0.4 s": where an evaluation's wall time went (inputs
-// and reference answers, then the candidate's checks and timing), for the
+// and reference answers, then the candidate's launches and checks), for the
 // tuning reports.
 std::string Phases(Clock::time_point began, Clock::time_point prepared, Clock::time_point done) {
   auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
@@ -156,7 +188,8 @@ std::string Phases(Clock::time_point began, Clock::time_point prepared, Clock::t
 }  // namespace
 
 std::string ReferenceVersion() {
-  return fmt::format("{}+{}", reference::kReferenceVersion, kTolerancePolicyVersion);
+  return fmt::format("{}+{}+{}", reference::kReferenceVersion, kTolerancePolicyVersion,
+                     kChecksVersion);
 }
 
 Timing Summarize(std::vector<double> s) {
@@ -184,106 +217,74 @@ struct Evaluator::Impl {
   std::unique_ptr<reference::GpuReference> ref;
   std::unique_ptr<DeviceTools> tools;
   gpu::Stream stream;
+  gpu::Event start, end;
   gpu::DeviceBuffer l2_flush;
   uint32_t flush_value = 0;
 
   // ------------------------------------------------------------ problems ---
 
-  // A device copy of `src` (same sizes).
-  absl::StatusOr<InputSet> Clone(const InputSet& src) {
-    InputSet dst;
-    const auto from = src.Buffers();
-    const auto to = dst.Buffers();
-    for (size_t i = 0; i < from.size(); ++i) {
-      if (from[i]->size() == 0) continue;
-      KF_RETURN_IF_ERROR(AllocInto(*to[i], from[i]->size()));
-      KF_RETURN_IF_ERROR(to[i]->CopyFromDevice(*from[i], from[i]->size(), stream));
-    }
-    return dst;
-  }
-
-  // Copies the pristine inputs over the candidate's.
-  absl::Status Restore(Problem& p) {
-    const auto from = std::as_const(p.pristine).Buffers();
-    const auto to = p.candidate.Buffers();
-    for (size_t i = 0; i < from.size(); ++i) {
-      if (from[i]->size() > 0) {
-        KF_RETURN_IF_ERROR(to[i]->CopyFromDevice(*from[i], from[i]->size(), stream));
-      }
-    }
-    return absl::OkStatus();
-  }
-
-  absl::StatusOr<gpu::DeviceBuffer> Alloc(size_t bytes) {
-    return gpu::DeviceBuffer::Allocate(*driver, bytes);
-  }
-
   absl::Status AllocInto(gpu::DeviceBuffer& b, size_t bytes) {
-    absl::StatusOr<gpu::DeviceBuffer> x = Alloc(bytes);
+    absl::StatusOr<gpu::DeviceBuffer> x = gpu::DeviceBuffer::Allocate(*driver, bytes);
     if (!x.ok()) return x.status();
     b = *std::move(x);
     return absl::OkStatus();
   }
 
-  // `n` fresh random bf16 values (RandomBf16's, generated on the device).
-  absl::Status RandomInto(gpu::DeviceBuffer& b, size_t n, std::mt19937_64& rng) {
+  // `n` fresh random bf16 values (RandomBf16's, generated on the device),
+  // then scaled and given outliers as `scale` and the style say.
+  absl::Status RandomInto(gpu::DeviceBuffer& b, size_t n, float scale, const InputStyle& style,
+                          std::mt19937_64& rng) {
     KF_RETURN_IF_ERROR(AllocInto(b, n * 2));
-    return tools->FillRandomBf16(b, n, rng(), stream);
+    KF_RETURN_IF_ERROR(tools->FillRandomBf16(b, n, rng(), stream));
+    const uint64_t outlier_seed = rng();
+    if (scale == 1 && style.outlier_period == 0) return absl::OkStatus();
+    return tools->StyleBf16(b, n, scale, outlier_seed, style.outlier_period,
+                            style.outlier_magnitude, stream);
   }
 
   absl::StatusOr<uint64_t> ReferenceFingerprint(const Problem& p) {
+    const gpu::DeviceBuffer* bufs[] = {&p.ref_o, &p.ref_lse, &p.ref_dq, &p.ref_dk, &p.ref_dv};
+    absl::StatusOr<std::vector<uint64_t>> f = tools->Fingerprints(bufs, stream);
+    if (!f.ok()) return f.status();
     uint64_t digest = 0;
-    int index = 0;
-    for (const gpu::DeviceBuffer* b : {&p.ref_o, &p.ref_lse, &p.ref_dq, &p.ref_dk, &p.ref_dv}) {
-      ++index;
-      if (b->size() == 0) continue;
-      absl::StatusOr<uint64_t> f = tools->Fingerprint(*b, stream);
-      if (!f.ok()) return f.status();
-      digest ^= *f * (0x9e3779b97f4a7c15ull + 2 * uint64_t(index));
-    }
+    for (size_t i = 0; i < f->size(); ++i) digest ^= (*f)[i] * (0x9e3779b97f4a7c15ull + 2 * (i + 1));
     return digest;
   }
 
-  // Fresh inputs, the reference's answers and the candidate's copy of the
-  // inputs, all on the device. With `ref_time`, the reference launch the
-  // candidate will be compared with (forward or backward) is timed.
-  absl::StatusOr<Problem> MakeProblem(JaggedShape shape, bool backward, std::mt19937_64& rng,
-                                      std::string label, std::optional<Timing>* ref_time) {
+  // Fresh inputs and the reference's answers, all on the device. With
+  // `ref_time`, the reference launch the candidate is compared with (forward
+  // or backward) is timed.
+  absl::StatusOr<Problem> MakeProblem(ProblemSpec spec, bool backward, std::mt19937_64& rng,
+                                      std::optional<Timing>* ref_time) {
     Problem p;
-    p.shape = std::move(shape);
+    p.spec = std::move(spec);
     p.backward = backward;
-    p.label = fmt::format("{} ({})", label, p.shape.Describe());
-    const JaggedShape& s = p.shape;
-    // Same draws in the same order as the host-side RandomBf16 calls had.
-    KF_RETURN_IF_ERROR(RandomInto(p.pristine.q, s.q_elems(), rng));
-    KF_RETURN_IF_ERROR(RandomInto(p.pristine.k, s.k_elems(), rng));
-    KF_RETURN_IF_ERROR(RandomInto(p.pristine.v, s.k_elems(), rng));
-    if (backward) KF_RETURN_IF_ERROR(RandomInto(p.pristine.dout, s.q_elems(), rng));
-    for (auto [host, dev] : {std::pair{&s.cu_q, &p.pristine.cu_q}, std::pair{&s.cu_k, &p.pristine.cu_k}}) {
+    const JaggedShape& s = p.shape();
+    const InputStyle& st = p.spec.style;
+    KF_RETURN_IF_ERROR(RandomInto(p.in.q, s.q_elems(), st.q_scale, st, rng));
+    KF_RETURN_IF_ERROR(RandomInto(p.in.k, s.k_elems(), st.k_scale, st, rng));
+    KF_RETURN_IF_ERROR(RandomInto(p.in.v, s.k_elems(), st.v_scale, st, rng));
+    if (backward) KF_RETURN_IF_ERROR(RandomInto(p.in.dout, s.q_elems(), st.dout_scale, st, rng));
+    for (auto [host, dev] : {std::pair{&s.cu_q, &p.in.cu_q}, std::pair{&s.cu_k, &p.in.cu_k}}) {
       absl::StatusOr<gpu::DeviceBuffer> b = UploadNew(*driver, *host, stream);
       if (!b.ok()) return b.status();
       *dev = *std::move(b);
     }
 
-    absl::StatusOr<gpu::Event> start = gpu::Event::Create(*driver);
-    absl::StatusOr<gpu::Event> end = gpu::Event::Create(*driver);
-    if (!start.ok()) return start.status();
-    if (!end.ok()) return end.status();
-
     // Forward reference (backward needs its O and LSE as inputs).
     KF_RETURN_IF_ERROR(AllocInto(p.ref_o, s.q_elems() * sizeof(float)));
     KF_RETURN_IF_ERROR(AllocInto(p.ref_lse, s.lse_elems() * sizeof(float)));
     KfAttnParams params = BaseParams(s);
-    SetInputs(params, p.pristine, false);
+    SetInputs(params, p.in, false);
     params.o = p.ref_o.get();
     params.lse = p.ref_lse.as<float>();
-    if (ref_time != nullptr && !backward) KF_RETURN_IF_ERROR(start->Record(stream));
+    if (ref_time != nullptr && !backward) KF_RETURN_IF_ERROR(start.Record(stream));
     KF_RETURN_IF_ERROR(ref->Forward(params, stream));
-    if (ref_time != nullptr && !backward) KF_RETURN_IF_ERROR(end->Record(stream));
+    if (ref_time != nullptr && !backward) KF_RETURN_IF_ERROR(end.Record(stream));
     if (backward) {
-      KF_RETURN_IF_ERROR(AllocInto(p.pristine.o, s.q_elems() * 2));
-      KF_RETURN_IF_ERROR(tools->ToBf16(p.pristine.o, p.ref_o, s.q_elems(), stream));
-      p.pristine.lse = std::move(p.ref_lse);
+      KF_RETURN_IF_ERROR(AllocInto(p.in.o, s.q_elems() * 2));
+      KF_RETURN_IF_ERROR(tools->ToBf16(p.in.o, p.ref_o, s.q_elems(), stream));
+      p.in.lse = std::move(p.ref_lse);
       p.ref_o = gpu::DeviceBuffer{};
       gpu::DeviceBuffer delta;
       KF_RETURN_IF_ERROR(AllocInto(delta, s.lse_elems() * sizeof(float)));
@@ -291,45 +292,54 @@ struct Evaluator::Impl {
       KF_RETURN_IF_ERROR(AllocInto(p.ref_dk, s.k_elems() * sizeof(float)));
       KF_RETURN_IF_ERROR(AllocInto(p.ref_dv, s.k_elems() * sizeof(float)));
       KfAttnParams bp = BaseParams(s);
-      SetInputs(bp, p.pristine, true);
+      SetInputs(bp, p.in, true);
       bp.delta = delta.as<float>();
       bp.dq = p.ref_dq.get();
       bp.dk = p.ref_dk.get();
       bp.dv = p.ref_dv.get();
-      if (ref_time != nullptr) KF_RETURN_IF_ERROR(start->Record(stream));
+      if (ref_time != nullptr) KF_RETURN_IF_ERROR(start.Record(stream));
       KF_RETURN_IF_ERROR(ref->Backward(bp, stream));
-      if (ref_time != nullptr) KF_RETURN_IF_ERROR(end->Record(stream));
+      if (ref_time != nullptr) KF_RETURN_IF_ERROR(end.Record(stream));
       KF_RETURN_IF_ERROR(stream.Synchronize());  // before `delta` is freed
     }
-    absl::StatusOr<InputSet> copy = Clone(p.pristine);
-    if (!copy.ok()) return copy.status();
-    p.candidate = *std::move(copy);
     absl::StatusOr<uint64_t> digest = ReferenceFingerprint(p);  // synchronises
     if (!digest.ok()) return digest.status();
     p.ref_fingerprint = *digest;
+    const auto inputs = p.in.Buffers();
+    absl::StatusOr<std::vector<uint64_t>> fp = tools->Fingerprints(inputs, stream);
+    if (!fp.ok()) return fp.status();
+    p.input_fingerprints = *std::move(fp);
     if (ref_time != nullptr) {
-      absl::StatusOr<float> ms = gpu::Event::ElapsedMs(*start, *end);
+      absl::StatusOr<float> ms = gpu::Event::ElapsedMs(start, end);
       if (!ms.ok()) return ms.status();
       *ref_time = Summarize({*ms * 1000.0});
     }
     return p;
   }
 
-  // Check batches 0 .. count - 1 of `req`, with inputs and answers; with
-  // `ref_time`, the reference launch on the last one is timed.
-  absl::StatusOr<std::vector<Problem>> MakeChecks(const EvalRequest& req, int count,
-                                                  std::mt19937_64& rng,
-                                                  std::optional<Timing>* ref_time) {
-    const bool backward = req.shape.op == Op::kBackward;
-    std::vector<Problem> checks;
-    for (int i = 0; i < count; ++i) {
-      absl::StatusOr<Problem> p =
-          MakeProblem(CheckBatch(req.shape, req.seed, i), backward, rng,
-                      fmt::format("check {}", i), i == count - 1 ? ref_time : nullptr);
+  // All of `specs` on the device; the one at `timed_index` (if any) has its
+  // reference launch timed into `ref_time`.
+  absl::StatusOr<std::vector<Problem>> MakeProblems(std::vector<ProblemSpec> specs, bool backward,
+                                                    uint64_t seed, int timed_index,
+                                                    std::optional<Timing>* ref_time) {
+    std::mt19937_64 rng(seed ^ 0x6b666f7267650001ull);
+    std::vector<Problem> problems;
+    for (size_t i = 0; i < specs.size(); ++i) {
+      absl::StatusOr<Problem> p = MakeProblem(std::move(specs[i]), backward, rng,
+                                              int(i) == timed_index ? ref_time : nullptr);
       if (!p.ok()) return p.status();
-      checks.push_back(*std::move(p));
+      problems.push_back(*std::move(p));
     }
-    return checks;
+    return problems;
+  }
+
+  // Q elements the corner problem may have: what is left of most of the
+  // device's memory next to the other problems.
+  int64_t CornerBudget(const std::vector<ProblemSpec>& others, bool backward) const {
+    int64_t used = 0;
+    for (const ProblemSpec& s : others) used += int64_t(s.shape.q_elems());
+    const int64_t budget = int64_t(double(info.memory_bytes) * 0.7) / BytesPerQElement(backward);
+    return std::max<int64_t>(budget - used, 1);
   }
 
   absl::Status FlushL2() {
@@ -359,10 +369,18 @@ struct Evaluator::Impl {
       }
       image = r->cubin;
     }
+    const std::vector<gpu::GlobalSection> globals = gpu::MutableGlobalSections(image);
+    if (const int64_t bytes = gpu::MutableGlobalBytes(image); bytes > gpu::kMaxModuleGlobalBytes) {
+      return MakeResult(Outcome::kCompileError,
+                        fmt::format("the image has {} bytes of writable __device__ variables (at "
+                                    "most {}): a variant may keep no state between launches; put "
+                                    "read-only tables in __constant__",
+                                    bytes, gpu::kMaxModuleGlobalBytes));
+    }
     absl::StatusOr<gpu::Module> module = gpu::Module::Load(*driver, image);
     if (!module.ok()) {
       return MakeResult(Outcome::kCompileError,
-                      fmt::format("cubin does not load: {}", std::string(module.status().message())));
+                        fmt::format("cubin does not load: {}", std::string(module.status().message())));
     }
     out.module = *std::move(module);
     absl::StatusOr<gpu::Kernel> kernel = out.module.GetKernel(c.manifest.entry_point);
@@ -371,6 +389,18 @@ struct Evaluator::Impl {
     }
     out.kernel = *std::move(kernel);
     out.manifest = c.manifest;
+    // Where each global section lives: any one symbol in it gives its base.
+    for (const gpu::GlobalSection& section : globals) {
+      for (const auto& [symbol, offset] : section.symbols) {
+        absl::StatusOr<gpu::DeviceRegion> g = out.module.GetGlobal(symbol);
+        if (!g.ok() || g->address < offset) continue;
+        out.state.push_back({g->address - offset, size_t(section.bytes)});
+        break;
+      }
+    }
+    absl::StatusOr<std::vector<uint64_t>> digests = tools->Fingerprints(out.state, stream);
+    if (!digests.ok()) return Crashed(digests.status(), "reading the module's globals");
+    out.state_fingerprints = *std::move(digests);
     // Static shared memory counts against the 48 KB a launch gets without
     // opting in, so exactly 48 KB of dynamic plus a few static bytes fails
     // with CUDA_ERROR_INVALID_VALUE: opt in whenever there is any.
@@ -378,8 +408,8 @@ struct Evaluator::Impl {
       absl::Status s = out.kernel.SetMaxDynamicSharedMemory(c.manifest.dynamic_smem_bytes);
       if (!s.ok()) {
         return MakeResult(Outcome::kCompileError,
-                        fmt::format("dynamic shared memory {} B rejected: {}",
-                                    c.manifest.dynamic_smem_bytes, std::string(s.message())));
+                          fmt::format("dynamic shared memory {} B rejected: {}",
+                                      c.manifest.dynamic_smem_bytes, std::string(s.message())));
       }
     }
     return std::nullopt;
@@ -389,7 +419,7 @@ struct Evaluator::Impl {
   // (manifest vs batch) is the candidate's compile_error, reported in `why`.
   absl::StatusOr<OutputSet> MakeOutputs(const LoadedCandidate& c, const Problem& p,
                                         std::string& why) {
-    const JaggedShape& s = p.shape;
+    const JaggedShape& s = p.shape();
     OutputSet out;
     // Persistent grids: as many CTAs per SM as really fit (registers
     // included), unless the manifest names a number.
@@ -413,37 +443,36 @@ struct Evaluator::Impl {
       return out;
     }
     out.plan = *std::move(plan);
-    auto alloc = [&](gpu::DeviceBuffer& b, size_t bytes) -> absl::Status {
-      absl::StatusOr<gpu::DeviceBuffer> x = Alloc(bytes);
-      if (!x.ok()) return x.status();
-      b = *std::move(x);
-      return absl::OkStatus();
-    };
-    if (p.backward) {
-      KF_RETURN_IF_ERROR(alloc(out.dq, s.q_elems() * 2));
-      KF_RETURN_IF_ERROR(alloc(out.dk, s.k_elems() * 2));
-      KF_RETURN_IF_ERROR(alloc(out.dv, s.k_elems() * 2));
-      KF_RETURN_IF_ERROR(alloc(out.delta, s.lse_elems() * 4));
-      KF_RETURN_IF_ERROR(alloc(out.dq_accum, s.q_elems() * 4));
-    } else {
-      KF_RETURN_IF_ERROR(alloc(out.o, s.q_elems() * 2));
-      KF_RETURN_IF_ERROR(alloc(out.lse, s.lse_elems() * 4));
+    // A persistent kernel must be right on any grid: some problems launch
+    // one to three CTAs, so that each runs many tiles of every length.
+    if (c.manifest.grid == GridPolicy::kPersistent && p.spec.grid_ctas > 0) {
+      out.plan.grid[0] = std::max(1u, std::min(out.plan.grid[0], unsigned(p.spec.grid_ctas)));
     }
-    KF_RETURN_IF_ERROR(alloc(out.tiles, out.plan.tiles.size() * sizeof(int32_t)));
+    if (p.backward) {
+      KF_RETURN_IF_ERROR(AllocInto(out.dq, s.q_elems() * 2));
+      KF_RETURN_IF_ERROR(AllocInto(out.dk, s.k_elems() * 2));
+      KF_RETURN_IF_ERROR(AllocInto(out.dv, s.k_elems() * 2));
+      KF_RETURN_IF_ERROR(AllocInto(out.delta, s.lse_elems() * 4));
+      KF_RETURN_IF_ERROR(AllocInto(out.dq_accum, s.q_elems() * 4));
+    } else {
+      KF_RETURN_IF_ERROR(AllocInto(out.o, s.q_elems() * 2));
+      KF_RETURN_IF_ERROR(AllocInto(out.lse, s.lse_elems() * 4));
+    }
+    KF_RETURN_IF_ERROR(AllocInto(out.tiles, out.plan.tiles.size() * sizeof(int32_t)));
     KF_RETURN_IF_ERROR(out.tiles.CopyFromHost(out.plan.tiles.data(),
                                               out.plan.tiles.size() * sizeof(int32_t), stream));
-    KF_RETURN_IF_ERROR(alloc(out.tile_counter, 16));
-    KF_RETURN_IF_ERROR(alloc(out.workspace, size_t(out.plan.workspace_bytes)));
+    KF_RETURN_IF_ERROR(AllocInto(out.tile_counter, 16));
+    KF_RETURN_IF_ERROR(AllocInto(out.workspace, size_t(out.plan.workspace_bytes)));
     KF_RETURN_IF_ERROR(stream.Synchronize());
     return out;
   }
 
-  // Poison + scratch zeroing + (optionally) input restore, then the launch,
-  // bracketed by `start`/`end` when given. Asynchronous.
-  absl::Status Launch(const LoadedCandidate& c, Problem& p, OutputSet& out, bool restore,
-                      bool flush, gpu::Event* start, gpu::Event* end) {
+  // Poison, scratch zeroing, the launch (between the events when `timed`)
+  // and a synchronisation, so that a fault is this launch's. `ms` gets the
+  // launch's time when timed.
+  absl::Status Launch(const LoadedCandidate& c, const Problem& p, OutputSet& out, bool flush,
+                      bool timed, float& ms) {
     if (flush) KF_RETURN_IF_ERROR(FlushL2());
-    if (restore) KF_RETURN_IF_ERROR(Restore(p));
     for (gpu::DeviceBuffer* b : {&out.o, &out.dq, &out.dk, &out.dv}) {
       if (b->size() > 0) KF_RETURN_IF_ERROR(b->Fill32(kPoisonBf16Pair, stream));
     }
@@ -451,8 +480,8 @@ struct Evaluator::Impl {
     for (gpu::DeviceBuffer* b : {&out.delta, &out.dq_accum, &out.tile_counter, &out.workspace}) {
       if (b->size() > 0) KF_RETURN_IF_ERROR(b->Fill8(0, stream));
     }
-    KfAttnParams params = BaseParams(p.shape);
-    SetInputs(params, p.candidate, p.backward);
+    KfAttnParams params = BaseParams(p.shape());
+    SetInputs(params, p.in, p.backward);
     if (p.backward) {
       params.dq = out.dq.get();
       params.dk = out.dk.get();
@@ -468,50 +497,48 @@ struct Evaluator::Impl {
     params.tile_counter = out.tile_counter.as<int>();
     params.workspace = out.plan.workspace_bytes > 0 ? out.workspace.get() : nullptr;
     params.workspace_bytes = out.plan.workspace_bytes;
-    if (start != nullptr) KF_RETURN_IF_ERROR(start->Record(stream));
+    if (timed) KF_RETURN_IF_ERROR(start.Record(stream));
     if (!out.plan.empty) {
       KF_RETURN_IF_ERROR(c.kernel.Launch(
           params, {out.plan.grid[0], out.plan.grid[1], out.plan.grid[2]}, {out.plan.threads},
           out.plan.dynamic_smem_bytes, stream));
     }
-    if (end != nullptr) KF_RETURN_IF_ERROR(end->Record(stream));
+    if (timed) KF_RETURN_IF_ERROR(end.Record(stream));
+    KF_RETURN_IF_ERROR(stream.Synchronize());
+    if (timed) {
+      absl::StatusOr<float> t = gpu::Event::ElapsedMs(start, end);
+      if (!t.ok()) return t.status();
+      ms = *t;
+    }
     return absl::OkStatus();
   }
 
-  // The candidate's outputs, downloaded (synchronises).
-  struct Downloaded {
-    std::vector<uint16_t> o, dq, dk, dv;
-    std::vector<float> lse;
+  // What one launch's check found.
+  struct LaunchCheck {
+    std::vector<OutputCheck> outputs;  // each output against the tolerance policy
+    std::string failure;               // the first thing wrong ("" when none)
+    std::string note;                  // worth recording even when it passed
+    // The problem's inputs or reference answers were changed: no other
+    // kernel can be checked on it any more.
+    bool problem_spoiled = false;
   };
 
-  absl::StatusOr<Downloaded> Download(const Problem& p, const OutputSet& out) {
-    Downloaded d;
-    const JaggedShape& s = p.shape;
-    if (p.backward) {
-      KF_RETURN_IF_ERROR(DownloadInto(out.dq, d.dq, s.q_elems(), stream));
-      KF_RETURN_IF_ERROR(DownloadInto(out.dk, d.dk, s.k_elems(), stream));
-      KF_RETURN_IF_ERROR(DownloadInto(out.dv, d.dv, s.k_elems(), stream));
-    } else {
-      KF_RETURN_IF_ERROR(DownloadInto(out.o, d.o, s.q_elems(), stream));
-      KF_RETURN_IF_ERROR(DownloadInto(out.lse, d.lse, s.lse_elems(), stream));
-    }
-    return d;
-  }
-
-  // Every output of `out` against the reference's, tallied on the device
-  // and judged on the host. Synchronises: a fault of the candidate's
-  // surfaces here as an error.
-  absl::StatusOr<Verdict> Check(const Problem& p, const OutputSet& out) {
-    const JaggedShape& s = p.shape;
+  // Every output of the launch against the reference's, tallied on the
+  // device and judged on the host; then the inputs, the tile list and the
+  // reference's answers against their fingerprints, and the outputs against
+  // the previous launch's. Synchronises.
+  absl::StatusOr<LaunchCheck> CheckLaunch(const LoadedCandidate& c, const Problem& p, Slot& slot) {
+    const JaggedShape& s = p.shape();
+    const OutputSet& out = slot.out;
     Layout q_rows{s.cu_q, s.heads, s.head_dim, false};
     Layout k_rows{s.cu_k, s.kv_heads, s.head_dim, false};
     Layout lse_rows{s.cu_q, s.heads, 1, true};
-    Verdict v;
+    LaunchCheck check;
     auto bf16 = [&](const char* name, const gpu::DeviceBuffer& got, const gpu::DeviceBuffer& want,
                     size_t n, const Layout& layout) -> absl::Status {
       absl::StatusOr<Tally> t = tools->TallyBf16(got, want, n, stream);
       if (!t.ok()) return t.status();
-      v.checks.push_back(JudgeBf16(name, *t, n, layout));
+      check.outputs.push_back(JudgeBf16(name, *t, n, layout));
       return absl::OkStatus();
     };
     if (p.backward) {
@@ -522,147 +549,202 @@ struct Evaluator::Impl {
       KF_RETURN_IF_ERROR(bf16("O", out.o, p.ref_o, s.q_elems(), q_rows));
       absl::StatusOr<Tally> t = tools->TallyLse(out.lse, p.ref_lse, s.lse_elems(), stream);
       if (!t.ok()) return t.status();
-      v.checks.push_back(JudgeLse(*t, s.lse_elems(), lse_rows));
+      check.outputs.push_back(JudgeLse(*t, s.lse_elems(), lse_rows));
     }
-    absl::StatusOr<uint64_t> digest = ReferenceFingerprint(p);
-    if (!digest.ok()) return digest.status();
-    if (*digest != p.ref_fingerprint) {
-      OutputCheck c;
-      c.output = "reference";
-      c.pass = false;
-      c.detail = "the reference's answers changed while the candidate ran: it writes outside "
-                 "its outputs";
-      v.checks.insert(v.checks.begin(), c);
+
+    absl::StatusOr<uint64_t> ref_digest = ReferenceFingerprint(p);
+    if (!ref_digest.ok()) return ref_digest.status();
+    const auto inputs = p.in.Buffers();
+    absl::StatusOr<std::vector<uint64_t>> input_digests = tools->Fingerprints(inputs, stream);
+    if (!input_digests.ok()) return input_digests.status();
+    const gpu::DeviceBuffer* tiles[] = {&out.tiles};
+    absl::StatusOr<std::vector<uint64_t>> tiles_digest = tools->Fingerprints(tiles, stream);
+    if (!tiles_digest.ok()) return tiles_digest.status();
+    const std::vector<const gpu::DeviceBuffer*> written = out.Written(p.backward);
+    absl::StatusOr<std::vector<uint64_t>> output_digests = tools->Fingerprints(written, stream);
+    if (!output_digests.ok()) return output_digests.status();
+    absl::StatusOr<std::vector<uint64_t>> state_digests = tools->Fingerprints(c.state, stream);
+    if (!state_digests.ok()) return state_digests.status();
+
+    if (*ref_digest != p.ref_fingerprint) {
+      check.failure = "the reference's answers changed while the kernel ran: it writes outside its "
+                      "outputs";
     }
-    for (const auto& c : v.checks) v.pass = v.pass && c.pass;
-    return v;
+    for (size_t i = 0; check.failure.empty() && i < inputs.size(); ++i) {
+      if ((*input_digests)[i] != p.input_fingerprints[i]) {
+        check.failure = fmt::format("the kernel changed its input {} (inputs are read-only)",
+                                    kInputNames[i]);
+      }
+    }
+    check.problem_spoiled = !check.failure.empty();
+    if (check.failure.empty() && (*tiles_digest)[0] != slot.tiles_fingerprint) {
+      check.failure = "the kernel changed its tile list (inputs are read-only)";
+    }
+    if (check.failure.empty() && *state_digests != c.state_fingerprints) {
+      check.failure = "the kernel changed its module's __device__ variables: a variant may keep no "
+                      "state between launches";
+    }
+    for (const OutputCheck& c : check.outputs) {
+      if (check.failure.empty() && !c.pass) check.failure = c.detail;
+    }
+    if (check.failure.empty() && slot.last_outputs && *slot.last_outputs != *output_digests) {
+      // Same inputs, other bits: the output depends on something besides the
+      // inputs (leftovers, a race, the launch count).
+      const char* names_fwd[] = {"O", "LSE"};
+      const char* names_bwd[] = {"dQ", "dK", "dV"};
+      std::string which;
+      for (size_t i = 0; i < output_digests->size(); ++i) {
+        if ((*slot.last_outputs)[i] != (*output_digests)[i] && which.empty())
+          which = p.backward ? names_bwd[i] : names_fwd[i];
+      }
+      if (p.backward) {
+        // fp32 atomics in the dQ accumulation are legitimate (CONTRACT.md).
+        check.note = fmt::format("backward not bitwise deterministic ({} differs between launches)",
+                                 which);
+      } else {
+        check.failure = fmt::format("not deterministic: two launches on the same inputs wrote "
+                                    "different {}",
+                                    which);
+      }
+    }
+    slot.last_outputs = *std::move(output_digests);
+    return check;
   }
 
-  // The first output of `a` and `b` whose bits differ, described; "" if none.
-  static std::string BitDifference(const Problem& p, const Downloaded& a, const Downloaded& b) {
-    const JaggedShape& s = p.shape;
-    auto describe = [&](const char* name, long long at, const Layout& layout) {
-      return fmt::format("{} differs at {}", name, layout.Describe(size_t(at)));
-    };
-    Layout q_rows{s.cu_q, s.heads, s.head_dim, false};
-    Layout k_rows{s.cu_k, s.kv_heads, s.head_dim, false};
-    Layout lse_rows{s.cu_q, s.heads, 1, true};
-    long long at;
-    if ((at = FirstBitDifference<uint16_t>(a.o, b.o)) >= 0) return describe("O", at, q_rows);
-    if ((at = FirstBitDifference<float>(a.lse, b.lse)) >= 0) return describe("LSE", at, lse_rows);
-    if ((at = FirstBitDifference<uint16_t>(a.dq, b.dq)) >= 0) return describe("dQ", at, q_rows);
-    if ((at = FirstBitDifference<uint16_t>(a.dk, b.dk)) >= 0) return describe("dK", at, k_rows);
-    if ((at = FirstBitDifference<uint16_t>(a.dv, b.dv)) >= 0) return describe("dV", at, k_rows);
-    return "";
+  // Runs `steps` for every contender: each step launches each contender that
+  // has not failed on the step's problem (timed steps alternate their order,
+  // A B B A ...) and checks the launch. A CUDA fault ends the run: the
+  // context is gone.
+  void RunSteps(std::vector<Contender>& contenders, std::vector<Problem>& problems,
+                const std::vector<LaunchStep>& steps, const EvalOptions& o) {
+    int timed_index = 0;
+    for (size_t si = 0; si < steps.size(); ++si) {
+      const LaunchStep& step = steps[si];
+      Problem& p = problems[size_t(step.problem)];
+      std::vector<size_t> order(contenders.size());
+      for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+      if (timed_index % 2 == 1) std::reverse(order.begin(), order.end());
+      for (size_t ci : order) {
+        Contender& c = contenders[ci];
+        if (c.verdict) continue;
+        const std::string where =
+            fmt::format("launch {} of {}, {}", si + 1, steps.size(), p.spec.Describe());
+        Slot& slot = c.slots[size_t(step.problem)];
+        if (!slot.planned) {
+          std::string why;
+          absl::StatusOr<OutputSet> out = MakeOutputs(*c.candidate, p, why);
+          if (!out.ok()) {
+            c.verdict = Crashed(out.status(), "allocating outputs");
+            c.verdict->context_lost = false;
+            continue;
+          }
+          if (!why.empty()) {
+            c.verdict = MakeResult(Outcome::kCompileError, why);
+            c.verdict->operator_note = where;
+            continue;
+          }
+          slot.out = *std::move(out);
+          const gpu::DeviceBuffer* tiles[] = {&slot.out.tiles};
+          absl::StatusOr<std::vector<uint64_t>> digest = tools->Fingerprints(tiles, stream);
+          if (!digest.ok()) {
+            c.verdict = Crashed(digest.status(), "preparing a launch");
+            Abandon(contenders, ci, "not finished: the other kernel broke the CUDA context", true);
+            return;
+          }
+          slot.tiles_fingerprint = (*digest)[0];
+          slot.planned = true;
+        }
+        float ms = 0;
+        const bool flush = o.flush_l2 && p.spec.role == ProblemRole::kTiming;
+        if (absl::Status s = Launch(*c.candidate, p, slot.out, flush, step.timed, ms); !s.ok()) {
+          c.verdict = Crashed(s, "a launch");
+          c.verdict->operator_note = where;
+          Abandon(contenders, ci, "not finished: the other kernel broke the CUDA context", true);
+          return;
+        }
+        ++c.launches;
+        absl::StatusOr<LaunchCheck> check = CheckLaunch(*c.candidate, p, slot);
+        if (!check.ok()) {
+          c.verdict = Crashed(check.status(), "checking a launch");
+          c.verdict->operator_note = where;
+          Abandon(contenders, ci, "not finished: the other kernel broke the CUDA context", true);
+          return;
+        }
+        FoldWorst(check->outputs, c.errors);
+        if (!check->note.empty() && c.notes.find(check->note) == std::string::npos)
+          c.notes += "; " + check->note;
+        if (!check->failure.empty()) {
+          EvalResult r = MakeResult(Outcome::kWrong, fmt::format("wrong: {}", check->failure));
+          c.errors.detail = check->failure;
+          r.errors = c.errors;
+          r.operator_note = where;
+          c.verdict = std::move(r);
+          if (check->problem_spoiled) {
+            Abandon(contenders, ci, "not finished: the other kernel changed the shared inputs",
+                    false);
+          }
+          continue;
+        }
+        if (step.timed) c.samples.push_back(double(ms) * 1000.0);
+      }
+      if (step.timed) ++timed_index;
+    }
   }
 
-  static EvalResult Crashed(const absl::Status& s, std::string_view when) {
-    EvalResult r = MakeResult(Outcome::kCrashed, fmt::format("{}: {}", when, std::string(s.message())));
-    r.context_lost = true;
+  // After `failed` broke the context or the shared inputs, the others
+  // cannot be finished: they end as compiled, not charged with anything.
+  static void Abandon(std::vector<Contender>& contenders, size_t failed, std::string_view why,
+                      bool context_lost) {
+    for (size_t i = 0; i < contenders.size(); ++i) {
+      if (i == failed || contenders[i].verdict) continue;
+      contenders[i].verdict = MakeResult(Outcome::kCompiled, std::string(why));
+      contenders[i].verdict->context_lost = context_lost;
+    }
+  }
+
+  // The result of a contender that passed everything.
+  static EvalResult Passed(Contender& c, const SizeExtent& extent) {
+    EvalResult r = MakeResult(Outcome::kVerified, "");
+    r.errors = c.errors;
+    r.errors.detail.clear();
+    if (!c.samples.empty()) r.timing = Summarize(c.samples);
+    r.verified = extent;
     return r;
   }
 
-  // Verification on the check problems; nullopt when all passed. `errors`
-  // accumulates the worst output.
-  std::optional<EvalResult> Verify(const LoadedCandidate& c, std::vector<Problem>& checks,
-                                   ErrorMetrics& errors, std::string& notes) {
-    bool failed = false;
-    std::string message;
-    for (size_t i = 0; i < checks.size(); ++i) {
-      Problem& p = checks[i];
-      std::string why;
-      absl::StatusOr<OutputSet> out = MakeOutputs(c, p, why);
-      if (!out.ok()) return Crashed(out.status(), "allocating outputs");
-      if (!why.empty()) return MakeResult(Outcome::kCompileError, why);
-      if (absl::Status s = Launch(c, p, *out, true, false, nullptr, nullptr); !s.ok()) {
-        return Crashed(s, fmt::format("launch on {}", p.label));
-      }
-      absl::StatusOr<Verdict> verdict = Check(p, *out);
-      if (!verdict.ok()) return Crashed(verdict.status(), fmt::format("running on {}", p.label));
-      Fold(*verdict, p.label, errors, failed, message);
-      if (failed) {
-        EvalResult r = MakeResult(Outcome::kWrong, message);
-        r.errors = errors;
-        return r;
-      }
-      if (i != 0) continue;
-      // Check batches are small (kCheckMaxLen): their outputs can come to the
-      // host for the bitwise comparison.
-      absl::StatusOr<Downloaded> first = Download(p, *out);
-      if (!first.ok()) return Crashed(first.status(), fmt::format("running on {}", p.label));
-      // Same inputs again: the outputs must not depend on leftovers.
-      if (absl::Status s = Launch(c, p, *out, true, false, nullptr, nullptr); !s.ok()) {
-        return Crashed(s, fmt::format("repeat launch on {}", p.label));
-      }
-      absl::StatusOr<Downloaded> second = Download(p, *out);
-      if (!second.ok()) return Crashed(second.status(), fmt::format("repeat on {}", p.label));
-      std::string diff = BitDifference(p, *first, *second);
-      if (!diff.empty()) {
-        if (!p.backward) {
-          EvalResult r = MakeResult(
-              Outcome::kWrong,
-              fmt::format("wrong: not deterministic: two runs on the same input of {}: {}",
-                          p.label, diff));
-          errors.detail = r.message;
-          r.errors = errors;
-          return r;
-        }
-        notes += fmt::format("; backward not bitwise deterministic ({})", diff);
-      }
-      absl::StatusOr<Verdict> again = Check(p, *out);
-      if (!again.ok()) return Crashed(again.status(), fmt::format("repeat on {}", p.label));
-      Fold(*again, p.label + " repeat", errors, failed, message);
-      if (failed) {
-        EvalResult r = MakeResult(Outcome::kWrong, message);
-        r.errors = errors;
-        return r;
-      }
+  // The problems an evaluation of `req` runs: its checks (twice as many for
+  // a promotion), the corner (promotion), and the timing problem last.
+  absl::StatusOr<std::vector<ProblemSpec>> PlanProblems(const EvalRequest& req, bool promotion,
+                                                        const std::vector<const Manifest*>& ms) {
+    int largest_tile = 0;
+    for (const Manifest* m : ms) largest_tile = std::max({largest_tile, m->tile_m, m->tile_n});
+    const int checks = std::max(3, req.options.checks) * (promotion ? 2 : 1);
+    std::vector<ProblemSpec> specs = CheckProblems(req.shape, req.seed, checks, largest_tile);
+    absl::StatusOr<ProblemSpec> timing =
+        TimingProblem(req.shape, req.cu_seqlens_q, req.cu_seqlens_k, req.seed);
+    if (!timing.ok()) return timing.status();
+    if (promotion) {
+      std::vector<ProblemSpec> so_far = specs;
+      so_far.push_back(*timing);
+      specs.push_back(CornerProblem(req.shape, req.seed,
+                                    CornerBudget(so_far, req.shape.op == Op::kBackward)));
     }
-    return std::nullopt;
+    specs.push_back(*std::move(timing));
+    return specs;
   }
 
-  // Timed launches of each candidate on `timing`, interleaved when several
-  // (A B B A A B ...). Fills samples; then checks each one's last output.
-  absl::Status TimeInterleaved(std::vector<const LoadedCandidate*> cands,
-                               std::vector<OutputSet*> outs, Problem& timing,
-                               const EvalOptions& o, std::vector<std::vector<double>>& samples,
-                               std::string& fault_when) {
-    const size_t n = cands.size();
-    samples.assign(n, {});
-    for (int w = 0; w < o.warmup; ++w) {
-      for (size_t c = 0; c < n; ++c) {
-        fault_when = "warm-up launch";
-        KF_RETURN_IF_ERROR(Launch(*cands[c], timing, *outs[c], false, o.flush_l2, nullptr, nullptr));
-      }
+  static SizeExtent ExtentOfAll(const std::vector<Problem>& problems) {
+    SizeExtent e;
+    for (const Problem& p : problems) e = MaxExtent(e, ExtentOf(p.shape()));
+    return e;
+  }
+
+  static std::vector<int> CornerIndices(const std::vector<Problem>& problems) {
+    std::vector<int> out;
+    for (size_t i = 0; i < problems.size(); ++i) {
+      if (problems[i].spec.role == ProblemRole::kCorner) out.push_back(int(i));
     }
-    std::vector<gpu::Event> starts, ends;
-    for (size_t i = 0; i < n * size_t(o.iterations); ++i) {
-      absl::StatusOr<gpu::Event> a = gpu::Event::Create(*driver);
-      absl::StatusOr<gpu::Event> b = gpu::Event::Create(*driver);
-      if (!a.ok()) return a.status();
-      if (!b.ok()) return b.status();
-      starts.push_back(*std::move(a));
-      ends.push_back(*std::move(b));
-    }
-    std::vector<size_t> owner;
-    for (int it = 0; it < o.iterations; ++it) {
-      for (size_t k = 0; k < n; ++k) {
-        size_t c = (it % 2 == 0) ? k : n - 1 - k;
-        size_t e = owner.size();
-        owner.push_back(c);
-        fault_when = "timed launch";
-        KF_RETURN_IF_ERROR(
-            Launch(*cands[c], timing, *outs[c], false, o.flush_l2, &starts[e], &ends[e]));
-      }
-    }
-    fault_when = "timed launches";
-    KF_RETURN_IF_ERROR(stream.Synchronize());
-    for (size_t e = 0; e < owner.size(); ++e) {
-      absl::StatusOr<float> ms = gpu::Event::ElapsedMs(starts[e], ends[e]);
-      if (!ms.ok()) return ms.status();
-      samples[owner[e]].push_back(*ms * 1000.0);
-    }
-    return absl::OkStatus();
+    return out;
   }
 };
 
@@ -693,6 +775,11 @@ absl::StatusOr<std::unique_ptr<Evaluator>> Evaluator::Create(const gpu::Driver& 
   absl::StatusOr<gpu::Stream> stream = gpu::Stream::Create(driver);
   if (!stream.ok()) return stream.status();
   impl->stream = *std::move(stream);
+  for (gpu::Event* e : {&impl->start, &impl->end}) {
+    absl::StatusOr<gpu::Event> event = gpu::Event::Create(driver);
+    if (!event.ok()) return event.status();
+    *e = *std::move(event);
+  }
   absl::StatusOr<gpu::DeviceBuffer> flush =
       gpu::DeviceBuffer::Allocate(driver, size_t(std::max(impl->info.l2_bytes, 1 << 20)) * 2);
   if (!flush.ok()) return flush.status();
@@ -715,60 +802,41 @@ absl::StatusOr<EvalResult> Evaluator::Evaluate(const EvalRequest& req,
   if (!attrs.ok()) return attrs.status();
 
   // Everything the reference must answer, before any candidate launch.
-  std::mt19937_64 rng(req.seed ^ 0x6b666f7267650001ull);
-  absl::StatusOr<std::vector<Problem>> made = m.MakeChecks(req, o.checks, rng, nullptr);
-  if (!made.ok()) return made.status();
-  std::vector<Problem>& checks = *made;
-  absl::StatusOr<JaggedShape> timing_shape =
-      TimingBatch(req.shape, req.cu_seqlens_q, req.cu_seqlens_k);
-  if (!timing_shape.ok()) return timing_shape.status();
+  absl::StatusOr<std::vector<ProblemSpec>> specs =
+      m.PlanProblems(req, o.promotion, {&cand.manifest});
+  if (!specs.ok()) return specs.status();
+  const int timing_index = int(specs->size()) - 1;
   std::optional<Timing> ref_time;
-  absl::StatusOr<Problem> timing =
-      m.MakeProblem(*std::move(timing_shape), backward, rng, "last timed launch", &ref_time);
-  if (!timing.ok()) return timing.status();
+  absl::StatusOr<std::vector<Problem>> problems =
+      m.MakeProblems(*std::move(specs), backward, req.seed, timing_index, &ref_time);
+  if (!problems.ok()) return problems.status();
   const auto prepared = Clock::now();
-  const int launches = o.checks + 1 + o.warmup + o.iterations;
-  if (on_reference) on_reference(ref_time->median_us / 1000.0, launches);
+  const std::vector<LaunchStep> steps = PlanLaunches(
+      req.seed, LaunchPlanOptions{.problems = int(problems->size()),
+                                  .timing_problem = timing_index,
+                                  .warmup = o.warmup,
+                                  .iterations = o.iterations,
+                                  .twice = Impl::CornerIndices(*problems)});
+  if (on_reference) on_reference(ref_time->median_us / 1000.0, int(steps.size()));
 
-  ErrorMetrics errors;
-  std::string notes;
-  std::optional<EvalResult> verdict = m.Verify(cand, checks, errors, notes);
-  auto finish = [&](EvalResult r) {
-    r.compile = compiled;
-    r.attributes = *attrs;
-    r.reference_timing = *ref_time;
-    return r;
-  };
-  if (verdict.has_value()) return finish(*std::move(verdict));
+  std::vector<Contender> contenders(1);
+  contenders[0].candidate = &cand;
+  contenders[0].slots.resize(problems->size());
+  m.RunSteps(contenders, *problems, steps, o);
 
-  std::string why;
-  absl::StatusOr<OutputSet> out = m.MakeOutputs(cand, *timing, why);
-  if (!out.ok()) return finish(Impl::Crashed(out.status(), "allocating outputs"));
-  if (!why.empty()) return finish(MakeResult(Outcome::kCompileError, why));
-  std::vector<std::vector<double>> samples;
-  std::string when;
-  if (absl::Status s = m.TimeInterleaved({&cand}, {&*out}, *timing, o, samples, when); !s.ok()) {
-    return finish(Impl::Crashed(s, when));
+  Contender& c = contenders[0];
+  EvalResult r = c.verdict ? *std::move(c.verdict) : Impl::Passed(c, Impl::ExtentOfAll(*problems));
+  r.compile = compiled;
+  r.attributes = *attrs;
+  r.reference_timing = ref_time;
+  if (r.outcome == Outcome::kVerified) {
+    r.message = fmt::format("verified; median {:.2f} us (min {:.2f}, max {:.2f}, n {}); reference "
+                            "{:.2f} us; {}{}",
+                            r.timing->median_us, r.timing->min_us, r.timing->max_us,
+                            r.timing->samples, ref_time->median_us,
+                            Phases(began, prepared, Clock::now()), c.notes);
   }
-  absl::StatusOr<Verdict> last = m.Check(*timing, *out);
-  if (!last.ok()) return finish(Impl::Crashed(last.status(), "checking the last timed output"));
-  bool failed = false;
-  std::string message;
-  Fold(*last, timing->label, errors, failed, message);
-  if (failed) {
-    EvalResult r = MakeResult(Outcome::kWrong, message);
-    r.errors = errors;
-    return finish(std::move(r));
-  }
-  EvalResult r = MakeResult(Outcome::kVerified, "");
-  r.errors = errors;
-  r.timing = Summarize(samples[0]);
-  r.message = fmt::format("verified on {} checks + last timed launch; median {:.2f} us "
-                          "(min {:.2f}, max {:.2f}, n {}); reference {:.2f} us; {}{}",
-                          o.checks, r.timing->median_us, r.timing->min_us, r.timing->max_us,
-                          r.timing->samples, ref_time->median_us,
-                          Phases(began, prepared, Clock::now()), notes);
-  return finish(std::move(r));
+  return r;
 }
 
 absl::StatusOr<EvalResult> Evaluator::CheckOnly(const EvalRequest& req,
@@ -782,20 +850,27 @@ absl::StatusOr<EvalResult> Evaluator::CheckOnly(const EvalRequest& req,
   absl::StatusOr<gpu::KernelAttributes> attrs = cand.kernel.Attributes();
   if (!attrs.ok()) return attrs.status();
 
-  std::mt19937_64 rng(req.seed ^ 0x6b666f7267650001ull);  // Evaluate's check inputs
+  const int largest_tile = std::max(cand.manifest.tile_m, cand.manifest.tile_n);
+  std::vector<ProblemSpec> specs =
+      CheckProblems(req.shape, req.seed, std::max(3, o.checks), largest_tile);
+  specs.push_back(GateProblem(req.shape, req.seed));
+  const int gate_index = int(specs.size()) - 1;
   std::optional<Timing> ref_time;
-  const int count = std::max(1, o.checks);
-  absl::StatusOr<std::vector<Problem>> made = m.MakeChecks(req, count, rng, &ref_time);
-  if (!made.ok()) return made.status();
-  std::vector<Problem>& checks = *made;
-  if (on_reference) on_reference(ref_time->median_us / 1000.0, count + 1);
-  ErrorMetrics errors;
-  std::string notes;
-  std::optional<EvalResult> verdict = m.Verify(cand, checks, errors, notes);
-  EvalResult r = verdict.has_value() ? *std::move(verdict) : MakeResult(Outcome::kVerified, "");
+  absl::StatusOr<std::vector<Problem>> problems = m.MakeProblems(
+      std::move(specs), req.shape.op == Op::kBackward, req.seed, gate_index, &ref_time);
+  if (!problems.ok()) return problems.status();
+  const std::vector<LaunchStep> steps =
+      PlanLaunches(req.seed, LaunchPlanOptions{.problems = int(problems->size())});
+  if (on_reference) on_reference(ref_time->median_us / 1000.0, int(steps.size()));
+
+  std::vector<Contender> contenders(1);
+  contenders[0].candidate = &cand;
+  contenders[0].slots.resize(problems->size());
+  m.RunSteps(contenders, *problems, steps, o);
+  Contender& c = contenders[0];
+  EvalResult r = c.verdict ? *std::move(c.verdict) : Impl::Passed(c, Impl::ExtentOfAll(*problems));
   if (r.outcome == Outcome::kVerified) {
-    r.errors = errors;
-    r.message = fmt::format("passed {} checks (not timed){}", count, notes);
+    r.message = fmt::format("passed {} checked launches (not timed){}", c.launches, c.notes);
   }
   r.compile = compiled;
   r.attributes = *attrs;
@@ -807,7 +882,7 @@ absl::StatusOr<RetimeResult> Evaluator::Retime(const EvalRequest& req, const Can
                                                const ReferenceCallback& on_reference) {
   Impl& m = *impl_;
   KF_RETURN_IF_ERROR(m.context->MakeCurrent());
-  const EvalOptions& o = req.options;  // Retime verifies on one check batch each
+  const EvalOptions& o = req.options;
   const bool backward = req.shape.op == Op::kBackward;
 
   RetimeResult result;
@@ -829,71 +904,34 @@ absl::StatusOr<RetimeResult> Evaluator::Retime(const EvalRequest& req, const Can
     return result;
   }
 
-  std::mt19937_64 rng(req.seed ^ 0x6b666f7267650002ull);
-  absl::StatusOr<std::vector<Problem>> made = m.MakeChecks(req, 1, rng, nullptr);
-  if (!made.ok()) return made.status();
-  std::vector<Problem>& checks = *made;
-  absl::StatusOr<JaggedShape> timing_shape =
-      TimingBatch(req.shape, req.cu_seqlens_q, req.cu_seqlens_k);
-  if (!timing_shape.ok()) return timing_shape.status();
+  absl::StatusOr<std::vector<ProblemSpec>> specs =
+      m.PlanProblems(req, true, {&loaded[0].manifest, &loaded[1].manifest});
+  if (!specs.ok()) return specs.status();
+  const int timing_index = int(specs->size()) - 1;
   std::optional<Timing> ref_time;
-  absl::StatusOr<Problem> timing =
-      m.MakeProblem(*std::move(timing_shape), backward, rng, "last timed launch", &ref_time);
-  if (!timing.ok()) return timing.status();
-  if (on_reference) on_reference(ref_time->median_us / 1000.0, 2 * (2 + o.warmup + o.iterations));
+  absl::StatusOr<std::vector<Problem>> problems =
+      m.MakeProblems(*std::move(specs), backward, req.seed ^ 0x5bd1e995ull, timing_index, &ref_time);
+  if (!problems.ok()) return problems.status();
+  const std::vector<LaunchStep> steps = PlanLaunches(
+      req.seed ^ 0x5bd1e995ull, LaunchPlanOptions{.problems = int(problems->size()),
+                                                  .timing_problem = timing_index,
+                                                  .warmup = o.warmup,
+                                                  .iterations = o.iterations,
+                                                  .twice = Impl::CornerIndices(*problems)});
+  if (on_reference) on_reference(ref_time->median_us / 1000.0, 2 * int(steps.size()));
 
+  std::vector<Contender> contenders(2);
   for (int i = 0; i < 2; ++i) {
-    ErrorMetrics errors;
-    std::string notes;
-    if (std::optional<EvalResult> bad = m.Verify(loaded[i], checks, errors, notes)) {
-      *results[i] = *std::move(bad);
-      if (results[i]->context_lost) return result;
-    } else {
-      *results[i] = MakeResult(Outcome::kVerified, "");
-      results[i]->errors = errors;
-    }
+    contenders[size_t(i)].candidate = &loaded[i];
+    contenders[size_t(i)].slots.resize(problems->size());
+  }
+  m.RunSteps(contenders, *problems, steps, o);
+  const SizeExtent extent = Impl::ExtentOfAll(*problems);
+  for (int i = 0; i < 2; ++i) {
+    Contender& c = contenders[size_t(i)];
+    *results[i] = c.verdict ? *std::move(c.verdict) : Impl::Passed(c, extent);
     results[i]->compile = compiled[i];
-    results[i]->reference_timing = *ref_time;
-  }
-  if (result.candidate.outcome != Outcome::kVerified || result.incumbent.outcome != Outcome::kVerified) {
-    return result;
-  }
-
-  std::string why0, why1;
-  absl::StatusOr<OutputSet> out0 = m.MakeOutputs(loaded[0], *timing, why0);
-  absl::StatusOr<OutputSet> out1 = m.MakeOutputs(loaded[1], *timing, why1);
-  if (!out0.ok()) return out0.status();
-  if (!out1.ok()) return out1.status();
-  if (!why0.empty() || !why1.empty()) {
-    if (!why0.empty()) result.candidate = MakeResult(Outcome::kCompileError, why0);
-    if (!why1.empty()) result.incumbent = MakeResult(Outcome::kCompileError, why1);
-    return result;
-  }
-  std::vector<std::vector<double>> samples;
-  std::string when;
-  if (absl::Status s = m.TimeInterleaved({&loaded[0], &loaded[1]}, {&*out0, &*out1}, *timing, o,
-                                         samples, when);
-      !s.ok()) {
-    result.candidate = Impl::Crashed(s, when);
-    result.incumbent = result.candidate;
-    return result;
-  }
-  OutputSet* outs[2] = {&*out0, &*out1};
-  for (int i = 0; i < 2; ++i) {
-    absl::StatusOr<Verdict> last = m.Check(*timing, *outs[i]);
-    if (!last.ok()) {
-      *results[i] = Impl::Crashed(last.status(), "checking the last timed output");
-      return result;
-    }
-    bool failed = false;
-    std::string message;
-    Fold(*last, timing->label, results[i]->errors, failed, message);
-    if (failed) {
-      results[i]->outcome = Outcome::kWrong;
-      results[i]->message = message;
-      continue;
-    }
-    results[i]->timing = Summarize(samples[i]);
+    results[i]->reference_timing = ref_time;
   }
   if (result.candidate.timing && result.incumbent.timing) {
     const Timing& a = *result.candidate.timing;
@@ -903,8 +941,9 @@ absl::StatusOr<RetimeResult> Evaluator::Retime(const EvalRequest& req, const Can
     for (int i = 0; i < 2; ++i) {
       const Timing& t = *results[i]->timing;
       results[i]->message = fmt::format("retimed interleaved: median {:.2f} us (min {:.2f}, max "
-                                        "{:.2f}, n {})",
-                                        t.median_us, t.min_us, t.max_us, t.samples);
+                                        "{:.2f}, n {}){}",
+                                        t.median_us, t.min_us, t.max_us, t.samples,
+                                        contenders[size_t(i)].notes);
     }
   }
   return result;

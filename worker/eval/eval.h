@@ -1,24 +1,31 @@
 // In-process evaluation of one compiled kernel variant: verify it against the
-// GPU reference on fresh random jagged batches, then time it.
+// GPU reference on fresh random jagged problems, then time it.
 //
-// What Evaluate() does, in order (see verification.md for why):
-//  1. loads the cubin and finds the manifest's entry point;
-//  2. builds `checks` hostile random batches from the seed (CheckBatch) and
-//     the timing batch (TimingBatch), with fresh random inputs for each
-//     (generated on the device), and runs the reference on all of them into
-//     buffers the candidate is never given, fingerprinting its answers so a
-//     candidate that overwrites them fails; times the reference's launch on
-//     the timing batch and calls `on_reference(reference_ms, launches)`
+// What an evaluation does (verification.md says why):
+//  1. loads the cubin, finds the manifest's entry point, and refuses an image
+//     with writable module-scope device memory (state between launches);
+//  2. draws its problems from the task's seed (batches.h): check problems
+//     covering every length up to twice the largest tile with varied softmax
+//     scales, input magnitudes and (persistent grids) 1-3 CTA grids; for a
+//     promotion, twice as many and the bucket's corner; and the timing
+//     problem. Inputs are generated on the device, the reference answers
+//     computed into buffers the candidate is never given, and both inputs and
+//     answers fingerprinted; `on_reference(reference_ms, launches)` is called
 //     before the first candidate launch (the sandbox arms its watchdog there);
-//  3. per check batch: poisons every output with NaN, restores the inputs,
-//     launches, compares every output (O and LSE; dQ, dK, dV) with the one
-//     tolerance policy (compare.h, TOLERANCE.md); on the first batch runs the
-//     same inputs again and demands bit-identical outputs (forward; backward
-//     reports differences, since atomics are allowed there);
-//  4. times it on the timing batch on the host's stream with CUDA events:
-//     warm-up, L2 flushed and outputs poisoned before every launch (outside
-//     the timed region), median/min/max of `iterations`; then checks the
-//     output of the LAST timed launch too.
+//  3. launches the candidate in an order drawn from the seed (launches.h):
+//     a random number of warm-up and timed launches on the timing problem,
+//     with the other problems' launches at random places among them. Before
+//     every launch every output is poisoned with NaN and the scratch zeroed;
+//     timed launches get the L2 flushed and CUDA events around them;
+//  4. checks EVERY launch: every output against the reference with the one
+//     tolerance policy (compare.h, TOLERANCE.md), the inputs and the tile
+//     list unchanged, the reference's answers unchanged, and (forward) the
+//     outputs bit-identical to those of the previous launch on the same
+//     problem. There is no launch a kernel could skip work on unseen.
+//
+// Messages say what was wrong (the output, the error size, where in a
+// sequence), never which launch or problem: the schedule is not feedback.
+// EvalResult::operator_note has those for the worker's own log.
 //
 // Backward candidates (shape.op == kBackward) are one launch of the
 // manifest's entry point that reads q, k, v, o (bf16, the reference
@@ -64,10 +71,14 @@ struct Candidate {
 };
 
 struct EvalOptions {
-  int checks = 3;       // hostile batches verified before timing
-  int warmup = 3;       // untimed launches on the timing batch
-  int iterations = 20;  // timed launches
-  bool flush_l2 = true;  // write a buffer of twice the L2 before every timed launch
+  int checks = 3;       // check problems (at least 3; twice as many for a promotion)
+  int warmup = 3;       // nominal warm-up launches (each evaluation draws within [w-1, w+2])
+  int iterations = 20;  // nominal timed launches (each evaluation draws within [n, 3n/2])
+  bool flush_l2 = true;  // write a buffer of twice the L2 before every timing-problem launch
+  // A kernel about to be served (CONFIRM and RETIME tasks; Retime always):
+  // twice the check problems and the bucket's corner (batches.h), so that
+  // the extent it is verified at covers its whole bucket.
+  bool promotion = false;
 };
 
 struct EvalRequest {
@@ -104,7 +115,12 @@ struct EvalResult {
   ErrorMetrics errors;                        // worst output over all checks
   std::optional<Timing> timing;               // kVerified only
   std::optional<Timing> reference_timing;     // one reference launch (all its kernels)
-  std::string reference_version;              // reference + tolerance policy
+  std::string reference_version;              // reference + tolerance policy + checks
+  // kVerified: the largest sizes every problem together checked it at.
+  std::optional<SizeExtent> verified;
+  // Which problem and launch failed, for the worker's log only: feedback to
+  // a proposer must not describe the check schedule.
+  std::string operator_note;
   bool context_lost = false;                  // a CUDA fault: stop using this process
 };
 
@@ -139,15 +155,17 @@ class Evaluator {
   absl::StatusOr<EvalResult> Evaluate(const EvalRequest& request,
                                       const ReferenceCallback& on_reference = {});
 
-  // Steps 1-3 only: every check batch, no timing batch and no timing. For
-  // the sanitizer gate, where memcheck makes every launch slow and a timing
-  // would mean nothing. kVerified (without timing) when every check passes;
-  // `on_reference` gets the reference's time on the last check batch.
+  // The check problems and the gate problem (the timing batch scaled down,
+  // batches.h), each launch checked, nothing timed. For the sanitizer gate,
+  // where the sanitizer makes every launch slow and a timing would mean
+  // nothing. kVerified (without timing) when every check passes;
+  // `on_reference` gets the reference's time on the gate problem.
   absl::StatusOr<EvalResult> CheckOnly(const EvalRequest& request,
                                        const ReferenceCallback& on_reference = {});
 
-  // Verifies both (one check batch each) and times them interleaved on the
-  // same timing batch (A B B A ...), checking each one's last timed output.
+  // Both kernels through the same promotion-strength evaluation, every
+  // launch of each checked, their timed launches interleaved on the same
+  // timing problem (A B B A ...).
   absl::StatusOr<RetimeResult> Retime(const EvalRequest& candidate, const Candidate& incumbent,
                                       const ReferenceCallback& on_reference = {});
 
@@ -157,7 +175,9 @@ class Evaluator {
   std::unique_ptr<Impl> impl_;
 };
 
-// The reference version string results record: "<reference>+<tolerance>".
+// What results record as the reference version:
+// "<reference>+<tolerance policy>+<checks>"; a change to any of them means
+// stored winners were verified by weaker rules.
 std::string ReferenceVersion();
 
 // Median, min, max and quartiles of samples (microseconds).

@@ -173,7 +173,10 @@ TEST_F(EvalGpu, ReferenceCallbackComesFirstWithTheLaunchCount) {
   absl::StatusOr<EvalResult> r =
       evaluator_->Evaluate(req, [&](double, int n) { launches = n; });
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(launches, 2 + 1 + 1 + 4);
+  // At least 3 check problems (the first launched twice), each launched once
+  // or twice; 1-3 warm-ups; 4-6 timed launches: the count is drawn.
+  EXPECT_GE(launches, 3 + 1 + 1 + 4);
+  EXPECT_LE(launches, 6 + 3 + 6);
 }
 
 TEST_F(EvalGpu, ExactOffsetsAreUsedForTiming) {
@@ -199,7 +202,11 @@ TEST_F(EvalGpu, RetimeTimesBothInterleaved) {
   ASSERT_EQ(r->candidate.outcome, Outcome::kVerified) << r->candidate.message;
   ASSERT_EQ(r->incumbent.outcome, Outcome::kVerified) << r->incumbent.message;
   ASSERT_TRUE(r->candidate.timing && r->incumbent.timing);
-  EXPECT_EQ(r->candidate.timing->samples, 10);
+  EXPECT_GE(r->candidate.timing->samples, 10);
+  EXPECT_LE(r->candidate.timing->samples, 15);
+  EXPECT_EQ(r->candidate.timing->samples, r->incumbent.timing->samples);
+  ASSERT_TRUE(r->candidate.verified.has_value());
+  EXPECT_TRUE(ExtentCovers(*r->candidate.verified, req.shape)) << "promotion covers the bucket";
   std::cout << fmt::format("retime: candidate {:.2f} us, incumbent {:.2f} us, spread {:.2f}, "
                            "wins {}\n",
                            r->candidate.timing->median_us, r->incumbent.timing->median_us,
@@ -226,6 +233,46 @@ TEST_F(EvalGpu, RealisticShapeTakesSecondsNotMinutes) {
   EXPECT_LT(seconds, 60);
   std::cout << fmt::format("realistic: whole evaluation {:.2f} s, reference {:.2f} ms; {}\n",
                            seconds, reference_ms, r->message);
+  // The same at promotion strength: twice the checks and the bucket's corner.
+  req.options.promotion = true;
+  start = std::chrono::steady_clock::now();
+  r = evaluator_->Evaluate(req);
+  seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->outcome, Outcome::kVerified) << r->message;
+  std::cout << fmt::format("realistic, promotion: whole evaluation {:.2f} s; {}\n", seconds,
+                           r->message);
+}
+
+// The seed templates stay right for everything the checks vary: scales far
+// from 1/sqrt(D), inputs with outliers and scores in the hundreds, and (for
+// persistent grids) one to three CTAs running every tile.
+TEST_F(EvalGpu, SeedTemplatesPassPromotionStrengthChecks) {
+  uint64_t seed = 300;
+  for (Op op : {Op::kForward, Op::kBackward}) {
+    for (int d : {64, 128}) {
+      for (bool causal : {false, true}) {
+        ShapeKey k = Shape(op, d, 4, 2, causal, !causal && d == 64);
+        k.arch = evaluator_->device().arch;
+        absl::StatusOr<Variant> v = DefaultVariant(k);
+        ASSERT_TRUE(v.ok()) << v.status();
+        EvalRequest req;
+        req.shape = k;
+        req.seed = ++seed;
+        req.candidate.source = v->source;
+        req.candidate.manifest = v->manifest;
+        req.options.promotion = true;
+        req.options.iterations = 5;
+        absl::StatusOr<EvalResult> r = evaluator_->Evaluate(req);
+        ASSERT_TRUE(r.ok()) << r.status();
+        EXPECT_EQ(r->outcome, Outcome::kVerified)
+            << v->template_name << " " << OpName(op) << " d" << d << (causal ? " causal" : "")
+            << ": " << r->message << " (" << r->operator_note << ")";
+        std::cout << fmt::format("{} {} d{} {}: {} {}\n", v->template_name, OpName(op), d,
+                                 causal ? "causal" : "full", OutcomeName(r->outcome), r->message);
+      }
+    }
+  }
 }
 
 }  // namespace

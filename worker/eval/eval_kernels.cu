@@ -180,18 +180,51 @@ extern "C" __global__ void __launch_bounds__(KF_TALLY_THREADS)
   kf_tally_finish(t, partials);
 }
 
-// eval::Fingerprint: a 64-bit digest of n 16-bit words. Each word is mixed
-// with its index and the mixes are summed, so the order in which threads add
-// them does not matter (wrapping addition commutes) and the result is exact.
-extern "C" __global__ void kf_fingerprint(const unsigned short* words, long long n, kf_u64* out) {
+// eval::Fingerprint: a 64-bit digest of `bytes` bytes, read as 16-bit
+// words (an odd last byte on its own). Each word is mixed with its index and
+// the mixes are summed, so the order in which threads add them does not
+// matter (wrapping addition commutes) and the result is exact. Lanes sum
+// within their warp first: one atomic per warp, not per thread.
+__device__ __forceinline__ kf_u64 kf_mix(kf_u64 word, long long i) {
+  kf_u64 z = (word << 48) ^ (kf_u64)i;
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+extern "C" __global__ void kf_fingerprint(const unsigned short* words, long long bytes, kf_u64* out) {
   kf_u64 sum = 0;
+  const long long n = bytes / 2;
+  const long long stride = (long long)gridDim.x * blockDim.x;
+  const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  for (long long i = first; i < n; i += stride) sum += kf_mix(words[i], i);
+  if ((bytes & 1) && first == 0) {
+    sum += kf_mix(0x10000ull | ((const unsigned char*)words)[bytes - 1], n);
+  }
+  for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  if (threadIdx.x % 32 == 0) atomicAdd(out, sum);
+}
+
+// eval::StyleBf16: scales bf16 values in place and replaces about one in
+// `period` by an outlier, with the host's float operations one by one.
+extern "C" __global__ void kf_style_bf16(unsigned short* x, long long n, float scale, kf_u64 seed,
+                                         unsigned period, float magnitude) {
   const long long stride = (long long)gridDim.x * blockDim.x;
   for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-    kf_u64 z = ((kf_u64)words[i] << 48) ^ (kf_u64)i;
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    sum += z ^ (z >> 31);
+    float v = __fmul_rn(__uint_as_float(((unsigned)x[i]) << 16), scale);
+    if (period > 0) {
+      kf_u64 z = seed ^ ((kf_u64)i * 0xd1b54a32d192ed03ull);
+      z += 0x9e3779b97f4a7c15ull;
+      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+      z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+      z ^= z >> 31;
+      if (z % period == 0) {
+        const float u = __fmul_rn((float)((z >> 32) & 0xffff), 1.0f / 65536.0f);
+        const float m = __fmul_rn(magnitude, __fadd_rn(0.5f, __fmul_rn(0.5f, u)));
+        v = (z >> 63) ? -m : m;
+      }
+    }
+    x[i] = kf_to_bf16(v);
   }
-  atomicAdd(out, sum);
 }
