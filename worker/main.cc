@@ -52,6 +52,18 @@ std::filesystem::path DefaultCacheDir() {
 }
 
 
+// The gates' watchdog: the sanitizers slow the kernels they instrument by
+// 10-1000x but not the reference (only the candidate is instrumented), so the
+// reference-relative budget would be far too short.
+SandboxOptions GateSandboxOptions(SandboxOptions so) {
+  so.setup_limit *= 10;
+  so.min_run_limit = std::max(so.min_run_limit * 48, std::chrono::milliseconds(240000));
+  so.reference_factor *= 100;
+  // Findings (racecheck reports races as warnings) must fit in what is kept.
+  so.stderr_tail_bytes = std::max<size_t>(so.stderr_tail_bytes, 64 * 1024);
+  return so;
+}
+
 // compute-sanitizer next to the CUDA toolkit, if there is one.
 std::string DefaultSanitizer() {
   std::vector<std::filesystem::path> candidates;
@@ -239,13 +251,12 @@ int main(int argc, char** argv) {
                              : !sanitizer.empty()      ? sanitizer
                                                        : DefaultSanitizer();
     if (!path.empty()) {
-      // The sanitizers slow every kernel they instrument; the gates' setup
-      // (the reference's compile and first launches) gets ten times longer.
-      so.setup_limit *= 10;
       ro.sanitizer = path;
-      ro.gate_sandbox = so;
-      ro.sanitizer_tools = ProbeSanitizerTools(path, sanitizer_tools, so, gpu_ordinal,
-                                               (cache / "cubins").string());
+      ro.gate_sandbox = GateSandboxOptions(so);
+      const std::string cubins = (cache / "cubins").string();
+      ro.sanitizer_tools =
+          ProbeSanitizerTools(path, sanitizer_tools, ro.gate_sandbox, gpu_ordinal, cubins,
+                              SeedCalibration(registration.gpu.arch, gpu_ordinal, cubins));
       const bool memcheck = std::find(ro.sanitizer_tools.begin(), ro.sanitizer_tools.end(),
                                       "memcheck") != ro.sanitizer_tools.end();
       if (!sanitizer_gate.empty() && !memcheck) {

@@ -11,7 +11,9 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "gpu/compile.h"
 #include "gpu/compile_cache.h"
+#include "kernels/catalog.h"
 #include "worker/sandbox.h"
 
 namespace kforge::worker {
@@ -334,9 +336,13 @@ std::optional<TaskResult> LocalTaskRunner::RunGates(const TaskSpec& task,
       cancelled = true;
       continue;
     }
-    if (run->report.outcome != Outcome::kVerified) {
+    // A finding is a non-zero error summary even where the tool's exit code
+    // did not say so (some report hazards as warnings).
+    const bool finding_in_output = SanitizerReportsErrors(run->stderr_tail);
+    if (run->report.outcome != Outcome::kVerified || finding_in_output) {
       failed = TaskResult{};
-      failed->outcome = run->report.outcome;
+      failed->outcome =
+          run->report.outcome == Outcome::kVerified ? Outcome::kCrashed : run->report.outcome;
       failed->errors = run->report.errors;
       failed->worker_fault = run->infrastructure_failure;
       failed->message = fmt::format("compute-sanitizer {} gate: {}{}", g.tool, run->report.message,
@@ -346,10 +352,28 @@ std::optional<TaskResult> LocalTaskRunner::RunGates(const TaskSpec& task,
       continue;
     }
     passed += fmt::format("{}{} {:.1f} s", passed.empty() ? "" : ", ", g.tool, run->wall_ms / 1000.0);
+    spdlog::debug("task {}: {} gate output: {}", task.task_id, g.tool, run->stderr_tail);
   }
   if (cancelled) return std::nullopt;
   if (!failed) spdlog::info("task {}: sanitizer gates passed ({})", task.task_id, passed);
   return failed;
+}
+
+bool SanitizerReportsErrors(std::string_view output) {
+  constexpr std::string_view kSummary = "ERROR SUMMARY: ";
+  for (size_t at = output.find(kSummary); at != std::string_view::npos;
+       at = output.find(kSummary, at + 1)) {
+    size_t i = at + kSummary.size();
+    long long n = 0;
+    bool digits = false;
+    while (i < output.size() && std::isdigit(static_cast<unsigned char>(output[i]))) {
+      n = n * 10 + (output[i++] - '0');
+      digits = true;
+    }
+    if (digits && n > 0) return true;
+  }
+  return output.find("Race reported") != std::string_view::npos ||
+         output.find("Barrier error") != std::string_view::npos;
 }
 
 std::vector<std::string> SanitizerGateWrapper(const std::string& path, const std::string& tool,
@@ -357,6 +381,8 @@ std::vector<std::string> SanitizerGateWrapper(const std::string& path, const std
   std::vector<std::string> w = {path, "--tool", tool, "--error-exitcode",
                                 std::to_string(kSanitizerFindingExit), "--print-limit", "20",
                                 "--show-backtrace", "device"};
+  // Every hazard, not only racecheck's own analysis of them.
+  if (tool == "racecheck") w.insert(w.end(), {"--racecheck-report", "all"});
   const bool identifier =
       !entry_point.empty() && std::all_of(entry_point.begin(), entry_point.end(), [](char c) {
         return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
@@ -368,27 +394,79 @@ std::vector<std::string> SanitizerGateWrapper(const std::string& path, const std
   return w;
 }
 
+std::optional<ChildRequest> SeedCalibration(const std::string& arch, int gpu_ordinal,
+                                            const std::string& compile_cache_dir) {
+  ShapeKey k;
+  k.head_dim = 128;
+  k.heads = 4;
+  k.kv_heads = 2;
+  k.causal = true;
+  k.arch = arch;
+  k.batch = 8;
+  k.max_len_q = k.max_len_k = 700;
+  k.total_q = k.total_k = 8 * 300;
+  absl::StatusOr<Variant> seed = DefaultVariant(k);
+  if (!seed.ok()) return std::nullopt;
+  // kforge's own template, so it is compiled here rather than in a sandbox.
+  gpu::CompileRequest req;
+  req.source = seed->source;
+  req.arch = arch;
+  req.name = seed->template_name + ".cu";
+  absl::StatusOr<gpu::CompileResult> compiled = gpu::Compile(req);
+  if (!compiled.ok() || !compiled->ok) return std::nullopt;
+  ChildRequest r;
+  r.mode = ChildRequest::Mode::kCheck;
+  r.gpu_ordinal = gpu_ordinal;
+  r.shape.key = k;
+  r.seed = 20261201;
+  r.compile_cache_dir = compile_cache_dir;
+  r.candidate = ChildKernel{.variant_id = "seed-" + seed->template_name,
+                            .manifest_json = seed->manifest_json,
+                            .cubin = compiled->cubin};
+  return r;
+}
+
 std::vector<std::string> ProbeSanitizerTools(const std::string& path,
                                              const std::vector<std::string>& wanted,
                                              const SandboxOptions& base, int gpu_ordinal,
-                                             const std::string& compile_cache_dir) {
+                                             const std::string& compile_cache_dir,
+                                             const std::optional<ChildRequest>& calibration) {
   std::vector<std::string> working;
+  std::string entry_point;
+  if (calibration) {
+    nlohmann::json m = nlohmann::json::parse(calibration->candidate.manifest_json, nullptr, false);
+    if (m.is_object()) entry_point = m.value("entry_point", "");
+  }
   for (const char* tool : kSanitizerTools) {
     if (std::find(wanted.begin(), wanted.end(), tool) == wanted.end()) continue;
     SandboxOptions so = base;
-    so.wrapper = SanitizerGateWrapper(path, tool);
+    so.wrapper = SanitizerGateWrapper(path, tool, entry_point);
     ChildRequest probe;
-    probe.mode = ChildRequest::Mode::kProbe;
-    probe.gpu_ordinal = gpu_ordinal;
-    probe.compile_cache_dir = compile_cache_dir;
+    if (calibration) {
+      probe = *calibration;
+    } else {
+      probe.mode = ChildRequest::Mode::kProbe;
+      probe.gpu_ordinal = gpu_ordinal;
+      probe.compile_cache_dir = compile_cache_dir;
+    }
     absl::StatusOr<SandboxRun> run = Sandbox(so).Run(probe);
-    if (!run.ok() || run->report.outcome != Outcome::kVerified) {
-      spdlog::warn("sanitizer gate {} dropped: the evaluator does not run under it here: {}{}",
-                   tool, run.ok() ? run->report.message : std::string(run.status().message()),
-                   run.ok() && !run->stderr_tail.empty() ? "\n" + run->stderr_tail : "");
+    const bool finding = run.ok() && SanitizerReportsErrors(run->stderr_tail);
+    if (!run.ok() || run->report.outcome != Outcome::kVerified || finding) {
+      // A tool that cannot run here, or that flags kforge's own verified
+      // seed, would stop every promotion: drop it, loudly.
+      spdlog::error("sanitizer gate {} dropped: {}: {}{}", tool,
+                    calibration ? "it does not pass kforge's own seed kernel here"
+                                : "the evaluator does not run under it here",
+                    run.ok() ? run->report.message : std::string(run.status().message()),
+                    run.ok() && !run->stderr_tail.empty()
+                        ? "\n" + run->stderr_tail.substr(run->stderr_tail.size() > 3000
+                                                              ? run->stderr_tail.size() - 3000
+                                                              : 0)
+                        : "");
       continue;
     }
-    spdlog::info("sanitizer gate {} ready ({:.1f} s)", tool, run->wall_ms / 1000.0);
+    spdlog::info("sanitizer gate {} ready ({:.1f} s{})", tool, run->wall_ms / 1000.0,
+                 calibration ? ", seed " + calibration->candidate.variant_id + " passes" : "");
     working.push_back(tool);
   }
   return working;

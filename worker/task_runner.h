@@ -100,15 +100,27 @@ class LocalTaskRunner final : public TaskRunner {
   const RunnerOptions options_;
 };
 
-// The tools of `wanted` (kSanitizerTools names) that can run the evaluator
-// on GPU `gpu_ordinal` here, each checked by setting the evaluator up once
-// under it in a sandbox like `base`: some machines cannot run
-// compute-sanitizer at all (under gVisor it refuses the device), and a gate
-// that fails every candidate would stop every bucket from improving.
+// Whether compute-sanitizer's output reports any error ("ERROR SUMMARY: N
+// errors" with N > 0, a race or a barrier error), whatever its exit code.
+bool SanitizerReportsErrors(std::string_view output);
+
+// A check-only request for kforge's own default forward seed for `arch`
+// (compiled here: it is no candidate), to calibrate the gates with; nullopt
+// when no template serves the arch.
+std::optional<ChildRequest> SeedCalibration(const std::string& arch, int gpu_ordinal,
+                                            const std::string& compile_cache_dir);
+
+// The tools of `wanted` (kSanitizerTools names) that work on GPU
+// `gpu_ordinal` here, each tried in a sandbox like `base`: on `calibration`
+// (a known-good kernel, which must pass) when given, else by setting the
+// evaluator up. Some machines cannot run compute-sanitizer at all (under
+// gVisor it refuses the device), and a tool that fails every candidate, or
+// flags correct kernels, would stop every bucket from improving.
 std::vector<std::string> ProbeSanitizerTools(const std::string& path,
                                              const std::vector<std::string>& wanted,
                                              const SandboxOptions& base, int gpu_ordinal,
-                                             const std::string& compile_cache_dir);
+                                             const std::string& compile_cache_dir,
+                                             const std::optional<ChildRequest>& calibration);
 
 // Splits NVRTC options at whitespace ("-O3  --use_fast_math" → two options).
 std::vector<std::string> SplitOptions(std::string_view options);

@@ -1,7 +1,8 @@
-// Bad, and right nearly always: warp 0 writes a constant 1 to shared memory
-// when the block starts, and every warp multiplies its output by it at the
-// end, with no barrier in between. Warp 0 is long done by then, so the
-// answers are right; compute-sanitizer's racecheck reports the hazard.
+// Bad, and right nearly always: thread 0 copies the softmax scale to shared
+// memory when the block starts, and every warp reads it there for its scores
+// with no barrier in between. The other warps reach their first score only
+// after loading their query row, long after thread 0's store, so the answers
+// are right; compute-sanitizer's racecheck reports the hazard.
 #include "kforge/attn_params.h"
 
 #define ROWS 4
@@ -24,8 +25,8 @@ __device__ __forceinline__ float warp_sum(float x) {
 }
 
 extern "C" __global__ void kf_attn_fwd(const __grid_constant__ KfAttnParams p) {
-  __shared__ float one;
-  if (threadIdx.x == 0) one = 1.0f;
+  __shared__ float scale;
+  if (threadIdx.x == 0) scale = p.softmax_scale;
   const int b = blockIdx.z, h = blockIdx.y, lane = threadIdx.x % 32;
   const int q0 = p.cu_seqlens_q[b], lq = p.cu_seqlens_q[b + 1] - q0;
   const int k0 = p.cu_seqlens_k[b], lk = p.cu_seqlens_k[b + 1] - k0;
@@ -52,7 +53,7 @@ extern "C" __global__ void kf_attn_fwd(const __grid_constant__ KfAttnParams p) {
       int d = lane + 32 * t;
       if (d < D) s += q[t] * ld_bf16(p.k, ko + d);
     }
-    s = warp_sum(s) * p.softmax_scale;
+    s = warp_sum(s) * scale;
     float m_new = fmaxf(m, s);
     float corr = expf(m - m_new), w = expf(s - m_new);
     l = l * corr + w;
@@ -65,7 +66,7 @@ extern "C" __global__ void kf_attn_fwd(const __grid_constant__ KfAttnParams p) {
   unsigned short* o = (unsigned short*)p.o;
   for (int t = 0; t < PER_LANE; ++t) {
     int d = lane + 32 * t;
-    if (d < D) o[qo + d] = to_bf16(nk > 0 ? acc[t] / l * one : 0.f);
+    if (d < D) o[qo + d] = to_bf16(nk > 0 ? acc[t] / l : 0.f);
   }
   if (lane == 0) p.lse[(long long)h * p.total_q + q0 + i] = nk > 0 ? m + logf(l) : m;
 }

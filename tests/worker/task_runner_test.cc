@@ -205,6 +205,16 @@ TEST_F(TaskRunnerTest, AFindingOfAnyToolStopsAConfirmAndNamesTheTool) {
   EXPECT_FALSE(r->worker_fault);
 }
 
+TEST(SanitizerReportsErrors, ReadsTheSummaryAndRaceWarnings) {
+  EXPECT_FALSE(SanitizerReportsErrors("========= ERROR SUMMARY: 0 errors\n"));
+  EXPECT_TRUE(SanitizerReportsErrors("========= ERROR SUMMARY: 3 errors\n"));
+  // racecheck reports races as warnings, which its exit code does not count.
+  EXPECT_TRUE(SanitizerReportsErrors(
+      "========= WARN: Race reported between Write access at 0x1f0 in kf_attn_fwd\n"
+      "========= RACECHECK SUMMARY: 1 hazard displayed (0 errors, 1 warning)\n"));
+  EXPECT_FALSE(SanitizerReportsErrors("verified; median 12 us"));
+}
+
 TEST(SanitizerGateWrapper, InstrumentsOnlyTheCandidateExceptForInitcheck) {
   const auto memcheck = SanitizerGateWrapper("/cs", "memcheck", "kf_attn_fwd");
   EXPECT_NE(std::find(memcheck.begin(), memcheck.end(), "kns=kf_attn_fwd"), memcheck.end());

@@ -249,10 +249,14 @@ std::string SanitizerPath() {
   return access(path.c_str(), X_OK) == 0 ? path : "";
 }
 
+// As kforge-worker's: the sanitizers slow the candidate, not the reference.
 SandboxOptions GateSandboxOptions() {
   SandboxOptions o = GpuSandboxOptions();
   o.setup_limit = 600s;
+  o.min_run_limit = 240s;
+  o.reference_factor = 5000;
   o.absolute_limit = 900s;
+  o.stderr_tail_bytes = 64 * 1024;
   return o;
 }
 
@@ -263,7 +267,8 @@ const std::vector<std::string>& WorkingGates() {
     const std::string path = SanitizerPath();
     if (path.empty() || !TheGpu().driver) return t;
     *t = ProbeSanitizerTools(path, {std::begin(kSanitizerTools), std::end(kSanitizerTools)},
-                             GateSandboxOptions(), 0, CacheDir());
+                             GateSandboxOptions(), 0, CacheDir(),
+                             SeedCalibration(TheGpu().info.arch, 0, CacheDir()));
     std::cout << "sanitizer gates that run here: " << fmt::format("{}", fmt::join(*t, ", ")) << "\n";
     return t;
   }();
