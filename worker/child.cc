@@ -156,6 +156,10 @@ int RunEvalChild(const std::string& request_dir, int result_fd, const std::strin
   if (!self_test.empty()) request->self_test = self_test;
   if (!request->self_test.empty()) return RunSelfTest(request->self_test, result_fd);
 
+  // Load modules whole when they are loaded, not at their first launch: a
+  // candidate's module globals are then in place before it runs (the
+  // evaluator watches them), and no load lands inside a timed launch.
+  setenv("CUDA_MODULE_LOADING", "EAGER", 1);
   bool reference_sent = false;
   absl::StatusOr<ChildReport> report =
       EvaluateInChild(*request, [&](double reference_ms, int launches) {

@@ -80,9 +80,12 @@ struct LoadedCandidate {
   gpu::Kernel kernel;
   Manifest manifest;
   // The module's writable globals (constants NVRTC placed there, or state a
-  // variant tries to keep) and their digests before the first launch.
+  // variant tries to keep) and their digests after its first launch: with
+  // lazy module loading the driver may fill them in only then. From there on
+  // they must not change (a variant that changes them once, at its first
+  // launch, gains nothing: every launch's outputs are checked).
   std::vector<gpu::DeviceRegion> state;
-  std::vector<uint64_t> state_fingerprints;
+  std::optional<std::vector<uint64_t>> state_fingerprints;
 };
 
 
@@ -97,7 +100,7 @@ struct Slot {
 
 // One candidate under evaluation.
 struct Contender {
-  const LoadedCandidate* candidate = nullptr;
+  LoadedCandidate* candidate = nullptr;
   std::vector<Slot> slots;            // one per problem
   std::optional<EvalResult> verdict;  // set once it failed
   ErrorMetrics errors;                // the worst output so far
@@ -397,9 +400,7 @@ struct Evaluator::Impl {
         if (g.ok() && g->bytes > 0) out.state.push_back(*g);
       }
     }
-    absl::StatusOr<std::vector<uint64_t>> digests = tools->Fingerprints(out.state, stream);
-    if (!digests.ok()) return Crashed(digests.status(), "reading the module's globals");
-    out.state_fingerprints = *std::move(digests);
+
     // Static shared memory counts against the 48 KB a launch gets without
     // opting in, so exactly 48 KB of dynamic plus a few static bytes fails
     // with CUDA_ERROR_INVALID_VALUE: opt in whenever there is any.
@@ -526,7 +527,7 @@ struct Evaluator::Impl {
   // device and judged on the host; then the inputs, the tile list and the
   // reference's answers against their fingerprints, and the outputs against
   // the previous launch's. Synchronises.
-  absl::StatusOr<LaunchCheck> CheckLaunch(const LoadedCandidate& c, const Problem& p, Slot& slot) {
+  absl::StatusOr<LaunchCheck> CheckLaunch(LoadedCandidate& c, const Problem& p, Slot& slot) {
     const JaggedShape& s = p.shape();
     const OutputSet& out = slot.out;
     Layout q_rows{s.cu_q, s.heads, s.head_dim, false};
@@ -579,7 +580,9 @@ struct Evaluator::Impl {
     if (check.failure.empty() && (*tiles_digest)[0] != slot.tiles_fingerprint) {
       check.failure = "the kernel changed its tile list (inputs are read-only)";
     }
-    if (check.failure.empty() && *state_digests != c.state_fingerprints) {
+    if (!c.state_fingerprints) {
+      c.state_fingerprints = *state_digests;
+    } else if (check.failure.empty() && *state_digests != *c.state_fingerprints) {
       check.failure = "the kernel changed its module's __device__ variables: a variant may keep no "
                       "state between launches";
     }
