@@ -116,6 +116,7 @@ absl::StatusOr<std::string> SerializePack(const Pack& pack) {
         return absl::InvalidArgumentError(fmt::format("entries[{}].{}: empty", i, field));
     }
     entries.push_back({{"bucket", e.bucket},
+                       {"kernel_bucket", e.kernel_bucket},
                        {"arch", e.arch},
                        {"variant_id", e.variant_id},
                        {"tuned", e.tuned},
@@ -207,6 +208,7 @@ absl::StatusOr<Pack> ParsePack(std::string_view bytes, std::string_view name) {
     if (!j.is_object()) return r.Error(at, "not an object");
     Entry e;
     KF_TRY(r.Get(j, at, "bucket", e.bucket));
+    KF_TRY(r.Get(j, at, "kernel_bucket", e.kernel_bucket, false));
     KF_TRY(r.Get(j, at, "arch", e.arch));
     KF_TRY(r.Get(j, at, "variant_id", e.variant_id));
     KF_TRY(r.Get(j, at, "tuned", e.tuned));

@@ -53,8 +53,9 @@ struct Provenance {
 };
 
 struct Entry {
-  std::string bucket;      // Bucket::Id() it is the kernel of
-  std::string arch;        // the cubin's target, e.g. "sm_90a"
+  std::string bucket;         // Bucket::Id() it serves
+  std::string kernel_bucket;  // the bucket it won: `bucket`, a nearby one, or "" (a seed)
+  std::string arch;           // the cubin's target, e.g. "sm_90a"
   std::string variant_id;  // the server's id ("v12", or "s-..." for a seed)
   bool tuned = false;      // the bucket's own verified winner (false: seed or nearest)
   std::string source;

@@ -17,6 +17,7 @@ Entry MakeEntry(int i) {
   Entry e;
   e.bucket = fmt::format("fwd.bf16.d128.h4.kv4.causal.self.sm_90a.b{}.mq4096.aq4096.mk4096.ak4096",
                          1 << i);
+  e.kernel_bucket = e.bucket;
   e.arch = "sm_90a";
   e.variant_id = fmt::format("v{}", 10 + i);
   e.tuned = true;
