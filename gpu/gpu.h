@@ -102,27 +102,38 @@ class Context {
   void* ctx_;
 };
 
+class Event;
+
 class Stream {
  public:
   // A non-blocking stream owned by the host code that creates it.
   static absl::StatusOr<Stream> Create(const Driver& driver);
+  // A stream someone else owns (a library caller's cudaStream_t / CUstream;
+  // nullptr is the legacy default stream): wrapping it neither creates nor
+  // destroys it. The stream must outlive the wrapper's use.
+  static Stream Borrow(const Driver& driver, void* handle);
   Stream() = default;
   Stream(Stream&& other) noexcept;
   Stream& operator=(Stream&& other) noexcept;
   ~Stream();
 
   absl::Status Synchronize() const;
+  // Makes later work on this stream wait for `event` (no host wait).
+  absl::Status WaitEvent(const Event& event) const;
   void* handle() const { return stream_; }  // CUstream, for gpu/ internals
 
  private:
-  Stream(const Driver* driver, void* stream) : driver_(driver), stream_(stream) {}
+  Stream(const Driver* driver, void* stream, bool owned = true)
+      : driver_(driver), stream_(stream), owned_(owned) {}
   const Driver* driver_ = nullptr;  // must outlive this
   void* stream_ = nullptr;
+  bool owned_ = true;  // false: Borrow()ed, not destroyed here
 };
 
 class Event {
  public:
-  static absl::StatusOr<Event> Create(const Driver& driver);  // timing enabled
+  // timing = false makes recording cheaper (for ordering, not measuring).
+  static absl::StatusOr<Event> Create(const Driver& driver, bool timing = true);
   Event() = default;
   Event(Event&& other) noexcept;
   Event& operator=(Event&& other) noexcept;
@@ -130,6 +141,9 @@ class Event {
 
   absl::Status Record(const Stream& stream);
   absl::Status Synchronize() const;
+  // True when the work before the last Record has completed (never waits).
+  absl::StatusOr<bool> Query() const;
+  void* handle() const { return event_; }  // CUevent, for gpu/ internals
   // Milliseconds between two recorded, completed events.
   static absl::StatusOr<float> ElapsedMs(const Event& start, const Event& end);
 
@@ -182,6 +196,17 @@ class DeviceBuffer {
   uint64_t ptr_ = 0;
   size_t bytes_ = 0;
 };
+
+// Device memory by address, for memory the host code does not own (a
+// library caller's tensors) or parts of a buffer. Asynchronous on `stream`;
+// a pageable `src` may be reused as soon as the call returns (the driver
+// stages it), without waiting for the device.
+absl::Status FillAsync8(const Driver& driver, uint64_t address, uint8_t value, size_t bytes,
+                        const Stream& stream);
+absl::Status FillAsync32(const Driver& driver, uint64_t address, uint32_t value, size_t words,
+                         const Stream& stream);
+absl::Status CopyToDeviceAsync(const Driver& driver, uint64_t address, const void* src,
+                               size_t bytes, const Stream& stream);
 
 struct Dim3 {
   unsigned x = 1, y = 1, z = 1;
