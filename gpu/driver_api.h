@@ -22,6 +22,7 @@ struct DriverApi {
   CUresult (*DevicePrimaryCtxRetain)(CUcontext*, CUdevice);
   CUresult (*DevicePrimaryCtxRelease)(CUdevice);
   CUresult (*CtxSetCurrent)(CUcontext);
+  CUresult (*CtxGetCurrent)(CUcontext*);
   CUresult (*CtxSynchronize)();
   CUresult (*ModuleLoadData)(CUmodule*, const void*);
   CUresult (*ModuleUnload)(CUmodule);

@@ -93,6 +93,7 @@ absl::StatusOr<std::unique_ptr<Driver>> Driver::Load() {
   need(api->DevicePrimaryCtxRetain, {"cuDevicePrimaryCtxRetain"});
   need(api->DevicePrimaryCtxRelease, {"cuDevicePrimaryCtxRelease_v2"});
   need(api->CtxSetCurrent, {"cuCtxSetCurrent"});
+  need(api->CtxGetCurrent, {"cuCtxGetCurrent"});
   need(api->CtxSynchronize, {"cuCtxSynchronize"});
   need(api->ModuleLoadData, {"cuModuleLoadData"});
   need(api->ModuleUnload, {"cuModuleUnload"});
@@ -205,6 +206,16 @@ absl::Status Context::Synchronize() const {
   const DriverApi& api = driver_->api();
   KF_CU(api.CtxSynchronize(), "cuCtxSynchronize");
   return absl::OkStatus();
+}
+
+RestoreCurrentContext::RestoreCurrentContext(const Driver& driver) : driver_(&driver) {
+  CUcontext current = nullptr;
+  saved_ = driver.api().CtxGetCurrent(&current) == CUDA_SUCCESS;
+  previous_ = current;
+}
+
+RestoreCurrentContext::~RestoreCurrentContext() {
+  if (saved_) driver_->api().CtxSetCurrent(static_cast<CUcontext>(previous_));
 }
 
 // ---------------------------------------------------------------- Stream ---

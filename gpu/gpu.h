@@ -104,6 +104,23 @@ class Context {
 
 class Event;
 
+// Puts back the calling thread's current context (or none) when it goes out
+// of scope: library code that opens or makes its own context current leaves
+// its caller's as it found it (a caller's current context is its current
+// device to the CUDA runtime and to PyTorch).
+class RestoreCurrentContext {
+ public:
+  explicit RestoreCurrentContext(const Driver& driver);
+  ~RestoreCurrentContext();
+  RestoreCurrentContext(const RestoreCurrentContext&) = delete;
+  RestoreCurrentContext& operator=(const RestoreCurrentContext&) = delete;
+
+ private:
+  const Driver* driver_;  // must outlive this
+  void* previous_ = nullptr;
+  bool saved_ = false;
+};
+
 class Stream {
  public:
   // A non-blocking stream owned by the host code that creates it.

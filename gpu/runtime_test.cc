@@ -142,6 +142,17 @@ TEST_F(GpuRuntime, FillsAndCopiesByAddressAndOrdersStreamsWithEvents) {
   EXPECT_TRUE(*finished);
 }
 
+TEST_F(GpuRuntime, RestoresTheCallersCurrentContext) {
+  // The fixture's context is current; a scope that switches to none puts it back.
+  {
+    RestoreCurrentContext restore(*driver_);
+    absl::StatusOr<std::unique_ptr<Context>> again = driver_->OpenContext(0);
+    ASSERT_TRUE(again.ok());
+  }
+  absl::StatusOr<DeviceBuffer> buf = DeviceBuffer::Allocate(*driver_, 16);
+  EXPECT_TRUE(buf.ok()) << "a context is still current: " << buf.status();
+}
+
 TEST_F(GpuRuntime, WrongArchitectureCubinFailsToLoadWithTheDriverError) {
   CompileRequest req;
   req.arch = info_.arch == "sm_100a" ? "sm_90a" : "sm_100a";

@@ -111,6 +111,16 @@ kf_status kf_attention_prepare(kf_runtime* runtime, const kf_attention_args* arg
   });
 }
 
+kf_status kf_attention_supported(kf_runtime* runtime, const kf_attention_args* args, kf_op op) {
+  return Guard([&] {
+    if (runtime == nullptr) return Fail(KF_ERR_INVALID_ARGUMENT, "runtime: null");
+    if (op != KF_OP_FORWARD && op != KF_OP_BACKWARD)
+      return Fail(KF_ERR_INVALID_ARGUMENT, fmt::format("op: {} is not a kf_op", int(op)));
+    return Return(runtime->impl->Supported(
+        args, op == KF_OP_FORWARD ? kforge::Op::kForward : kforge::Op::kBackward));
+  });
+}
+
 kf_status kf_runtime_get_stats(const kf_runtime* runtime, kf_runtime_stats* stats) {
   return Guard([&] {
     if (runtime == nullptr) return Fail(KF_ERR_INVALID_ARGUMENT, "runtime: null");

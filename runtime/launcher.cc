@@ -65,11 +65,13 @@ Launcher::Launcher(const gpu::Driver* driver, Counters* counters)
     : driver_(driver), counters_(counters) {}
 
 Launcher::~Launcher() {
-  // Modules unload in their context: make each current before its state goes.
+  // Modules, scratch and events go in their own context: each device's is
+  // current while its state is freed (the context itself is released last).
+  gpu::RestoreCurrentContext restore(*driver_);
   std::lock_guard lock(mu_);
   for (auto& [ordinal, d] : devices_) {
     (void)d->context->MakeCurrent();
-    d->loaded.clear();
+    d.reset();
   }
 }
 
@@ -96,12 +98,13 @@ absl::StatusOr<Launcher::Device*> Launcher::DeviceFor(int ordinal) {
     }
     d = it->second.get();
   }
-  // The calling thread may be new to this device.
+  // The calling thread may be new to this device (callers restore its own).
   if (absl::Status s = d->context->MakeCurrent(); !s.ok()) return Cuda(s);
   return d;
 }
 
 absl::StatusOr<gpu::DeviceInfo> Launcher::Info(int ordinal) {
+  gpu::RestoreCurrentContext restore(*driver_);  // the caller's current device stays
   auto d = DeviceFor(ordinal);
   if (!d.ok()) return d.status();
   return (*d)->info;
@@ -146,6 +149,7 @@ absl::StatusOr<const Launcher::Loaded*> Launcher::LoadOn(Device& d, const Resolv
 }
 
 absl::Status Launcher::Load(int ordinal, const ResolvedKernel& kernel) {
+  gpu::RestoreCurrentContext restore(*driver_);  // the caller's current device stays
   auto d = DeviceFor(ordinal);
   if (!d.ok()) return d.status();
   auto loaded = LoadOn(**d, kernel);
@@ -153,6 +157,7 @@ absl::Status Launcher::Load(int ordinal, const ResolvedKernel& kernel) {
 }
 
 absl::Status Launcher::RunDegenerate(const Request& r) {
+  gpu::RestoreCurrentContext restore(*driver_);  // the caller's current device stays
   auto dev = DeviceFor(r.args->device);
   if (!dev.ok()) return dev.status();
   const kf_attention_args& a = *r.args;
@@ -182,6 +187,7 @@ absl::Status Launcher::RunDegenerate(const Request& r) {
 }
 
 absl::Status Launcher::Run(const Request& r, const ResolvedKernel& k) {
+  gpu::RestoreCurrentContext restore(*driver_);  // the caller's current device stays
   auto dev = DeviceFor(r.args->device);
   if (!dev.ok()) return dev.status();
   Device& d = **dev;

@@ -6,7 +6,8 @@
 // zeroed on the stream before every launch.
 //
 // Per device it keeps the primary context (the one the CUDA runtime and
-// PyTorch use), each kernel's module loaded once, the plans of batches seen
+// PyTorch use; made current for a call, and the caller's current context put
+// back after it), each kernel's module loaded once, the plans of batches seen
 // (PlanCache) and per-stream scratch (ScratchArenas). Everything is enqueued
 // on the caller's stream; nothing waits for the device.
 //

@@ -263,6 +263,21 @@ absl::StatusOr<std::shared_ptr<const ResolvedKernel>> Resolver::ResolveSlow(cons
   return seed;
 }
 
+absl::Status Resolver::CanServe(const ShapeKey& key) const {
+  const Bucket bucket = BucketOf(key);
+  for (const pack::Pack& p : packs_) {
+    for (const pack::Entry& e : p.entries) {
+      auto b = ParseBucketId(e.bucket);
+      if (b.ok() && BucketDistance(bucket, *b)) return absl::OkStatus();
+    }
+  }
+  auto v = DefaultVariant(key);
+  if (v.ok()) return absl::OkStatus();
+  return ToStatus(KF_ERR_UNSUPPORTED,
+                  fmt::format("no kforge kernel for {} head_dim {} on {}: {}", OpName(key.op),
+                              key.head_dim, key.arch, std::string(v.status().message())));
+}
+
 std::optional<pack::Entry> Resolver::FromPacks(const ShapeKey& key, const Bucket& bucket) const {
   const std::string id = bucket.Id();
   const pack::Entry* nearest = nullptr;

@@ -105,6 +105,11 @@ class Resolver {
   // one (e.g. head_dim 96), KF_ERR_SERVER (strict), KF_ERR_COMPILE.
   absl::StatusOr<std::shared_ptr<const ResolvedKernel>> Resolve(const ShapeKey& key);
 
+  // OK when a kernel of key's kind (op, dtype, head layout, mask, arch) can
+  // be had whatever its sizes: a pack holds one, or the catalog has a seed.
+  // KF_ERR_UNSUPPORTED with the reason otherwise. Cheap: builds no kernel.
+  absl::Status CanServe(const ShapeKey& key) const;
+
  private:
   struct Slot;
   struct BucketState;

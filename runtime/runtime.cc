@@ -199,6 +199,32 @@ absl::Status Runtime::Prepare(const kf_attention_args* args, Op op, kf_kernel_in
   return absl::OkStatus();
 }
 
+absl::Status Runtime::Supported(const kf_attention_args* args, Op op) {
+  if (args == nullptr) return ToStatus(KF_ERR_INVALID_ARGUMENT, "args: null");
+  if (args->struct_size < sizeof(kf_attention_args)) return MakeRequest(args, op, "sm_90a").status();
+  // Any batch will do: what decides is the kind of kernel, not its sizes.
+  kf_attention_args canonical = *args;
+  static const int32_t kOffsets[2] = {0, 128};
+  canonical.batch = 1;
+  canonical.total_q = canonical.total_k = 128;
+  canonical.max_seqlen_q = canonical.max_seqlen_k = 128;
+  canonical.cu_seqlens_q_host = kOffsets;
+  canonical.cu_seqlens_q = nullptr;
+  const bool cross = (args->cu_seqlens_k != nullptr && args->cu_seqlens_k != args->cu_seqlens_q) ||
+                     (args->cu_seqlens_k_host != nullptr &&
+                      args->cu_seqlens_k_host != args->cu_seqlens_q_host);
+  // A distinct array (same content) keeps the key cross-attention.
+  static const int32_t kOffsetsK[2] = {0, 128};
+  canonical.cu_seqlens_k = nullptr;
+  canonical.cu_seqlens_k_host = cross ? kOffsetsK : nullptr;
+  const int device = args->device >= 0 ? args->device : 0;
+  auto arch = ArchFor(device);
+  if (!arch.ok()) return arch.status();
+  auto req = MakeRequest(&canonical, op, *arch, /*sizes_only=*/true);
+  if (!req.ok()) return req.status();
+  return resolver_->CanServe(req->key);
+}
+
 void Runtime::Stats(kf_runtime_stats* s) const {
   const Counters& c = counters_;
   s->calls = c.calls;

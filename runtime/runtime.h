@@ -35,6 +35,7 @@ class Runtime {
   absl::Status Forward(const kf_attention_args* args);
   absl::Status Backward(const kf_attention_args* args);
   absl::Status Prepare(const kf_attention_args* args, Op op, kf_kernel_info* info);
+  absl::Status Supported(const kf_attention_args* args, Op op);
   void Stats(kf_runtime_stats* out) const;
 
  private:

@@ -278,6 +278,31 @@ TEST_F(CAbiTest, APackServesItsBucketsWithNoServer) {
       << kf_last_error();
 }
 
+TEST_F(CAbiTest, SupportedSaysWhetherAKernelOfTheKindExists) {
+  kf_runtime* rt = CreateForHopper();
+  kf_attention_args a;
+  kf_attention_args_init(&a);  // no sizes, no pointers: only the kind matters
+  a.heads = 8;
+  a.kv_heads = 2;
+  a.head_dim = 128;
+  a.causal = 1;
+  EXPECT_EQ(kf_attention_supported(rt, &a, KF_OP_FORWARD), KF_OK) << kf_last_error();
+  EXPECT_EQ(kf_attention_supported(rt, &a, KF_OP_BACKWARD), KF_OK) << kf_last_error();
+  a.head_dim = 96;
+  EXPECT_EQ(kf_attention_supported(rt, &a, KF_OP_FORWARD), KF_ERR_UNSUPPORTED);
+  EXPECT_NE(std::string(kf_last_error()).find("head_dim 96"), std::string::npos);
+  a.head_dim = 128;
+  a.dtype = KF_DTYPE_FP32;
+  EXPECT_EQ(kf_attention_supported(rt, &a, KF_OP_FORWARD), KF_ERR_UNSUPPORTED);
+  a.dtype = KF_DTYPE_BF16;
+  a.kv_heads = 3;
+  EXPECT_EQ(kf_attention_supported(rt, &a, KF_OP_FORWARD), KF_ERR_INVALID_ARGUMENT);
+  kf_runtime_stats stats;
+  stats.struct_size = sizeof stats;
+  ASSERT_EQ(kf_runtime_get_stats(rt, &stats), KF_OK);
+  EXPECT_EQ(stats.seed_compiles, 0u) << "nothing is compiled to answer";
+}
+
 TEST_F(CAbiTest, LaunchesWithoutADriverSayWhy) {
   kf_runtime* rt = CreateForHopper();
   kf_attention_args a = Args();

@@ -193,6 +193,15 @@ typedef struct kf_kernel_info {
 KF_API kf_status kf_attention_prepare(kf_runtime* runtime, const kf_attention_args* args,
                                       kf_op op, kf_kernel_info* info);
 
+/* Whether a kernel exists for args' device arch, dtype, head dim, head
+ * layout and mask, whatever the batch: KF_OK when a pack holds one of that
+ * kind or a catalog template serves it, KF_ERR_UNSUPPORTED (with the reason
+ * in kf_last_error()) when not. Fetches, compiles and launches nothing: the
+ * cheap check a caller makes to pick its own fallback. Sizes and pointers
+ * of args are not read (batch, lengths and offsets may be 0 / NULL). */
+KF_API kf_status kf_attention_supported(kf_runtime* runtime, const kf_attention_args* args,
+                                        kf_op op);
+
 typedef struct kf_runtime_stats {
   uint32_t struct_size;      /* sizeof(kf_runtime_stats) */
   uint64_t calls;            /* forward + backward + prepare */
