@@ -50,6 +50,10 @@ absl::StatusOr<std::shared_ptr<const LaunchPlan>> PlanCache::Get(const PlanReque
   auto shared = std::make_shared<const LaunchPlan>(*std::move(plan));
   *built = true;
   std::lock_guard lock(mu_);
+  // Another thread may have built the same plan meanwhile: keep one.
+  auto [lo, hi] = index_.equal_range(h);
+  for (auto it = lo; it != hi; ++it)
+    if (Matches(*it->second, r)) return it->second->plan;
   lru_.push_front(Entry{h, r.kernel_key, {r.cu_q.begin(), r.cu_q.end()},
                         {r.cu_k.begin(), r.cu_k.end()}, r.heads, r.kv_heads, r.num_sms,
                         r.ctas_per_sm, r.causal, shared});

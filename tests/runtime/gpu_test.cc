@@ -372,8 +372,10 @@ TEST_F(RuntimeGpuTest, TwoThreadsOnTwoStreamsGetTheSameAnswers) {
   ASSERT_EQ(kf_runtime_get_stats(rt_, &stats), KF_OK);
   EXPECT_EQ(stats.launches, 40u);
   EXPECT_EQ(stats.module_loads, 2u) << "one forward and one backward module";
-  EXPECT_EQ(stats.plans_built, 2u) << "one plan per kernel for the batch";
-  EXPECT_EQ(stats.plan_hits, 38u);
+  // One plan per kernel for the batch (two threads may both build one first).
+  EXPECT_GE(stats.plans_built, 2u);
+  EXPECT_LE(stats.plans_built, 4u);
+  EXPECT_EQ(stats.plans_built + stats.plan_hits, 40u);
 }
 
 TEST_F(RuntimeGpuTest, PrepareLoadsTheKernelAndSaysWhichItIs) {
