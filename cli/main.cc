@@ -5,6 +5,7 @@
 //   kforge tune --shapes bench/shapes.json --max-variants 32
 //   kforge jobs | kforge jobs show j3 | kforge jobs cancel j3
 //   kforge variants [--bucket B] | kforge shapes [--arch sm_90a]
+//   kforge export --arch sm_90a --out kernels.kfpack   (every best, for the runtime offline)
 //
 // Tables by default, --json for scripts. --server (env KFORGE_SERVER) and
 // --token (env KFORGE_TOKEN). Exit status: 0 ok, 1 server/RPC error, 2 usage.
@@ -29,6 +30,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kforge/v1/kforge.grpc.pb.h"
+#include "pack/proto.h"
 
 namespace v1 = kforge::v1;
 using nlohmann::json;
@@ -332,6 +334,46 @@ int Watch(Client& c, const Globals& g, const std::string& id) {
   return last.state() == v1::JOB_STATE_SUCCEEDED ? 0 : 1;
 }
 
+// Streams ExportKernels into one pack file (pack/pack.h), written atomically.
+int Export(Client& c, const Globals& g, const std::string& arch, const std::string& op,
+           const std::string& out) {
+  v1::ExportKernelsRequest req;
+  req.set_arch(arch);
+  if (op == "fwd" || op == "forward") req.set_op(v1::OP_FORWARD);
+  else if (op == "bwd" || op == "backward") req.set_op(v1::OP_BACKWARD);
+  else if (op != "all") throw Failure{2, fmt::format("--op: '{}' is not fwd, bwd or all", op)};
+  kforge::pack::Pack pack;
+  pack.created_at = kforge::pack::NowRfc3339();
+  pack.origin = fmt::format("kforge-server {}", g.server);
+  pack.arch = arch;
+  auto ctx = c.Ctx(std::max(g.timeout_s, 300));  // every cubin: allow time
+  auto reader = c.stub().ExportKernels(ctx.get(), req);
+  v1::ExportedKernel k;
+  while (reader->Read(&k))
+    pack.entries.push_back(kforge::pack::EntryFromKernel(k.kernel(), k.bucket(),
+                                                         kforge::pack::ExtentFromProto(k.extent())));
+  c.Check(reader->Finish(), "ExportKernels");
+  if (absl::Status s = kforge::pack::WritePackFile(out, pack); !s.ok())
+    throw Failure{1, std::string(s.message())};
+  size_t bytes = 0;
+  for (const auto& e : pack.entries) bytes += e.source.size() + e.cubin.size();
+  if (g.json) {
+    json j = {{"out", out}, {"kernels", pack.entries.size()}, {"bytes", bytes}, {"buckets", json::array()}};
+    for (const auto& e : pack.entries)
+      j["buckets"].push_back({{"bucket", e.bucket}, {"variant_id", e.variant_id},
+                              {"median_us", e.timing.median_us}});
+    fmt::print("{}\n", j.dump());
+    return 0;
+  }
+  fmt::print("{:<76} {:<8} {}\n", "BUCKET", "VARIANT", "TIME");
+  for (const auto& e : pack.entries)
+    fmt::print("{:<76} {:<8} {}\n", e.bucket, e.variant_id,
+               e.timing.median_us > 0 ? fmt::format("{:.1f} us", e.timing.median_us) : "-");
+  fmt::print("exported {} kernel(s), {:.1f} KiB of source and cubins, to {}\n",
+             pack.entries.size(), double(bytes) / 1024.0, out);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -387,6 +429,12 @@ int main(int argc, char** argv) {
   auto* shapes = app.add_subcommand("shapes", "list tuned shape buckets and their best");
   shapes->add_option("--arch", arch_filter, "only this architecture");
   shapes->add_option("--limit", limit, "rows")->capture_default_str();
+
+  std::string export_arch, export_op = "all", export_out;
+  auto* export_cmd = app.add_subcommand("export", "write the server's verified kernels into a kernel pack");
+  export_cmd->add_option("--arch", export_arch, "only this architecture (e.g. sm_90a); default: all");
+  export_cmd->add_option("--op", export_op, "fwd | bwd | all")->capture_default_str();
+  export_cmd->add_option("--out", export_out, "pack file to write")->required();
 
   CLI11_PARSE(app, argc, argv);
 
@@ -515,6 +563,7 @@ int main(int argc, char** argv) {
       }
       return 0;
     }
+    if (*export_cmd) return Export(c, g, export_arch, export_op, export_out);
     if (*shapes) {
       v1::ListShapesRequest req;
       req.set_arch(arch_filter);

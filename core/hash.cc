@@ -22,4 +22,16 @@ std::string Sha256Hex(std::string_view data) {
   return out;
 }
 
+std::string ContentVariantId(std::string_view source, std::string_view manifest_json,
+                             std::string_view compile_options) {
+  // Length-prefixed parts: no two different triples hash the same bytes.
+  std::string bytes;
+  for (std::string_view part : {source, manifest_json, compile_options}) {
+    bytes += std::to_string(part.size());
+    bytes += ':';
+    bytes.append(part);
+  }
+  return "s-" + Sha256Hex(bytes).substr(0, 24);
+}
+
 }  // namespace kforge

@@ -14,5 +14,17 @@ TEST(Sha256Hex, HashesEmbeddedZeroBytes) {
   EXPECT_NE(Sha256Hex(std::string_view("a\0b", 3)), Sha256Hex("a"));
 }
 
+TEST(ContentVariantId, IsStableAndNamesEveryPart) {
+  const std::string id = ContentVariantId("src", "{}", "-arch=sm_90a");
+  EXPECT_EQ(id, ContentVariantId("src", "{}", "-arch=sm_90a"));
+  EXPECT_EQ(id.rfind("s-", 0), 0u);
+  EXPECT_EQ(id.size(), 26u);
+  EXPECT_NE(id, ContentVariantId("src2", "{}", "-arch=sm_90a"));
+  EXPECT_NE(id, ContentVariantId("src", "{ }", "-arch=sm_90a"));
+  EXPECT_NE(id, ContentVariantId("src", "{}", "-arch=sm_80"));
+  // Moving bytes from one part to the next changes the id.
+  EXPECT_NE(ContentVariantId("ab", "c", ""), ContentVariantId("a", "bc", ""));
+}
+
 }  // namespace
 }  // namespace kforge

@@ -24,9 +24,14 @@ while IFS= read -r t; do
   [ -n "$f" ] && bins+=("$f")
 done < "$out/gpu-tests.txt"
 
+# Libraries loaded at run time, not linked by a binary: libkforge_runtime.so
+# (the Python package loads it with ctypes; KFORGE_RUNTIME_LIB=lib/libkforge_runtime.so.1).
+libs=()
+[ -e "$build/runtime/libkforge_runtime.so.1" ] && libs+=("$build/runtime/libkforge_runtime.so.1")
+
 skip='^(linux-vdso|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|ld-linux|libstdc\+\+\.so|libgcc_s\.so|libnvrtc|libcuda\.so)'
-for b in "${bins[@]}"; do
-  cp "$b" "$out/bin/"
+for b in "${bins[@]}" "${libs[@]}"; do
+  case " ${libs[*]} " in *" $b "*) cp -L "$b" "$out/lib/" ;; *) cp "$b" "$out/bin/" ;; esac
   ldd "$b" | awk '/=> \//{print $1" "$3}' | while read -r name path; do
     [[ "$name" =~ $skip ]] && continue
     [ -e "$out/lib/$name" ] || cp -L "$path" "$out/lib/$name"

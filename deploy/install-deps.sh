@@ -12,6 +12,7 @@ packages=(
   libsqlite3-dev sqlite3 nlohmann-json3-dev libcpp-httplib-dev libcli11-dev
   libgtest-dev libgmock-dev
   python3-grpcio python3-grpc-tools   # the non-C++ client in the interop test
+  python3-pip python3-setuptools python3-wheel   # pip install ./python offline (--no-build-isolation)
 )
 
 missing=()

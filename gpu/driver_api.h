@@ -22,6 +22,7 @@ struct DriverApi {
   CUresult (*DevicePrimaryCtxRetain)(CUcontext*, CUdevice);
   CUresult (*DevicePrimaryCtxRelease)(CUdevice);
   CUresult (*CtxSetCurrent)(CUcontext);
+  CUresult (*CtxGetCurrent)(CUcontext*);
   CUresult (*CtxSynchronize)();
   CUresult (*ModuleLoadData)(CUmodule*, const void*);
   CUresult (*ModuleUnload)(CUmodule);
@@ -51,6 +52,8 @@ struct DriverApi {
   CUresult (*EventRecord)(CUevent, CUstream);
   CUresult (*EventSynchronize)(CUevent);
   CUresult (*EventElapsedTime)(float*, CUevent, CUevent);
+  CUresult (*EventQuery)(CUevent);
+  CUresult (*StreamWaitEvent)(CUstream, CUevent, unsigned int);
   // Optional (nullptr when the driver lacks it): TMA descriptors, CUDA >= 12.
   CUresult (*TensorMapEncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
                                      const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,

@@ -93,6 +93,7 @@ absl::StatusOr<std::unique_ptr<Driver>> Driver::Load() {
   need(api->DevicePrimaryCtxRetain, {"cuDevicePrimaryCtxRetain"});
   need(api->DevicePrimaryCtxRelease, {"cuDevicePrimaryCtxRelease_v2"});
   need(api->CtxSetCurrent, {"cuCtxSetCurrent"});
+  need(api->CtxGetCurrent, {"cuCtxGetCurrent"});
   need(api->CtxSynchronize, {"cuCtxSynchronize"});
   need(api->ModuleLoadData, {"cuModuleLoadData"});
   need(api->ModuleUnload, {"cuModuleUnload"});
@@ -122,6 +123,8 @@ absl::StatusOr<std::unique_ptr<Driver>> Driver::Load() {
   need(api->EventRecord, {"cuEventRecord"});
   need(api->EventSynchronize, {"cuEventSynchronize"});
   need(api->EventElapsedTime, {"cuEventElapsedTime_v2", "cuEventElapsedTime"});
+  need(api->EventQuery, {"cuEventQuery"});
+  need(api->StreamWaitEvent, {"cuStreamWaitEvent"});
   Resolve(h, api->TensorMapEncodeTiled, {"cuTensorMapEncodeTiled"});  // optional
   if (!missing.empty()) {
     return absl::UnavailableError(
@@ -206,6 +209,16 @@ absl::Status Context::Synchronize() const {
   return absl::OkStatus();
 }
 
+RestoreCurrentContext::RestoreCurrentContext(const Driver& driver) : driver_(&driver) {
+  CUcontext current = nullptr;
+  saved_ = driver.api().CtxGetCurrent(&current) == CUDA_SUCCESS;
+  previous_ = current;
+}
+
+RestoreCurrentContext::~RestoreCurrentContext() {
+  if (saved_) driver_->api().CtxSetCurrent(static_cast<CUcontext>(previous_));
+}
+
 // ---------------------------------------------------------------- Stream ---
 
 absl::StatusOr<Stream> Stream::Create(const Driver& driver) {
@@ -215,21 +228,36 @@ absl::StatusOr<Stream> Stream::Create(const Driver& driver) {
   return Stream(&driver, s);
 }
 
+Stream Stream::Borrow(const Driver& driver, void* handle) {
+  return Stream(&driver, handle, /*owned=*/false);
+}
+
 Stream::Stream(Stream&& o) noexcept
-    : driver_(std::exchange(o.driver_, nullptr)), stream_(std::exchange(o.stream_, nullptr)) {}
+    : driver_(std::exchange(o.driver_, nullptr)),
+      stream_(std::exchange(o.stream_, nullptr)),
+      owned_(std::exchange(o.owned_, true)) {}
 
 Stream& Stream::operator=(Stream&& o) noexcept {
   if (this != &o) {
     this->~Stream();
     driver_ = std::exchange(o.driver_, nullptr);
     stream_ = std::exchange(o.stream_, nullptr);
+    owned_ = std::exchange(o.owned_, true);
   }
   return *this;
 }
 
 Stream::~Stream() {
-  if (stream_ != nullptr) driver_->api().StreamDestroy(static_cast<CUstream>(stream_));
+  if (stream_ != nullptr && owned_) driver_->api().StreamDestroy(static_cast<CUstream>(stream_));
   stream_ = nullptr;
+}
+
+absl::Status Stream::WaitEvent(const Event& event) const {
+  const DriverApi& api = driver_->api();
+  KF_CU(api.StreamWaitEvent(static_cast<CUstream>(stream_), static_cast<CUevent>(event.handle()),
+                            0),
+        "cuStreamWaitEvent");
+  return absl::OkStatus();
 }
 
 absl::Status Stream::Synchronize() const {
@@ -240,10 +268,11 @@ absl::Status Stream::Synchronize() const {
 
 // ----------------------------------------------------------------- Event ---
 
-absl::StatusOr<Event> Event::Create(const Driver& driver) {
+absl::StatusOr<Event> Event::Create(const Driver& driver, bool timing) {
   const DriverApi& api = driver.api();
   CUevent e;
-  KF_CU(api.EventCreate(&e, CU_EVENT_DEFAULT), "cuEventCreate");
+  KF_CU(api.EventCreate(&e, timing ? CU_EVENT_DEFAULT : CU_EVENT_DISABLE_TIMING),
+        "cuEventCreate");
   return Event(&driver, e);
 }
 
@@ -274,6 +303,14 @@ absl::Status Event::Synchronize() const {
   const DriverApi& api = driver_->api();
   KF_CU(api.EventSynchronize(static_cast<CUevent>(event_)), "cuEventSynchronize");
   return absl::OkStatus();
+}
+
+absl::StatusOr<bool> Event::Query() const {
+  const DriverApi& api = driver_->api();
+  CUresult r = api.EventQuery(static_cast<CUevent>(event_));
+  if (r == CUDA_ERROR_NOT_READY) return false;
+  KF_CU(r, "cuEventQuery");
+  return true;
 }
 
 absl::StatusOr<float> Event::ElapsedMs(const Event& start, const Event& end) {
@@ -365,6 +402,30 @@ absl::Status DeviceBuffer::Fill32(uint32_t value, const Stream& stream) {
   if (bytes_ == 0) return absl::OkStatus();
   const DriverApi& api = driver_->api();
   KF_CU(api.MemsetD32Async(ptr_, value, bytes_ / 4, S(stream)), "cuMemsetD32Async");
+  return absl::OkStatus();
+}
+
+absl::Status FillAsync8(const Driver& driver, uint64_t address, uint8_t value, size_t bytes,
+                        const Stream& stream) {
+  if (bytes == 0) return absl::OkStatus();
+  const DriverApi& api = driver.api();
+  KF_CU(api.MemsetD8Async(address, value, bytes, S(stream)), "cuMemsetD8Async");
+  return absl::OkStatus();
+}
+
+absl::Status FillAsync32(const Driver& driver, uint64_t address, uint32_t value, size_t words,
+                         const Stream& stream) {
+  if (words == 0) return absl::OkStatus();
+  const DriverApi& api = driver.api();
+  KF_CU(api.MemsetD32Async(address, value, words, S(stream)), "cuMemsetD32Async");
+  return absl::OkStatus();
+}
+
+absl::Status CopyToDeviceAsync(const Driver& driver, uint64_t address, const void* src,
+                               size_t bytes, const Stream& stream) {
+  if (bytes == 0) return absl::OkStatus();
+  const DriverApi& api = driver.api();
+  KF_CU(api.MemcpyHtoDAsync(address, src, bytes, S(stream)), "cuMemcpyHtoDAsync");
   return absl::OkStatus();
 }
 

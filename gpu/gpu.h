@@ -102,27 +102,55 @@ class Context {
   void* ctx_;
 };
 
+class Event;
+
+// Puts back the calling thread's current context (or none) when it goes out
+// of scope: library code that opens or makes its own context current leaves
+// its caller's as it found it (a caller's current context is its current
+// device to the CUDA runtime and to PyTorch).
+class RestoreCurrentContext {
+ public:
+  explicit RestoreCurrentContext(const Driver& driver);
+  ~RestoreCurrentContext();
+  RestoreCurrentContext(const RestoreCurrentContext&) = delete;
+  RestoreCurrentContext& operator=(const RestoreCurrentContext&) = delete;
+
+ private:
+  const Driver* driver_;  // must outlive this
+  void* previous_ = nullptr;
+  bool saved_ = false;
+};
+
 class Stream {
  public:
   // A non-blocking stream owned by the host code that creates it.
   static absl::StatusOr<Stream> Create(const Driver& driver);
+  // A stream someone else owns (a library caller's cudaStream_t / CUstream;
+  // nullptr is the legacy default stream): wrapping it neither creates nor
+  // destroys it. The stream must outlive the wrapper's use.
+  static Stream Borrow(const Driver& driver, void* handle);
   Stream() = default;
   Stream(Stream&& other) noexcept;
   Stream& operator=(Stream&& other) noexcept;
   ~Stream();
 
   absl::Status Synchronize() const;
+  // Makes later work on this stream wait for `event` (no host wait).
+  absl::Status WaitEvent(const Event& event) const;
   void* handle() const { return stream_; }  // CUstream, for gpu/ internals
 
  private:
-  Stream(const Driver* driver, void* stream) : driver_(driver), stream_(stream) {}
+  Stream(const Driver* driver, void* stream, bool owned = true)
+      : driver_(driver), stream_(stream), owned_(owned) {}
   const Driver* driver_ = nullptr;  // must outlive this
   void* stream_ = nullptr;
+  bool owned_ = true;  // false: Borrow()ed, not destroyed here
 };
 
 class Event {
  public:
-  static absl::StatusOr<Event> Create(const Driver& driver);  // timing enabled
+  // timing = false makes recording cheaper (for ordering, not measuring).
+  static absl::StatusOr<Event> Create(const Driver& driver, bool timing = true);
   Event() = default;
   Event(Event&& other) noexcept;
   Event& operator=(Event&& other) noexcept;
@@ -130,6 +158,9 @@ class Event {
 
   absl::Status Record(const Stream& stream);
   absl::Status Synchronize() const;
+  // True when the work before the last Record has completed (never waits).
+  absl::StatusOr<bool> Query() const;
+  void* handle() const { return event_; }  // CUevent, for gpu/ internals
   // Milliseconds between two recorded, completed events.
   static absl::StatusOr<float> ElapsedMs(const Event& start, const Event& end);
 
@@ -188,6 +219,17 @@ struct DeviceRegion {
   uint64_t address = 0;
   size_t bytes = 0;
 };
+
+// Device memory by address, for memory the host code does not own (a
+// library caller's tensors) or parts of a buffer. Asynchronous on `stream`;
+// a pageable `src` may be reused as soon as the call returns (the driver
+// stages it), without waiting for the device.
+absl::Status FillAsync8(const Driver& driver, uint64_t address, uint8_t value, size_t bytes,
+                        const Stream& stream);
+absl::Status FillAsync32(const Driver& driver, uint64_t address, uint32_t value, size_t words,
+                         const Stream& stream);
+absl::Status CopyToDeviceAsync(const Driver& driver, uint64_t address, const void* src,
+                               size_t bytes, const Stream& stream);
 
 struct Dim3 {
   unsigned x = 1, y = 1, z = 1;

@@ -105,6 +105,54 @@ TEST_F(GpuRuntime, CopiesRoundTripAndBoundsAreChecked) {
   EXPECT_EQ(a->CopyFromHost(in.data(), 100, *stream).code(), absl::StatusCode::kOutOfRange);
 }
 
+TEST_F(GpuRuntime, ABorrowedStreamStaysWithItsOwner) {
+  absl::StatusOr<Stream> owner = Stream::Create(*driver_);
+  ASSERT_TRUE(owner.ok()) << owner.status();
+  { Stream borrowed = Stream::Borrow(*driver_, owner->handle()); }
+  // Still usable after the borrowed wrapper is gone.
+  EXPECT_TRUE(owner->Synchronize().ok());
+  Stream legacy = Stream::Borrow(*driver_, nullptr);  // the legacy default stream
+  EXPECT_TRUE(legacy.Synchronize().ok());
+}
+
+TEST_F(GpuRuntime, FillsAndCopiesByAddressAndOrdersStreamsWithEvents) {
+  absl::StatusOr<Stream> a = Stream::Create(*driver_);
+  absl::StatusOr<Stream> b = Stream::Create(*driver_);
+  ASSERT_TRUE(a.ok() && b.ok());
+  absl::StatusOr<DeviceBuffer> buf = DeviceBuffer::Allocate(*driver_, 64);
+  ASSERT_TRUE(buf.ok());
+  ASSERT_TRUE(FillAsync32(*driver_, buf->address(), 0x01020304u, 16, *a).ok());
+  ASSERT_TRUE(FillAsync8(*driver_, buf->address() + 8, 0xff, 8, *a).ok());
+  const uint32_t words[2] = {7, 9};
+  ASSERT_TRUE(CopyToDeviceAsync(*driver_, buf->address() + 56, words, sizeof words, *a).ok());
+  absl::StatusOr<Event> done = Event::Create(*driver_, /*timing=*/false);
+  ASSERT_TRUE(done.ok());
+  ASSERT_TRUE(done->Record(*a).ok());
+  ASSERT_TRUE(b->WaitEvent(*done).ok());  // b's download runs after a's writes
+  std::vector<uint32_t> host(16);
+  ASSERT_TRUE(buf->Download(std::span<uint32_t>(host), *b).ok());
+  EXPECT_EQ(host[0], 0x01020304u);
+  EXPECT_EQ(host[2], 0xffffffffu);
+  EXPECT_EQ(host[3], 0xffffffffu);
+  EXPECT_EQ(host[4], 0x01020304u);
+  EXPECT_EQ(host[14], 7u);
+  EXPECT_EQ(host[15], 9u);
+  absl::StatusOr<bool> finished = done->Query();
+  ASSERT_TRUE(finished.ok());
+  EXPECT_TRUE(*finished);
+}
+
+TEST_F(GpuRuntime, RestoresTheCallersCurrentContext) {
+  // The fixture's context is current; a scope that switches to none puts it back.
+  {
+    RestoreCurrentContext restore(*driver_);
+    absl::StatusOr<std::unique_ptr<Context>> again = driver_->OpenContext(0);
+    ASSERT_TRUE(again.ok());
+  }
+  absl::StatusOr<DeviceBuffer> buf = DeviceBuffer::Allocate(*driver_, 16);
+  EXPECT_TRUE(buf.ok()) << "a context is still current: " << buf.status();
+}
+
 TEST_F(GpuRuntime, WrongArchitectureCubinFailsToLoadWithTheDriverError) {
   CompileRequest req;
   req.arch = info_.arch == "sm_100a" ? "sm_90a" : "sm_100a";

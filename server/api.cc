@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include "core/hash.h"
+#include "server/export.h"
 
 namespace kforge::server {
 namespace {
@@ -265,6 +266,12 @@ absl::Status KforgeApi::CancelJob(const v1::CancelJobRequest& req, v1::Job* resp
   if (!job.ok()) return job.status();
   JobToProto(*job, resp);
   return absl::OkStatus();
+}
+
+absl::Status KforgeApi::ExportKernels(
+    const v1::ExportKernelsRequest& req,
+    const std::function<bool(const v1::ExportedKernel&)>& write) {
+  return server::ExportKernels(*cache_, req, write);
 }
 
 absl::Status KforgeApi::WatchJob(const v1::WatchJobRequest& req,

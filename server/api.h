@@ -69,6 +69,9 @@ class KforgeApi {
   absl::Status GetJob(const v1::GetJobRequest& req, v1::Job* resp);
   absl::Status ListJobs(const v1::ListJobsRequest& req, v1::ListJobsResponse* resp);
   absl::Status CancelJob(const v1::CancelJobRequest& req, v1::Job* resp);
+  // Every best as served (server/export.h), one `write` per kernel.
+  absl::Status ExportKernels(const v1::ExportKernelsRequest& req,
+                             const std::function<bool(const v1::ExportedKernel&)>& write);
   // Writes the job's current state, then one event per change until the job
   // is final (OK), `write` fails or `cancelled` (CANCELLED), or the server
   // shuts down (UNAVAILABLE: watch again after the restart).

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "core/hash.h"
 #include "server/convert.h"
 
 namespace kforge::server {
@@ -140,6 +141,11 @@ absl::StatusOr<std::shared_ptr<const v1::Kernel>> KernelCache::Seed(const ShapeK
       auto seed = seeds_(key);
       if (!seed.ok()) return seed.status();
       auto k = std::make_shared<v1::Kernel>();
+      // Seeds are not in the store: a content id keeps them stable across
+      // restarts and servers, so a client holding one can send if_none_match.
+      k->set_variant_id(
+          ContentVariantId(seed->source, seed->manifest_json, seed->compile_options));
+      k->set_source_hash(Sha256Hex(seed->source));
       k->set_source(seed->source);
       k->set_arch(key.arch);
       ManifestToProto(seed->manifest_json, k->mutable_manifest());
@@ -177,6 +183,14 @@ std::shared_ptr<const std::string> KernelCache::Cached(const Bucket& bucket,
   if (!if_none_match.empty() && it->second.kernel->variant_id() == if_none_match)
     return it->second.not_modified_bytes;
   return it->second.response_bytes;
+}
+
+std::vector<KernelCache::BestEntry> KernelCache::Bests() const {
+  std::shared_lock lock(mu_);
+  std::vector<BestEntry> out;
+  out.reserve(best_.size());
+  for (const auto& [id, e] : best_) out.push_back(BestEntry{e.bucket, e.kernel});
+  return out;
 }
 
 size_t KernelCache::size() const {

@@ -19,6 +19,7 @@
 #include <mutex>
 #include <shared_mutex>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "core/shape.h"
@@ -73,6 +74,13 @@ class KernelCache {
                                             const std::string& if_none_match) const;
 
   size_t size() const;
+
+  struct BestEntry {
+    Bucket bucket;
+    std::shared_ptr<const v1::Kernel> kernel;
+  };
+  // Every loaded best, in bucket-id order: a snapshot (ExportKernels).
+  std::vector<BestEntry> Bests() const;
 
  private:
   absl::StatusOr<std::shared_ptr<const v1::Kernel>> Build(const BestRecord& best);

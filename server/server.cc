@@ -158,6 +158,14 @@ class KernelServiceImpl final
                          v1::Job* resp) override {
     return Run(ctx, [&] { return api_->CancelJob(*req, resp); });
   }
+  grpc::Status ExportKernels(grpc::ServerContext* ctx, const v1::ExportKernelsRequest* req,
+                             grpc::ServerWriter<v1::ExportedKernel>* writer) override {
+    return Run(ctx, [&] {
+      return api_->ExportKernels(*req, [&](const v1::ExportedKernel& k) {
+        return !ctx->IsCancelled() && writer->Write(k);
+      });
+    });
+  }
   grpc::Status WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,
                         grpc::ServerWriter<v1::JobEvent>* writer) override {
     return Run(ctx, [&] {
