@@ -394,6 +394,17 @@ bool KforgeApi::AnotherWorkerCanPromote(const std::string& caller) {
   return false;
 }
 
+PromotionLease KforgeApi::PromotionsFor(const WorkerInfo& worker) {
+  const bool another = AnotherWorkerCanPromote(worker.record.id);
+  // A worker whose results cannot promote would only waste a promotion
+  // task that a worker which can is there to run. Alone, it takes them:
+  // its results are recorded and the job finishes.
+  if (!worker.gated && !options_.allow_ungated_promotion && another) return PromotionLease::kNone;
+  if (options_.confirm_on_another_worker && (options_.require_distinct_confirmer || another))
+    return PromotionLease::kNotOwn;
+  return PromotionLease::kAny;
+}
+
 absl::Status KforgeApi::Register(const v1::RegisterRequest& req,
                                  std::optional<std::string_view> session,
                                  v1::RegisterResponse* resp) {
@@ -552,11 +563,9 @@ absl::Status KforgeApi::LeaseTask(const std::string& caller, const v1::LeaseTask
       generation = tasks_generation_;
     }
     // Decided per attempt: a worker that connects during a long poll takes
-    // over the confirmations from then on.
-    const bool skip_own = options_.confirm_on_another_worker &&
-                          (options_.require_distinct_confirmer || AnotherWorkerCanPromote(caller));
+    // over the promotions from then on.
     auto task = store_->LeaseTask(caller, worker->record.arch, worker->record.compile_only, Now(),
-                                  options_.lease_ttl_ms, skip_own);
+                                  options_.lease_ttl_ms, PromotionsFor(*worker));
     if (!task.ok()) return task.status();
     if (task->has_value() && (*task)->attempts > options_.max_task_attempts) {
       if (absl::Status s = GiveUp(**task, *worker); !s.ok()) return s;

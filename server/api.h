@@ -56,6 +56,8 @@ struct ApiOptions {
   // arch, not compile-only, gated unless ungated promotion is allowed, seen
   // within lease_ttl_ms) is connected. With none, the same worker may take
   // it, unless require_distinct_confirmer (then it waits for another).
+  // Independently of this, a worker that cannot promote (ungated) is given
+  // no promotion task while one that can is connected.
   bool confirm_on_another_worker = true;
   bool require_distinct_confirmer = false;
   // Texts workers report are scrubbed of these (the server's client and
@@ -136,6 +138,8 @@ class KforgeApi {
   // True when a worker other than `caller` could promote a promotion task
   // of its arch (see ApiOptions::confirm_on_another_worker).
   bool AnotherWorkerCanPromote(const std::string& caller);
+  // The promotion tasks `worker` may lease now.
+  PromotionLease PromotionsFor(const WorkerInfo& worker);
   absl::Status FillTask(const TaskRecord& t, v1::Task* out);
   // Decides what the result changes (server/promotion.h) and records it
   // with its follow-ups in one CompleteTask.

@@ -95,7 +95,7 @@ class JobsTest : public ::testing::Test {
   // Leases and completes one task as a worker would; false when none is queued.
   bool CompleteOne(JobEngine& engine, Outcome outcome, double us) {
     const std::string w = "w1";
-    auto t = store_->LeaseTask(w, "sm_90a", false, Now(), 60000, false);
+    auto t = store_->LeaseTask(w, "sm_90a", false, Now(), 60000, PromotionLease::kAny);
     if (!t.ok() || !t->has_value()) return false;
     EvaluationRecord e;
     e.outcome = outcome;

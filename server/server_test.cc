@@ -1490,16 +1490,21 @@ TEST_F(ClaimsTest, AStrictConfirmationWaitsForAnotherWorker) {
   EXPECT_EQ(confirm->kind(), v1::TASK_KIND_CONFIRM);
 }
 
-// An ungated worker cannot promote, so it does not count as the other
-// worker that keeps a candidate from its own producer.
-TEST_F(ClaimsTest, AnUngatedWorkerDoesNotCountAsAConfirmer) {
+// An ungated worker cannot promote: it does not count as the other worker
+// that keeps a candidate from its own producer, and it is given no
+// promotion task while a worker that can promote is connected.
+TEST_F(ClaimsTest, AnUngatedWorkerNeitherConfirmsNorTakesPromotionsFromAGatedOne) {
   Start({}, 1);
   SubmitJob(1);
   const std::string a = RegisterWorker("a");
-  RegisterWorker("ungated", /*tools=*/{});
+  const std::string ungated = RegisterWorker("ungated", /*tools=*/{});
   auto t = Lease(a);
   ASSERT_TRUE(t);
-  ASSERT_TRUE(ReportAndConfirm(a, *t, 100.0));
+  ASSERT_TRUE(Report(a, *t, 100.0));
+  EXPECT_FALSE(Lease(ungated, 300)) << "the CONFIRM went to a worker that cannot promote it";
+  auto confirm = Lease(a);
+  ASSERT_TRUE(confirm && confirm->kind() == v1::TASK_KIND_CONFIRM);
+  ASSERT_TRUE(Report(a, *confirm, 100.0));
   EXPECT_TRUE(Tuned(MakeShape()));
 }
 

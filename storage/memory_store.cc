@@ -228,7 +228,7 @@ class MemoryStore final : public Store {
                                                       const std::string& arch,
                                                       bool compile_only, int64_t now_unix_ms,
                                                       int64_t ttl_ms,
-                                                      bool skip_own_promotions) override {
+                                                      PromotionLease promotions) override {
     if (worker_id.empty()) return absl::InvalidArgumentError("lease: worker_id is empty");
     if (ttl_ms <= 0) return absl::InvalidArgumentError("lease: ttl_ms must be positive");
     absl::MutexLock lock(&mu_);
@@ -237,7 +237,10 @@ class MemoryStore final : public Store {
     for (auto& [n, t] : tasks_) {
       if (t.state != TaskState::kQueued || t.arch != arch) continue;
       if (compile_only && t.kind != TaskKind::kCompile) continue;
-      if (skip_own_promotions && IsPromotion(t.kind) && t.origin_worker_id == worker_id) continue;
+      if (IsPromotion(t.kind) && (promotions == PromotionLease::kNone ||
+                                  (promotions == PromotionLease::kNotOwn &&
+                                   t.origin_worker_id == worker_id)))
+        continue;
       Job* job = Find(jobs_, 'j', t.job_id);
       // Promotion tasks go first (see Store::LeaseTask). Tasks are visited
       // oldest first, so among equals only a strictly earlier turn wins.

@@ -935,7 +935,7 @@ class SqliteStore final : public Store {
                                                       const std::string& arch,
                                                       bool compile_only, int64_t now_unix_ms,
                                                       int64_t ttl_ms,
-                                                      bool skip_own_promotions) override {
+                                                      PromotionLease promotions) override {
     if (worker_id.empty()) return absl::InvalidArgumentError("lease: worker_id is empty");
     if (ttl_ms <= 0) return absl::InvalidArgumentError("lease: ttl_ms must be positive");
     std::optional<TaskRecord> leased;
@@ -948,10 +948,15 @@ class SqliteStore final : public Store {
           "LeaseTask",
           "SELECT t.id, t.job FROM tasks t JOIN jobs j ON j.id = t.job "
           "WHERE t.state = 'queued' AND t.arch = ?1 AND (?2 = 0 OR t.kind = 'compile') "
-          "AND (?3 = 0 OR t.kind NOT IN ('retime', 'confirm') OR t.origin_worker <> ?4) "
+          "AND (?3 = 0 OR t.kind NOT IN ('retime', 'confirm') "
+          "     OR (?3 = 1 AND t.origin_worker <> ?4)) "
           "ORDER BY t.kind IN ('retime', 'confirm') DESC, j.lease_seq, t.id LIMIT 1");
       if (!pick.ok()) return pick.status();
-      pick->Bind(arch, compile_only, skip_own_promotions, worker_id);
+      // ?3: 0 any promotion task, 1 not the worker's own, 2 none.
+      const int64_t filter = promotions == PromotionLease::kAny      ? 0
+                             : promotions == PromotionLease::kNotOwn ? 1
+                                                                     : 2;
+      pick->Bind(arch, compile_only, filter, worker_id);
       absl::StatusOr<std::optional<std::pair<int64_t, int64_t>>> row =
           ReadOne<std::pair<int64_t, int64_t>>(
               *pick, [](Stmt& s) { return std::make_pair(s.Int(0), s.Int(1)); });

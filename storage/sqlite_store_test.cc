@@ -133,7 +133,7 @@ TEST(SqliteStore, ReopeningKeepsEverything) {
                          store->EnqueueTasks({Task(job, variant), Task(job, variant)}));
     task = ids[0];
     ASSERT_OK_AND_ASSIGN(std::optional<TaskRecord> leased,
-                         store->LeaseTask("w1", "sm_90a", false, 1000, 100, false));
+                         store->LeaseTask("w1", "sm_90a", false, 1000, 100, PromotionLease::kAny));
     ASSERT_TRUE(leased.has_value());
     EvaluationRecord e = Verified(4);
     e.verified = {.batch = 8, .max_len_q = 64, .max_len_k = 64, .total_q = 300, .total_k = 300};
@@ -379,7 +379,7 @@ TEST(SqliteStore, TwoConnectionsOnOneFileNeverLeaseATaskTwice) {
   auto drain = [](Store* store, std::string worker, std::vector<std::string>* got) {
     while (true) {
       absl::StatusOr<std::optional<TaskRecord>> t =
-          store->LeaseTask(worker, "sm_90a", false, 1000, 60000, false);
+          store->LeaseTask(worker, "sm_90a", false, 1000, 60000, PromotionLease::kAny);
       ASSERT_TRUE(t.ok()) << t.status();
       if (!t->has_value()) return;
       got->push_back((*t)->id);
@@ -411,7 +411,7 @@ TEST(SqliteStore, TwoConnectionsOnOneFileNeverLeaseATaskTwice) {
     absl::StatusOr<std::vector<std::string>> tasks = store.EnqueueTasks({Task(job, *variant)});
     if (!tasks.ok()) fail(tasks.status());
     absl::StatusOr<std::optional<TaskRecord>> leased =
-        store.LeaseTask("child", "sm_90a", false, 1000, 600000, false);
+        store.LeaseTask("child", "sm_90a", false, 1000, 600000, PromotionLease::kAny);
     if (!leased.ok()) fail(leased.status());
     if (!leased->has_value() || (*leased)->id != tasks->front())
       fail(absl::InternalError("leased the wrong task"));

@@ -136,6 +136,12 @@ enum class TaskKind { kEvaluate, kRetime, kCompile, kConfirm };
 // tasks"): they are leased before all others.
 inline bool IsPromotion(TaskKind k) { return k == TaskKind::kRetime || k == TaskKind::kConfirm; }
 
+// Which promotion tasks a LeaseTask may hand out: all; none whose
+// origin_worker_id is the leasing worker (its candidate is to be confirmed
+// by another); or none at all (the worker cannot promote, and one that can
+// is there).
+enum class PromotionLease { kAny, kNotOwn, kNone };
+
 struct TaskRecord {
   std::string id;             // assigned by the store ("t" + number) when empty
   std::string job_id;
@@ -275,9 +281,8 @@ class Store {
   virtual absl::StatusOr<std::vector<TaskRecord>> ListTasks(
       const std::string& job_id) = 0;  // oldest first
   // Leases the oldest queued task this worker can run (arch match; a
-  // compile-only worker only gets kCompile tasks; with
-  // `skip_own_promotions`, no promotion task whose origin_worker_id is this
-  // worker: its candidate is to be confirmed by another). Promotion tasks
+  // compile-only worker only gets kCompile tasks; promotion tasks only as
+  // `promotions` allows). Promotion tasks
   // (kRetime, kConfirm) go before all others: they decide which kernel a
   // bucket serves, and behind a long queue of evaluations they would wait
   // until the job's budget ran out. Otherwise jobs take turns: among jobs
@@ -290,7 +295,7 @@ class Store {
                                                               bool compile_only,
                                                               int64_t now_unix_ms,
                                                               int64_t ttl_ms,
-                                                              bool skip_own_promotions) = 0;
+                                                              PromotionLease promotions) = 0;
   // Extends the leases of `task_ids` held by `worker_id` to now + ttl. Ids
   // not leased to that worker (unknown, requeued, cancelled, done) are
   // skipped: the worker learns of a lost lease from GetTask or CompleteTask.

@@ -84,7 +84,7 @@ class StoreTest : public ::testing::Test {
   std::string Lease(const std::string& worker, const std::string& arch = "sm_90a",
                     bool compile_only = false, int64_t now = 1000, int64_t ttl = 60000) {
     absl::StatusOr<std::optional<TaskRecord>> t =
-        store_->LeaseTask(worker, arch, compile_only, now, ttl, /*skip_own_promotions=*/false);
+        store_->LeaseTask(worker, arch, compile_only, now, ttl, PromotionLease::kAny);
     EXPECT_TRUE(t.ok()) << t.status();
     if (!t.ok() || !t->has_value()) return "";
     return (*t)->id;
@@ -592,7 +592,8 @@ TYPED_TEST(StoreTest, LeaseSetsTheLeaseFields) {
   std::string job = this->NewJob("tune");
   std::string task = this->Enqueue({this->Task(job)})[0];
   ASSERT_OK_AND_ASSIGN(std::optional<TaskRecord> leased,
-                       this->store().LeaseTask("w1", "sm_90a", false, 1000, 500, false));
+                       this->store().LeaseTask("w1", "sm_90a", false, 1000, 500,
+                                               PromotionLease::kAny));
   ASSERT_TRUE(leased.has_value());
   EXPECT_EQ(leased->id, task);
   EXPECT_EQ(leased->state, TaskState::kLeased);
@@ -602,8 +603,10 @@ TYPED_TEST(StoreTest, LeaseSetsTheLeaseFields) {
   ASSERT_OK_AND_ASSIGN(TaskRecord stored, this->store().GetTask(task));
   EXPECT_EQ(stored.state, TaskState::kLeased);
   EXPECT_EQ(stored.lease_expires_unix_ms, 1500);
-  EXPECT_CODE(this->store().LeaseTask("", "sm_90a", false, 1000, 500, false), kInvalidArgument);
-  EXPECT_CODE(this->store().LeaseTask("w1", "sm_90a", false, 1000, 0, false), kInvalidArgument);
+  EXPECT_CODE(this->store().LeaseTask("", "sm_90a", false, 1000, 500, PromotionLease::kAny),
+              kInvalidArgument);
+  EXPECT_CODE(this->store().LeaseTask("w1", "sm_90a", false, 1000, 0, PromotionLease::kAny),
+              kInvalidArgument);
 }
 
 TYPED_TEST(StoreTest, LeasesOldestTaskFirst) {
@@ -649,8 +652,9 @@ TYPED_TEST(StoreTest, PromotionTasksAreLeasedBeforeEvaluations) {
 }
 
 // A candidate's promotion can be kept from the worker whose evaluation made
-// it a contender; the API decides when (another worker is there to run it).
-TYPED_TEST(StoreTest, SkipOwnPromotionsLeavesThemToOtherWorkers) {
+// it a contender, or promotions from a worker at all; the API decides when
+// (another worker is there that can promote them).
+TYPED_TEST(StoreTest, PromotionLeaseFiltersLeaveThemToOtherWorkers) {
   std::string job = this->NewJob("tune");
   TaskRecord confirm = this->Task(job);
   confirm.kind = TaskKind::kConfirm;
@@ -658,16 +662,18 @@ TYPED_TEST(StoreTest, SkipOwnPromotionsLeavesThemToOtherWorkers) {
   TaskRecord retime = confirm;
   retime.kind = TaskKind::kRetime;
   std::vector<std::string> ids = this->Enqueue({confirm, retime, this->Task(job)});
-  auto lease = [&](const std::string& worker, bool skip) -> std::string {
+  auto lease = [&](const std::string& worker, PromotionLease p) -> std::string {
     absl::StatusOr<std::optional<TaskRecord>> t =
-        this->store().LeaseTask(worker, "sm_90a", false, 1000, 60000, skip);
+        this->store().LeaseTask(worker, "sm_90a", false, 1000, 60000, p);
     EXPECT_TRUE(t.ok()) << t.status();
     return t.ok() && t->has_value() ? (*t)->id : "";
   };
-  EXPECT_EQ(lease("w1", true), ids[2]) << "w1's own promotions are skipped, the rest is not";
-  EXPECT_EQ(lease("w1", true), "");
-  EXPECT_EQ(lease("w2", true), ids[0]) << "another worker gets them";
-  EXPECT_EQ(lease("w1", false), ids[1]) << "without the flag the origin may run it";
+  EXPECT_EQ(lease("w1", PromotionLease::kNotOwn), ids[2])
+      << "w1's own promotions are skipped, the rest is not";
+  EXPECT_EQ(lease("w1", PromotionLease::kNotOwn), "");
+  EXPECT_EQ(lease("w3", PromotionLease::kNone), "") << "no promotion at all";
+  EXPECT_EQ(lease("w2", PromotionLease::kNotOwn), ids[0]) << "another worker gets them";
+  EXPECT_EQ(lease("w1", PromotionLease::kAny), ids[1]) << "unfiltered, the origin may run it";
 }
 
 TYPED_TEST(StoreTest, LeaseMatchesArchAndCompileOnlyWorkersGetCompileTasks) {
@@ -720,7 +726,8 @@ TYPED_TEST(StoreTest, RequeueExpiredReturnsExpiredLeasesToTheQueue) {
   EXPECT_EQ(t.state, TaskState::kQueued);
   EXPECT_EQ(t.worker_id, "");
   ASSERT_OK_AND_ASSIGN(std::optional<TaskRecord> again,
-                       this->store().LeaseTask("w2", "sm_90a", false, 2000, 100, false));
+                       this->store().LeaseTask("w2", "sm_90a", false, 2000, 100,
+                                               PromotionLease::kAny));
   ASSERT_TRUE(again.has_value());
   EXPECT_EQ(again->id, task);
   EXPECT_EQ(again->attempts, 2);
@@ -797,7 +804,7 @@ TYPED_TEST(StoreTest, ConcurrentLeasesHandOutEachTaskOnce) {
       const std::string name = fmt::format("w{}", w);
       while (true) {
         absl::StatusOr<std::optional<TaskRecord>> t =
-            this->store().LeaseTask(name, "sm_90a", false, 1000, 60000, false);
+            this->store().LeaseTask(name, "sm_90a", false, 1000, 60000, PromotionLease::kAny);
         if (!t.ok() || !t->has_value()) return;
         got[w].push_back((*t)->id);
       }

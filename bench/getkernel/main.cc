@@ -82,7 +82,7 @@ absl::Status Seed(kforge::Store& store, size_t source_bytes, size_t cubin_bytes)
   if (!wid.ok()) return wid.status();
   const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
                           std::chrono::system_clock::now().time_since_epoch()).count();
-  auto leased = store.LeaseTask(*wid, key.arch, false, now, 60000, false);
+  auto leased = store.LeaseTask(*wid, key.arch, false, now, 60000, kforge::PromotionLease::kAny);
   if (!leased.ok() || !leased->has_value()) return absl::InternalError("bench: lease failed");
   kforge::TaskCompletion c;
   c.cubin = std::string(cubin_bytes, '\x7f');
