@@ -112,7 +112,10 @@ absl::Status KforgeApi::Init() {
     // Last seen before the restart counts as connected until the TTL says
     // otherwise; a worker without a session (rows from before sessions)
     // cannot call until it registers again.
-    workers_[w.id] = WorkerInfo{w, w.last_seen_unix_ms, gated};
+    const nlohmann::json gpu = nlohmann::json::parse(w.gpu_json, nullptr, false);
+    const std::string nvrtc =
+        gpu.is_object() ? gpu.value("nvrtc_version", std::string()) : std::string();
+    workers_[w.id] = WorkerInfo{w, w.last_seen_unix_ms, gated, nvrtc};
     if (!w.session_hash.empty()) sessions_[w.session_hash] = w.id;
   }
   return absl::OkStatus();
@@ -468,7 +471,7 @@ absl::Status KforgeApi::Register(const v1::RegisterRequest& req,
     std::lock_guard lock(workers_mu_);
     w.id = *id;
     const bool gated = std::find(tools.begin(), tools.end(), "memcheck") != tools.end();
-    workers_[*id] = WorkerInfo{w, Now(), gated};
+    workers_[*id] = WorkerInfo{w, Now(), gated, Scrub(req.gpu().nvrtc_version(), 64)};
     sessions_[w.session_hash] = *id;
   }
   spdlog::info("worker {} {} as {} ({}{}, sanitizer gate: {})", w.name,
@@ -716,11 +719,18 @@ absl::Status KforgeApi::DecideAndComplete(const TaskRecord& task, const WorkerIn
   } else if (!absl::IsNotFound(b.status())) {
     return b.status();
   }
+  in.nvrtc_version = worker.nvrtc_version;
   if (IsPromotion(task.kind) && task.origin_evaluation_id != 0) {
     auto evals = store_->ListEvaluations(task.variant_id);
     if (!evals.ok()) return evals.status();
     for (const EvaluationRecord& e : *evals)
       if (e.id == task.origin_evaluation_id) in.origin = e;
+    if (in.origin) {
+      std::lock_guard workers_lock(workers_mu_);
+      auto w = workers_.find(in.origin->worker_id);
+      in.origin_nvrtc_version =
+          w != workers_.end() ? w->second.nvrtc_version : in.origin->nvrtc_version;
+    }
   }
   const PromotionDecision decision = DecidePromotion(in);
   if (!decision.note.empty()) {

@@ -130,6 +130,7 @@ class KforgeApi {
     WorkerRecord record;         // as registered; last_seen refreshed by heartbeats
     int64_t last_call_ms = 0;    // any call; says the worker is connected
     bool gated = false;          // registered with the memcheck gate
+    std::string nvrtc_version;   // as registered
   };
   int64_t Now() const;
   // The caller's record, refreshing its last call; PERMISSION_DENIED when

@@ -33,12 +33,13 @@ void Promote(const PromotionInput& in, PromotionDecision& d) {
     return;
   }
   if (in.origin && !in.origin->cubin_hash.empty() && in.origin->cubin_hash != e.cubin_hash &&
-      in.origin->nvrtc_version == e.nvrtc_version &&
-      in.origin->compile_options == e.compile_options && in.origin->arch == e.arch) {
+      in.origin_nvrtc_version == in.nvrtc_version && in.origin->arch == e.arch) {
     d.note = fmt::format(
-        "not promoted: cubin differs from worker {}'s compile of the same source (same NVRTC "
-        "{}, options and arch {}): one of the two is not what it claims",
-        in.origin->worker_id, e.nvrtc_version.empty() ? "version" : e.nvrtc_version, e.arch);
+        "not promoted: cubin differs from worker {}'s compile of the same source (same NVRTC {} "
+        "and arch {}{}): one of the two is not what it claims",
+        in.origin->worker_id, in.nvrtc_version.empty() ? "version" : in.nvrtc_version, e.arch,
+        in.origin->compile_options == e.compile_options ? ", same options" : ", options claimed "
+                                                                             "to differ");
     return;
   }
   d.promote = true;

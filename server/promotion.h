@@ -16,9 +16,12 @@
 // reporting worker does not gate (no "memcheck" among its sanitizer tools,
 // unless ungated promotion is allowed), when it sent no cubin (the served
 // cubin is the promoting report's own), or when its cubin differs from the
-// candidate's EVALUATE compile with the same NVRTC version and options: the
-// same source compiles to the same bytes, so one of the two is not what it
-// claims.
+// candidate's EVALUATE compile by a worker with the same NVRTC version and
+// arch: the same source compiles to the same bytes, so one of the two is not
+// what it claims. The versions compared are the ones the workers registered
+// with, and the compile options a report claims do not excuse a difference
+// (a worker build compiles a variant for an arch with the same options
+// everywhere); claims made per report could be varied to dodge the check.
 //
 // Thread-safe: a pure function.
 #pragma once
@@ -37,6 +40,10 @@ struct PromotionInput {
   std::optional<BestRecord> current;      // the bucket's best now
   // Promotion tasks: the candidate's EVALUATE, when still readable.
   std::optional<EvaluationRecord> origin;
+  // The NVRTC versions the reporting worker and the EVALUATE's worker
+  // registered with.
+  std::string nvrtc_version;
+  std::string origin_nvrtc_version;
   bool gated = false;  // the reporting worker gates, or ungated promotion is allowed
 };
 

@@ -149,11 +149,13 @@ class ServerTest : public ::testing::Test {
   // and keeps its session for WCtx.
   std::string RegisterWorker(const std::string& name = "w-test",
                              std::vector<std::string> tools = {"memcheck"},
-                             const std::string& resume_session = "") {
+                             const std::string& resume_session = "",
+                             const std::string& nvrtc_version = "13.0") {
     v1::RegisterRequest req;
     req.set_worker_name(name);
     req.mutable_gpu()->set_arch("sm_90a");
     req.mutable_gpu()->set_name("Fake H200");
+    req.mutable_gpu()->set_nvrtc_version(nvrtc_version);
     for (const auto& t : tools) req.add_sanitizer_tools(t);
     v1::RegisterResponse resp;
     auto ctx = Ctx(kWorker);
@@ -1390,28 +1392,61 @@ TEST_F(ClaimsTest, AnIncumbentTimingBelowTheFloorIsRefused) {
 // EVALUATE that reported other bytes for the same source, NVRTC and
 // options means one of the two lied: nothing is promoted.
 TEST_F(ClaimsTest, ACubinSwappedBetweenEvaluateAndConfirmIsNotPromoted) {
-  Start({}, 1);
-  const v1::Job job = SubmitJob(1);
+  Start({}, 2);
   const std::string a = RegisterWorker("a");
-  auto t = Lease(a);
-  ASSERT_TRUE(t);
-  auto with_toolchain = [](v1::ReportResultRequest r, const std::string& cubin) {
-    r.mutable_result()->mutable_gpu()->set_nvrtc_version("13.0");
-    r.mutable_result()->mutable_compile()->set_options("-arch=sm_90a -DBLOCK_M=128");
+  auto with_toolchain = [](v1::ReportResultRequest r, const std::string& cubin,
+                           const std::string& nvrtc, const std::string& options) {
+    r.mutable_result()->mutable_gpu()->set_nvrtc_version(nvrtc);
+    r.mutable_result()->mutable_compile()->set_options(options);
     r.mutable_result()->mutable_compile()->set_cubin(cubin);
     return r;
   };
-  ASSERT_TRUE(Send(a, with_toolchain(Result(a, *t, 100.0), "honest cubin")).ok());
-  auto confirm = Lease(a);
+  // The same claims, then a toolchain claimed to differ: the worker
+  // registered one NVRTC, so its reports cannot dodge the comparison.
+  for (const auto& [nvrtc, options] :
+       std::vector<std::pair<std::string, std::string>>{{"13.0", "-arch=sm_90a -DBLOCK_M=128"},
+                                                        {"12.8", "-arch=sm_90a -w"}}) {
+    const v1::Job job = SubmitJob(1);
+    auto t = Lease(a);
+    ASSERT_TRUE(t);
+    ASSERT_TRUE(Send(a, with_toolchain(Result(a, *t, 100.0), "honest cubin", "13.0",
+                                       "-arch=sm_90a -DBLOCK_M=128"))
+                    .ok());
+    auto confirm = Lease(a);
+    ASSERT_TRUE(confirm && confirm->kind() == v1::TASK_KIND_CONFIRM);
+    ASSERT_TRUE(
+        Send(a, with_toolchain(Result(a, *confirm, 100.0), "swapped " + nvrtc, nvrtc, options))
+            .ok());
+    EXPECT_FALSE(Tuned(MakeShape())) << nvrtc;
+    std::vector<EvaluationRecord> evals = Evaluations(t->variant().variant_id());
+    ASSERT_EQ(evals.size(), 2u);
+    EXPECT_NE(
+        evals[1].message.find("cubin differs from worker " + a + "'s compile of the same source"),
+        std::string::npos)
+        << evals[1].message;
+    EXPECT_EQ(WaitForState(job.id(), v1::JOB_STATE_SUCCEEDED).state(), v1::JOB_STATE_SUCCEEDED);
+  }
+}
+
+// Workers on different NVRTC versions compile different bytes honestly:
+// the promoting report's own cubin is served.
+TEST_F(ClaimsTest, CubinsOfWorkersOnDifferentNvrtcVersionsNeedNotMatch) {
+  Start({}, 1);
+  SubmitJob(1);
+  const std::string a = RegisterWorker("a", {"memcheck"}, "", "13.0");
+  const std::string b = RegisterWorker("b", {"memcheck"}, "", "13.1");
+  auto t = Lease(a);
+  ASSERT_TRUE(t);
+  ASSERT_TRUE(Report(a, *t, 100.0));
+  auto confirm = Lease(b);
   ASSERT_TRUE(confirm && confirm->kind() == v1::TASK_KIND_CONFIRM);
-  ASSERT_TRUE(Send(a, with_toolchain(Result(a, *confirm, 100.0), "swapped cubin")).ok());
-  EXPECT_FALSE(Tuned(MakeShape()));
-  std::vector<EvaluationRecord> evals = Evaluations(t->variant().variant_id());
-  ASSERT_EQ(evals.size(), 2u);
-  EXPECT_NE(evals[1].message.find("cubin differs from worker " + a + "'s compile of the same source"),
-            std::string::npos)
-      << evals[1].message;
-  EXPECT_EQ(WaitForState(job.id(), v1::JOB_STATE_SUCCEEDED).state(), v1::JOB_STATE_SUCCEEDED);
+  v1::ReportResultRequest r = Result(b, *confirm, 100.0);
+  r.mutable_result()->mutable_compile()->set_cubin("b's cubin");
+  ASSERT_TRUE(Send(b, r).ok());
+  v1::GetKernelResponse k;
+  ASSERT_TRUE(GetKernel(MakeShape(), &k).ok());
+  EXPECT_TRUE(k.kernel().tuned());
+  EXPECT_EQ(k.kernel().cubin(), "b's cubin");
 }
 
 TEST_F(ClaimsTest, AnUngatedWorkersConfirmIsRecordedNotPromoted) {
