@@ -8,10 +8,9 @@
 #include <set>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
-
-#include <fmt/ranges.h>
 
 #include "core/hash.h"
 #include "core/redact.h"
