@@ -29,12 +29,19 @@ if [ -z "${KFORGE_CLIENT_TOKEN:-}" ] || [ -z "${KFORGE_WORKER_TOKEN:-}" ]; then
 fi
 listen="${KFORGE_LISTEN:-127.0.0.1:50051}"
 
-"$build/server/kforge-server" --listen "$listen" --db "${KFORGE_DB:-kforge.db}" "$@" &
+# Promotion needs a worker that gates with compute-sanitizer. KFORGE_GATE
+# (the compute-sanitizer binary) turns the local worker's gate on; without it
+# the local worker is ungated and the server is told to promote ungated
+# results, or a local run would tune and never serve what it found.
+gate=(); ungated=(--allow-ungated-promotion)
+if [ -n "${KFORGE_GATE:-}" ]; then gate=(--sanitizer-gate "$KFORGE_GATE"); ungated=(); fi
+"$build/server/kforge-server" --listen "$listen" --db "${KFORGE_DB:-kforge.db}" "${ungated[@]}" "$@" &
 server=$! worker=
 trap 'kill $server $worker 2>/dev/null; wait' INT TERM EXIT
 # The worker retries until the server listens; without a driver it says so
 # and serves compile-only tasks.
-"$build/worker/kforge-worker" --server "$listen" --gpu "${KFORGE_GPU:-0}" --cache-dir .kforge-cache &
+"$build/worker/kforge-worker" --server "$listen" --gpu "${KFORGE_GPU:-0}" --cache-dir .kforge-cache \
+  "${gate[@]}" &
 worker=$!
 echo "kforge: server on $listen (pid $server), worker pid $worker; tokens in $env_file"
 wait $server

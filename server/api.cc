@@ -5,13 +5,19 @@
 #include <cmath>
 #include <deque>
 #include <memory>
+#include <set>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include "core/hash.h"
+#include "core/redact.h"
+#include "core/roofline.h"
+#include "server/auth.h"
 #include "server/export.h"
+#include "server/promotion.h"
 
 namespace kforge::server {
 namespace {
@@ -30,6 +36,8 @@ constexpr size_t kMaxIdLength = 64;
 constexpr size_t kMaxNameLength = 200;
 constexpr int kMaxHeartbeatTasks = 1000;
 constexpr size_t kMaxMessageBytes = 64 * 1024;  // stored result messages are clipped
+constexpr size_t kMaxLogBytes = 1024 * 1024;    // a compile log, before its error lines are picked
+constexpr size_t kMaxOptionsBytes = 4096;
 
 absl::Status CheckId(std::string_view field, const std::string& id) {
   if (id.empty()) return absl::NotFoundError(fmt::format("{}: empty", field));
@@ -70,8 +78,6 @@ int OutcomeRank(Outcome o) {
   return 0;
 }
 
-std::string Clip(const std::string& s) { return s.size() > kMaxMessageBytes ? s.substr(0, kMaxMessageBytes) : s; }
-
 // A compile log opens with ptxas's resource lines, so a clipped log can hide
 // the error: its error lines come first, then the log.
 std::string CompileLogMessage(const std::string& log) {
@@ -88,7 +94,7 @@ std::string CompileLogMessage(const std::string& log) {
     }
     start = end + 1;
   }
-  return Clip(errors.empty() ? log : errors + "--- full log ---\n" + log);
+  return ClipMiddle(errors.empty() ? log : errors + "--- full log ---\n" + log, kMaxMessageBytes);
 }
 
 }  // namespace
@@ -100,7 +106,18 @@ absl::Status KforgeApi::Init() {
   auto workers = store_->ListWorkers();
   if (!workers.ok()) return workers.status();
   std::lock_guard lock(workers_mu_);
-  for (const auto& w : *workers) workers_[w.id] = WorkerInfo{w.arch, w.compile_only, w};
+  for (const auto& w : *workers) {
+    const bool gated = std::find(w.sanitizer_tools.begin(), w.sanitizer_tools.end(),
+                                 "memcheck") != w.sanitizer_tools.end();
+    // Last seen before the restart counts as connected until the TTL says
+    // otherwise; a worker without a session (rows from before sessions)
+    // cannot call until it registers again.
+    const nlohmann::json gpu = nlohmann::json::parse(w.gpu_json, nullptr, false);
+    const std::string nvrtc =
+        gpu.is_object() ? gpu.value("nvrtc_version", std::string()) : std::string();
+    workers_[w.id] = WorkerInfo{w, w.last_seen_unix_ms, gated, nvrtc};
+    if (!w.session_hash.empty()) sessions_[w.session_hash] = w.id;
+  }
   return absl::OkStatus();
 }
 
@@ -147,7 +164,7 @@ std::shared_ptr<const std::string> KforgeApi::GetKernelCached(const v1::GetKerne
   if (!req.has_shape()) return nullptr;
   auto key = ShapeFromProto(req.shape(), "shape", options_.limits);
   if (!key.ok()) return nullptr;
-  return cache_->Cached(BucketOf(*key), req.if_none_match());
+  return cache_->Cached(*key, BucketOf(*key), req.if_none_match());
 }
 
 absl::StatusOr<std::shared_ptr<const std::string>> KforgeApi::GetKernelBytes(
@@ -155,7 +172,7 @@ absl::StatusOr<std::shared_ptr<const std::string>> KforgeApi::GetKernelBytes(
   if (req.has_shape()) {
     auto key = ShapeFromProto(req.shape(), "shape", options_.limits);
     if (!key.ok()) return key.status();
-    if (auto bytes = cache_->Cached(BucketOf(*key), req.if_none_match())) return bytes;
+    if (auto bytes = cache_->Cached(*key, BucketOf(*key), req.if_none_match())) return bytes;
   }
   // Untuned (nearest or seed, maybe enqueueing a job) or invalid: the
   // general path, which also produces the error.
@@ -336,53 +353,147 @@ absl::Status KforgeApi::WatchJob(const v1::WatchJobRequest& req,
 
 // ------------------------------------------------------------ WorkerService
 
-absl::StatusOr<KforgeApi::WorkerInfo> KforgeApi::KnownWorker(const std::string& worker_id) {
-  if (absl::Status s = CheckId("worker_id", worker_id); !s.ok()) return s;
+int64_t KforgeApi::Now() const { return options_.clock ? options_.clock() : NowMs(); }
+
+std::string KforgeApi::Scrub(std::string_view text, size_t cap) const {
+  return ClipMiddle(RedactSessions(Redact(text, options_.secrets)), cap);
+}
+
+absl::StatusOr<std::string> KforgeApi::WorkerForSession(std::optional<std::string_view> session) {
+  if (!session || session->empty())
+    return absl::UnauthenticatedError(fmt::format(
+        "missing '{}' metadata: WorkerService calls after Register carry the session token "
+        "Register returned",
+        kSessionMetadata));
   std::lock_guard lock(workers_mu_);
-  auto it = workers_.find(worker_id);
-  if (it == workers_.end())
-    return absl::NotFoundError(
-        fmt::format("worker_id: unknown worker '{}'; call Register first", worker_id));
+  auto it = sessions_.find(SessionHash(*session));
+  if (it == sessions_.end())
+    return absl::UnauthenticatedError(fmt::format(
+        "the '{}' token is not a session this server issued (forged, or from a registration "
+        "it no longer has); call Register for a new one",
+        kSessionMetadata));
   return it->second;
 }
 
-absl::Status KforgeApi::Register(const v1::RegisterRequest& req, v1::RegisterResponse* resp) {
+absl::StatusOr<KforgeApi::WorkerInfo> KforgeApi::Caller(const std::string& caller,
+                                                        const std::string& declared) {
+  std::lock_guard lock(workers_mu_);
+  auto it = workers_.find(caller);
+  if (it == workers_.end())
+    return absl::UnauthenticatedError(fmt::format("worker {} is not registered", caller));
+  if (!declared.empty() && declared != caller)
+    return absl::PermissionDeniedError(fmt::format(
+        "worker_id: the request names worker '{}' but its session is worker {}'s; a worker "
+        "acts only as itself",
+        declared.substr(0, kMaxIdLength), caller));
+  it->second.last_call_ms = Now();
+  return it->second;
+}
+
+bool KforgeApi::AnotherWorkerCanPromote(const std::string& caller) {
+  const int64_t now = Now();
+  std::lock_guard lock(workers_mu_);
+  auto me = workers_.find(caller);
+  if (me == workers_.end()) return false;
+  for (const auto& [id, w] : workers_) {
+    if (id == caller || w.record.arch != me->second.record.arch || w.record.compile_only) continue;
+    if (!w.gated && !options_.allow_ungated_promotion) continue;
+    if (now - w.last_call_ms <= options_.lease_ttl_ms) return true;
+  }
+  return false;
+}
+
+PromotionLease KforgeApi::PromotionsFor(const WorkerInfo& worker) {
+  const bool another = AnotherWorkerCanPromote(worker.record.id);
+  // A worker whose results cannot promote would only waste a promotion
+  // task that a worker which can is there to run. Alone, it takes them:
+  // its results are recorded and the job finishes.
+  if (!worker.gated && !options_.allow_ungated_promotion && another) return PromotionLease::kNone;
+  if (options_.confirm_on_another_worker && (options_.require_distinct_confirmer || another))
+    return PromotionLease::kNotOwn;
+  return PromotionLease::kAny;
+}
+
+absl::Status KforgeApi::Register(const v1::RegisterRequest& req,
+                                 std::optional<std::string_view> session,
+                                 v1::RegisterResponse* resp) {
   if (req.worker_name().empty()) return Invalid("worker_name", "is required");
   if (req.worker_name().size() > kMaxNameLength)
     return Invalid("worker_name", fmt::format("is longer than {} bytes", kMaxNameLength));
   if (absl::Status s = ValidateArch(req.gpu().arch()); !s.ok())
-    return absl::InvalidArgumentError(fmt::format("gpu.{}", std::string(std::string(s.message()))));
+    return absl::InvalidArgumentError(fmt::format("gpu.{}", std::string(s.message())));
   if (req.gpu().name().size() > kMaxNameLength)
     return Invalid("gpu.name", fmt::format("is longer than {} bytes", kMaxNameLength));
+  static const std::set<std::string> kTools = {"memcheck", "racecheck", "synccheck", "initcheck"};
+  std::vector<std::string> tools;
+  for (const std::string& t : req.sanitizer_tools()) {
+    if (!kTools.count(t))
+      return Invalid("sanitizer_tools",
+                     fmt::format("'{}' is not a compute-sanitizer tool (memcheck, racecheck, "
+                                 "synccheck, initcheck)",
+                                 t.substr(0, 32)));
+    if (std::find(tools.begin(), tools.end(), t) == tools.end()) tools.push_back(t);
+  }
   WorkerRecord w;
-  w.name = req.worker_name();
+  w.name = Scrub(req.worker_name(), kMaxNameLength);
   w.arch = req.gpu().arch();
   w.compile_only = req.compile_only();
-  w.gpu_json = nlohmann::json{{"name", req.gpu().name()},
-                              {"compute_capability", req.gpu().compute_capability()},
+  w.sanitizer_tools = tools;
+  w.gpu_json = nlohmann::json{{"name", Scrub(req.gpu().name(), kMaxNameLength)},
+                              {"compute_capability", Scrub(req.gpu().compute_capability(), 32)},
                               {"sm_count", req.gpu().sm_count()},
                               {"memory_bytes", req.gpu().memory_bytes()},
-                              {"driver_version", req.gpu().driver_version()},
-                              {"nvrtc_version", req.gpu().nvrtc_version()}}
+                              {"driver_version", Scrub(req.gpu().driver_version(), 64)},
+                              {"nvrtc_version", Scrub(req.gpu().nvrtc_version(), 64)}}
                    .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  w.last_seen_unix_ms = NowMs();
+  w.last_seen_unix_ms = Now();
+
+  // A worker that presents its session keeps its id (and its leases), as
+  // long as it is still the same kind of worker; anything else is a new
+  // worker with a new session: a name never hands over an identity.
+  std::string token;
+  if (session && !session->empty()) {
+    std::lock_guard lock(workers_mu_);
+    auto s = sessions_.find(SessionHash(*session));
+    if (s != sessions_.end()) {
+      const WorkerRecord& old = workers_.at(s->second).record;
+      if (old.arch == w.arch && old.compile_only == w.compile_only) {
+        w.id = old.id;
+        w.session_hash = old.session_hash;
+        token = std::string(*session);
+      }
+    }
+  }
+  const bool resumed = !w.id.empty();
+  if (!resumed) {
+    auto fresh = NewSessionToken();
+    if (!fresh.ok()) return fresh.status();
+    token = *std::move(fresh);
+    w.session_hash = SessionHash(token);
+  }
   auto id = store_->UpsertWorker(w);
   if (!id.ok()) return id.status();
   {
     std::lock_guard lock(workers_mu_);
     w.id = *id;
-    workers_[*id] = WorkerInfo{w.arch, w.compile_only, w};
+    const bool gated = std::find(tools.begin(), tools.end(), "memcheck") != tools.end();
+    workers_[*id] = WorkerInfo{w, Now(), gated, Scrub(req.gpu().nvrtc_version(), 64)};
+    sessions_[w.session_hash] = *id;
   }
-  spdlog::info("worker {} registered as {} ({}{})", w.name, *id, w.arch,
-               w.compile_only ? ", compile only" : "");
+  spdlog::info("worker {} {} as {} ({}{}, sanitizer gate: {})", w.name,
+               resumed ? "resumed its session" : "registered", *id, w.arch,
+               w.compile_only ? ", compile only" : "",
+               tools.empty() ? "none" : fmt::format("{}", fmt::join(tools, "+")));
   resp->set_worker_id(*id);
+  resp->set_session_token(token);
   resp->set_heartbeat_interval_ms(options_.heartbeat_interval_ms);
   resp->set_lease_ttl_ms(static_cast<int32_t>(options_.lease_ttl_ms));
   return absl::OkStatus();
 }
 
-absl::Status KforgeApi::Heartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp) {
-  auto worker = KnownWorker(req.worker_id());
+absl::Status KforgeApi::Heartbeat(const std::string& caller, const v1::HeartbeatRequest& req,
+                                  v1::HeartbeatResponse* resp) {
+  auto worker = Caller(caller, req.worker_id());
   if (!worker.ok()) return worker.status();
   if (req.task_ids().size() > kMaxHeartbeatTasks)
     return Invalid("task_ids", fmt::format("{} ids; at most {}", req.task_ids().size(),
@@ -393,8 +504,7 @@ absl::Status KforgeApi::Heartbeat(const v1::HeartbeatRequest& req, v1::Heartbeat
     ids.push_back(id);
   }
   if (!ids.empty()) {
-    if (absl::Status s = store_->RenewLeases(req.worker_id(), ids, NowMs(), options_.lease_ttl_ms);
-        !s.ok())
+    if (absl::Status s = store_->RenewLeases(caller, ids, Now(), options_.lease_ttl_ms); !s.ok())
       return s;
   }
   for (const auto& id : ids) {
@@ -405,8 +515,8 @@ absl::Status KforgeApi::Heartbeat(const v1::HeartbeatRequest& req, v1::Heartbeat
   std::optional<WorkerRecord> seen;
   {
     std::lock_guard lock(workers_mu_);
-    auto it = workers_.find(req.worker_id());
-    const int64_t now = NowMs();
+    auto it = workers_.find(caller);
+    const int64_t now = Now();
     if (it != workers_.end() && now - it->second.record.last_seen_unix_ms >= 10000) {
       it->second.record.last_seen_unix_ms = now;
       seen = it->second.record;
@@ -414,7 +524,7 @@ absl::Status KforgeApi::Heartbeat(const v1::HeartbeatRequest& req, v1::Heartbeat
   }
   if (seen) {
     if (auto s = store_->UpsertWorker(*seen); !s.ok())
-      spdlog::warn("worker {}: recording last seen: {}", req.worker_id(), std::string(s.status().message()));
+      spdlog::warn("worker {}: recording last seen: {}", caller, std::string(s.status().message()));
   }
   return absl::OkStatus();
 }
@@ -447,9 +557,10 @@ absl::Status KforgeApi::FillTask(const TaskRecord& t, v1::Task* out) {
   return absl::OkStatus();
 }
 
-absl::Status KforgeApi::LeaseTask(const v1::LeaseTaskRequest& req, v1::LeaseTaskResponse* resp,
+absl::Status KforgeApi::LeaseTask(const std::string& caller, const v1::LeaseTaskRequest& req,
+                                  v1::LeaseTaskResponse* resp,
                                   const std::function<bool()>& cancelled) {
-  auto worker = KnownWorker(req.worker_id());
+  auto worker = Caller(caller, req.worker_id());
   if (!worker.ok()) return worker.status();
   if (req.wait_ms() < 0) return Invalid("wait_ms", fmt::format("{} is negative", req.wait_ms()));
   const int wait_ms = std::min(req.wait_ms(), options_.max_lease_wait_ms);
@@ -460,11 +571,13 @@ absl::Status KforgeApi::LeaseTask(const v1::LeaseTaskRequest& req, v1::LeaseTask
       std::lock_guard lock(tasks_mu_);
       generation = tasks_generation_;
     }
-    auto task = store_->LeaseTask(req.worker_id(), worker->arch, worker->compile_only, NowMs(),
-                                  options_.lease_ttl_ms);
+    // Decided per attempt: a worker that connects during a long poll takes
+    // over the promotions from then on.
+    auto task = store_->LeaseTask(caller, worker->record.arch, worker->record.compile_only, Now(),
+                                  options_.lease_ttl_ms, PromotionsFor(*worker));
     if (!task.ok()) return task.status();
     if (task->has_value() && (*task)->attempts > options_.max_task_attempts) {
-      if (absl::Status s = GiveUp(**task, req.worker_id()); !s.ok()) return s;
+      if (absl::Status s = GiveUp(**task, *worker); !s.ok()) return s;
       continue;
     }
     if (task->has_value()) return FillTask(**task, resp->mutable_task());
@@ -478,23 +591,23 @@ absl::Status KforgeApi::LeaseTask(const v1::LeaseTaskRequest& req, v1::LeaseTask
   }
 }
 
-absl::Status KforgeApi::GiveUp(const TaskRecord& task, const std::string& worker_id) {
+absl::Status KforgeApi::GiveUp(const TaskRecord& task, const WorkerInfo& worker) {
   EvaluationRecord e;
   e.task_id = task.id;
-  e.worker_id = worker_id;
+  e.worker_id = worker.record.id;
   e.outcome = Outcome::kCrashed;
   e.message = fmt::format(
       "given up: leased {} times without a result (the workers failed before running the "
       "candidate; their logs say why)",
       task.attempts - 1);
   spdlog::warn("task {} of job {}: {}", task.id, task.job_id, e.message);
-  bool accepted = false;
-  return DecideAndComplete(task, v1::EvalResult(), std::move(e), &accepted);
+  return DecideAndComplete(task, worker, TimingRecord{}, std::move(e), "");
 }
 
-absl::Status KforgeApi::ReportResult(const v1::ReportResultRequest& req,
+absl::Status KforgeApi::ReportResult(const std::string& caller,
+                                     const v1::ReportResultRequest& req,
                                      v1::ReportResultResponse* resp) {
-  auto worker = KnownWorker(req.worker_id());
+  auto worker = Caller(caller, req.worker_id());
   if (!worker.ok()) return worker.status();
   if (absl::Status s = CheckId("task_id", req.task_id()); !s.ok()) return s;
   if (!req.has_result()) return Invalid("result", "is required");
@@ -503,12 +616,32 @@ absl::Status KforgeApi::ReportResult(const v1::ReportResultRequest& req,
   if (!outcome.ok()) return outcome.status();
   auto task = store_->GetTask(req.task_id());
   if (!task.ok()) return task.status();
+  // The lease first: a worker reports only what it holds, and nothing of a
+  // refused report is looked at further, let alone stored.
+  if (absl::Status s = CheckLease(*task, caller, Now()); !s.ok()) return s;
   if (*outcome == Outcome::kVerified && task->kind == TaskKind::kCompile)
     return Invalid("result.outcome", "a compile task cannot be verified (nothing was run)");
+  auto shape = DecodeTaskShape(task->shape_json);
+  if (!shape.ok()) return shape.status();
   if (*outcome == Outcome::kVerified) {
     if (absl::Status s = CheckTiming("result.timing", r.timing()); !s.ok()) return s;
+    // Judged on the arch the worker registered with, never the GPU it names.
+    const TimingFloor floor =
+        FloorOf(shape->key, worker->record.arch, shape->lengths.cu_q, shape->lengths.cu_k);
+    auto below_floor = [&](std::string_view field, double us) -> absl::Status {
+      if (us >= floor.us) return absl::OkStatus();
+      return Invalid(field, fmt::format("{:.6g} us is below the physical floor of this shape, {}: "
+                                        "no GPU of the arch runs it that fast",
+                                        us, floor.Describe()));
+    };
+    if (absl::Status s = below_floor("result.timing.median_us", r.timing().median_us()); !s.ok())
+      return s;
     if (task->kind == TaskKind::kRetime) {
       if (absl::Status s = CheckTiming("result.incumbent_timing", r.incumbent_timing()); !s.ok())
+        return s;
+      if (absl::Status s = below_floor("result.incumbent_timing.median_us",
+                                       r.incumbent_timing().median_us());
+          !s.ok())
         return s;
     }
   }
@@ -522,21 +655,24 @@ absl::Status KforgeApi::ReportResult(const v1::ReportResultRequest& req,
   e.arch = task->arch;
   e.job_id = task->job_id;
   e.task_id = task->id;
-  e.worker_id = req.worker_id();
-  e.gpu_name = r.gpu().name();
-  e.compute_capability = r.gpu().compute_capability();
-  e.driver_version = r.gpu().driver_version();
-  e.nvrtc_version = r.gpu().nvrtc_version();
-  e.compile_options = r.compile().options();
-  e.reference_version = r.reference_version();
+  e.worker_id = caller;
+  // Every text a worker sends is scrubbed here, once, before it is stored,
+  // shown to clients or fed to a proposer.
+  e.gpu_name = Scrub(r.gpu().name(), kMaxNameLength);
+  e.compute_capability = Scrub(r.gpu().compute_capability(), 32);
+  e.driver_version = Scrub(r.gpu().driver_version(), 64);
+  e.nvrtc_version = Scrub(r.gpu().nvrtc_version(), 64);
+  e.compile_options = Scrub(r.compile().options(), kMaxOptionsBytes);
+  e.reference_version = Scrub(r.reference_version(), kMaxNameLength);
   e.outcome = *outcome;
-  e.message = Clip(r.message().empty() ? r.errors().detail() : r.message());
-  if (e.outcome == Outcome::kCompileError && !r.compile().log().empty())
+  const std::string message = Scrub(r.message(), kMaxMessageBytes);
+  e.message = message.empty() ? Scrub(r.errors().detail(), kMaxMessageBytes) : message;
+  if (e.outcome == Outcome::kCompileError && !r.compile().log().empty()) {
     // The worker's message says which step failed (NVRTC, loading, the
     // launch plan); the log's error lines follow.
-    e.message = r.message().empty()
-                    ? CompileLogMessage(r.compile().log())
-                    : Clip(r.message() + "\n" + CompileLogMessage(r.compile().log()));
+    const std::string log = CompileLogMessage(Scrub(r.compile().log(), kMaxLogBytes));
+    e.message = ClipMiddle(message.empty() ? log : message + "\n" + log, kMaxMessageBytes);
+  }
   e.compile_ms = r.compile().compile_ms();
   e.registers = r.compile().registers();
   e.spill_bytes = r.compile().spill_stores_bytes() + r.compile().spill_loads_bytes();
@@ -544,94 +680,115 @@ absl::Status KforgeApi::ReportResult(const v1::ReportResultRequest& req,
   e.dynamic_smem_bytes = r.compile().dynamic_smem_bytes();
   e.max_abs_error = r.errors().max_abs_error();
   e.rel_l2_error = r.errors().rel_l2_error();
-  if (e.outcome == Outcome::kVerified) e.timing = TimingFromProto(r.timing());
-  if (!r.compile().cubin().empty()) {
-    e.cubin_hash = Sha256Hex(r.compile().cubin());
-    if (absl::Status s = store_->PutCubin(e.cubin_hash, r.compile().cubin()); !s.ok()) return s;
+  if (e.outcome == Outcome::kVerified) {
+    e.timing = TimingFromProto(r.timing());
+    // Without a reported extent the worker verified at least the shape it
+    // was given.
+    if (r.has_verified()) {
+      auto extent = ExtentFromProto(r.verified(), "result.verified");
+      if (!extent.ok()) return extent.status();
+      e.verified = *extent;
+    } else {
+      e.verified = ExtentOf(shape->key);
+    }
   }
+  if (!r.compile().cubin().empty()) e.cubin_hash = Sha256Hex(r.compile().cubin());
+  TimingRecord incumbent;
   if (task->kind == TaskKind::kRetime && e.outcome == Outcome::kVerified) {
-    const TimingRecord inc = TimingFromProto(r.incumbent_timing());
-    e.message = Clip(fmt::format("retime vs {}: incumbent {:.2f} us (spread {:.2f}){}{}",
-                                 task->incumbent_variant_id, inc.median_us, inc.Spread(),
-                                 e.message.empty() ? "" : "; ", e.message));
+    incumbent = TimingFromProto(r.incumbent_timing());
+    e.message = ClipMiddle(fmt::format("retime vs {}: incumbent {:.2f} us (spread {:.2f}){}{}",
+                                       task->incumbent_variant_id, incumbent.median_us,
+                                       incumbent.Spread(), e.message.empty() ? "" : "; ",
+                                       e.message),
+                           kMaxMessageBytes);
   }
 
-  bool accepted = false;
-  if (absl::Status s = DecideAndComplete(*task, r, std::move(e), &accepted); !s.ok()) return s;
-  resp->set_accepted(accepted);
+  if (absl::Status s = DecideAndComplete(*task, *worker, incumbent, std::move(e),
+                                         r.compile().cubin());
+      !s.ok())
+    return s;
+  resp->set_accepted(true);
   return absl::OkStatus();
 }
 
-absl::Status KforgeApi::DecideAndComplete(const TaskRecord& task, const v1::EvalResult& r,
-                                          EvaluationRecord eval, bool* accepted) {
-  std::optional<BestRecord> new_best;
-  std::optional<std::string> retime_against;
+absl::Status KforgeApi::DecideAndComplete(const TaskRecord& task, const WorkerInfo& worker,
+                                          TimingRecord incumbent_timing, EvaluationRecord eval,
+                                          std::string cubin) {
   std::unique_lock lock(best_mu_);
-  std::optional<BestRecord> current;
+  PromotionInput in;
+  in.task = &task;
+  in.eval = &eval;
+  in.incumbent_timing = incumbent_timing;
+  in.gated = worker.gated || options_.allow_ungated_promotion;
   if (auto b = store_->GetBest(task.bucket, task.arch); b.ok()) {
-    current = *std::move(b);
+    in.current = *std::move(b);
   } else if (!absl::IsNotFound(b.status())) {
     return b.status();
   }
-  if (eval.outcome == Outcome::kVerified) {
-    BestRecord candidate;
-    candidate.bucket = task.bucket;
-    candidate.arch = task.arch;
-    candidate.variant_id = task.variant_id;
-    candidate.timing = eval.timing;
-    if (!current) {
-      // First verified variant of the bucket: nothing to beat.
-      new_best = candidate;
-    } else if (current->variant_id == task.variant_id) {
-      // The incumbent itself, re-measured: keep it.
-    } else if (task.kind == TaskKind::kEvaluate) {
-      if (eval.timing.median_us < current->timing.median_us) retime_against = current->variant_id;
-    } else if (task.kind == TaskKind::kRetime) {
-      if (current->variant_id != task.incumbent_variant_id) {
-        // The best changed while this ran: a fair comparison needs a new
-        // interleaved run against the new incumbent.
-        if (eval.timing.median_us < current->timing.median_us)
-          retime_against = current->variant_id;
-      } else {
-        const TimingRecord inc = TimingFromProto(r.incumbent_timing());
-        const double spread = std::max(eval.timing.Spread(), inc.Spread());
-        if (inc.median_us - eval.timing.median_us > spread) new_best = candidate;
-      }
+  in.nvrtc_version = worker.nvrtc_version;
+  if (IsPromotion(task.kind) && task.origin_evaluation_id != 0) {
+    auto evals = store_->ListEvaluations(task.variant_id);
+    if (!evals.ok()) return evals.status();
+    for (const EvaluationRecord& e : *evals)
+      if (e.id == task.origin_evaluation_id) in.origin = e;
+    if (in.origin) {
+      std::lock_guard workers_lock(workers_mu_);
+      auto w = workers_.find(in.origin->worker_id);
+      in.origin_nvrtc_version =
+          w != workers_.end() ? w->second.nvrtc_version : in.origin->nvrtc_version;
     }
   }
-  auto ok = store_->CompleteTask(task.id, eval.worker_id, eval, new_best);
-  if (!ok.ok()) return ok.status();
-  *accepted = *ok;
-  if (!*ok) return absl::OkStatus();
-  if (new_best) {
-    if (absl::Status s = cache_->Refresh(task.bucket, task.arch); !s.ok())
-      spdlog::error("refreshing the served kernel of {}: {}", task.bucket, std::string(s.message()));
-    spdlog::info("new best for {}: {} ({:.2f} us)", task.bucket, task.variant_id,
-                 eval.timing.median_us);
+  const PromotionDecision decision = DecidePromotion(in);
+  if (!decision.note.empty()) {
+    eval.message = ClipMiddle(
+        eval.message.empty() ? decision.note : decision.note + "; " + eval.message,
+        kMaxMessageBytes);
+    spdlog::info("task {} ({} of {}): {}", task.id, TaskKindName(task.kind), task.variant_id,
+                 decision.note);
   }
-  bool enqueued = false;
-  if (retime_against) {
+
+  TaskCompletion c;
+  c.cubin = std::move(cubin);
+  if (decision.promote) {
+    BestRecord best;
+    best.verified = decision.extent;
+    c.new_best = best;  // the rest defaults to the evaluation being recorded
+  }
+  if (decision.follow_up) {
     TaskRecord t;
     t.job_id = task.job_id;
-    t.kind = TaskKind::kRetime;
+    t.kind = *decision.follow_up;
     t.variant_id = task.variant_id;
-    t.incumbent_variant_id = *retime_against;
+    t.incumbent_variant_id = decision.incumbent_variant_id;
     t.bucket = task.bucket;
     t.arch = task.arch;
     t.shape_json = task.shape_json;
-    t.seed = task.seed ^ 0x5bd1e995ULL;
-    auto ids = store_->EnqueueTasks({t});
-    if (ids.ok() && !ids->empty()) {
-      // Tell the engine before the completion so the job waits for it.
-      if (!task.job_id.empty()) engine_->OnRetimeEnqueued(task.job_id, ids->front());
-      enqueued = true;
-    } else if (!ids.ok()) {
-      spdlog::error("enqueueing a retime of {}: {}", task.variant_id, std::string(ids.status().message()));
+    t.seed = task.seed ^ (t.kind == TaskKind::kRetime ? 0x5bd1e995ULL : 0x27d4eb2fULL);
+    // The candidate's producer stays its origin through every re-timing;
+    // from an EVALUATE the store fills in the evaluation being recorded.
+    t.origin_worker_id = task.origin_worker_id;
+    t.origin_evaluation_id = task.origin_evaluation_id;
+    if (task.kind == TaskKind::kEvaluate) {
+      t.origin_worker_id.clear();
+      t.origin_evaluation_id = 0;
     }
+    c.follow_ups.push_back(std::move(t));
   }
+  c.eval = eval;
+  auto done = store_->CompleteTask(task.id, worker.record.id, Now(), std::move(c));
+  if (!done.ok()) return done.status();
+  eval.id = done->evaluation_id;
+  if (decision.promote) {
+    if (absl::Status s = cache_->Refresh(task.bucket, task.arch); !s.ok())
+      spdlog::error("refreshing the served kernel of {}: {}", task.bucket, std::string(s.message()));
+    spdlog::info("new best for {}: {} ({:.2f} us, {} by {})", task.bucket, task.variant_id,
+                 eval.timing.median_us, TaskKindName(task.kind), worker.record.id);
+  }
+  // Tell the engine before the completion so the job waits for them.
+  for (const std::string& id : done->follow_up_ids) engine_->OnPromotionEnqueued(task.job_id, id);
   lock.unlock();
   engine_->OnTaskCompleted(task, eval);
-  if (enqueued) NotifyTasks();
+  if (!done->follow_up_ids.empty()) NotifyTasks();
   return absl::OkStatus();
 }
 
@@ -649,7 +806,7 @@ void KforgeApi::BeginShutdown() {
 }
 
 absl::StatusOr<int> KforgeApi::RequeueExpired() {
-  auto n = store_->RequeueExpired(NowMs());
+  auto n = store_->RequeueExpired(Now());
   if (n.ok() && *n > 0) {
     spdlog::info("requeued {} task(s) whose lease expired", *n);
     NotifyTasks();

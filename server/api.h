@@ -1,15 +1,17 @@
 // KforgeApi: what every RPC of KernelService and WorkerService does, with
 // the transport left out. Methods take and fill protobuf messages and return
-// absl::Status; services.cc adapts them to gRPC (auth metadata, streaming,
+// absl::Status; server.cc adapts them to gRPC (auth metadata, streaming,
 // and the single absl -> grpc status conversion).
 //
-// Re-timing rule (how a best is replaced): a verified EVALUATE result
-// becomes the best only when its (bucket, arch) has none. If it is faster
-// than the incumbent, a RETIME task is enqueued in which one worker times
-// candidate and incumbent interleaved in the same process; the candidate
-// replaces the incumbent only when it wins by more than the spread
-// (max - min) of either timing. This keeps noise between GPUs, processes and
-// thermal states from promoting a variant that is not really faster.
+// Worker results are claims. A WorkerService call acts as the worker its
+// session names (server.cc resolves it with WorkerForSession before calling
+// in), never as the worker_id a request declares. A report is accepted only
+// from the worker holding a live lease on its task, and is checked before
+// anything of it is stored: timings against the shape's physical floor on
+// the worker's registered arch (core/roofline.h), the cubin against its
+// hash. Its texts are scrubbed of secrets and clipped. Promotion (which
+// kernel a bucket serves) follows server/promotion.h: a verified EVALUATE
+// asks for a CONFIRM or a RETIME and never promotes by itself.
 //
 // Thread-safe: every method may be called from any RPC thread.
 #pragma once
@@ -20,7 +22,10 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "kforge/v1/kforge.pb.h"
@@ -43,6 +48,23 @@ struct ApiOptions {
   // fails before running a candidate does not report, so a task that breaks
   // every worker would otherwise cycle forever.
   int max_task_attempts = 5;
+  // Promote CONFIRM/RETIME results of workers that registered without the
+  // memcheck sanitizer gate. Off: such a result is recorded, not promoted.
+  bool allow_ungated_promotion = false;
+  // A candidate's CONFIRM/RETIME is not leased to the worker whose EVALUATE
+  // made it a contender while another worker that can promote it (same
+  // arch, not compile-only, gated unless ungated promotion is allowed, seen
+  // within lease_ttl_ms) is connected. With none, the same worker may take
+  // it, unless require_distinct_confirmer (then it waits for another).
+  // Independently of this, a worker that cannot promote (ungated) is given
+  // no promotion task while one that can is connected.
+  bool confirm_on_another_worker = true;
+  bool require_distinct_confirmer = false;
+  // Texts workers report are scrubbed of these (the server's client and
+  // worker tokens) before they are stored (core/redact.h).
+  std::vector<std::string> secrets;
+  // Unix ms; tests inject one. Empty: the system clock.
+  std::function<int64_t()> clock;
 };
 
 class KforgeApi {
@@ -79,12 +101,24 @@ class KforgeApi {
                         const std::function<bool(const v1::JobEvent&)>& write,
                         const std::function<bool()>& cancelled);
 
-  // WorkerService.
-  absl::Status Register(const v1::RegisterRequest& req, v1::RegisterResponse* resp);
-  absl::Status Heartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp);
-  absl::Status LeaseTask(const v1::LeaseTaskRequest& req, v1::LeaseTaskResponse* resp,
-                         const std::function<bool()>& cancelled);
-  absl::Status ReportResult(const v1::ReportResultRequest& req, v1::ReportResultResponse* resp);
+  // WorkerService. Register issues a session (or resumes the worker of
+  // `session`, the x-kforge-session a re-registering worker presents, when
+  // it is valid and the worker's arch and compile-only flag are unchanged;
+  // otherwise it registers a new worker). Every other call acts as
+  // `caller`, the worker id WorkerForSession resolved: UNAUTHENTICATED
+  // when the session is missing or unknown. A request whose worker_id is
+  // set to another worker is PERMISSION_DENIED.
+  absl::StatusOr<std::string> WorkerForSession(std::optional<std::string_view> session);
+  absl::Status Register(const v1::RegisterRequest& req, std::optional<std::string_view> session,
+                        v1::RegisterResponse* resp);
+  absl::Status Heartbeat(const std::string& caller, const v1::HeartbeatRequest& req,
+                         v1::HeartbeatResponse* resp);
+  absl::Status LeaseTask(const std::string& caller, const v1::LeaseTaskRequest& req,
+                         v1::LeaseTaskResponse* resp, const std::function<bool()>& cancelled);
+  // OK only when the result was recorded; a report without a live lease,
+  // below the timing floor or otherwise malformed stores nothing.
+  absl::Status ReportResult(const std::string& caller, const v1::ReportResultRequest& req,
+                            v1::ReportResultResponse* resp);
 
   // Wakes long-polling LeaseTask calls (tasks were enqueued or requeued).
   void NotifyTasks();
@@ -96,17 +130,32 @@ class KforgeApi {
 
  private:
   struct WorkerInfo {
-    std::string arch;
-    bool compile_only = false;
     WorkerRecord record;         // as registered; last_seen refreshed by heartbeats
+    int64_t last_call_ms = 0;    // any call; says the worker is connected
+    bool gated = false;          // registered with the memcheck gate
+    std::string nvrtc_version;   // as registered
   };
-  absl::StatusOr<WorkerInfo> KnownWorker(const std::string& worker_id);
+  int64_t Now() const;
+  // The caller's record, refreshing its last call; PERMISSION_DENIED when
+  // `declared` (a request's worker_id) is set and names another worker.
+  absl::StatusOr<WorkerInfo> Caller(const std::string& caller, const std::string& declared);
+  // True when a worker other than `caller` could promote a promotion task
+  // of its arch (see ApiOptions::confirm_on_another_worker).
+  bool AnotherWorkerCanPromote(const std::string& caller);
+  // The promotion tasks `worker` may lease now.
+  PromotionLease PromotionsFor(const WorkerInfo& worker);
   absl::Status FillTask(const TaskRecord& t, v1::Task* out);
-  absl::Status DecideAndComplete(const TaskRecord& task, const v1::EvalResult& result,
-                                 EvaluationRecord eval, bool* accepted);
-  // Records a task that exhausted max_task_attempts as crashed; `worker_id`
+  // Decides what the result changes (server/promotion.h) and records it
+  // with its follow-ups in one CompleteTask.
+  absl::Status DecideAndComplete(const TaskRecord& task, const WorkerInfo& worker,
+                                 TimingRecord incumbent_timing, EvaluationRecord eval,
+                                 std::string cubin);
+  // Records a task that exhausted max_task_attempts as crashed; `worker`
   // holds its current lease.
-  absl::Status GiveUp(const TaskRecord& task, const std::string& worker_id);
+  absl::Status GiveUp(const TaskRecord& task, const WorkerInfo& worker);
+  // A text a worker reported, as it may be stored and shown: secrets and
+  // sessions redacted, at most `cap` bytes.
+  std::string Scrub(std::string_view text, size_t cap) const;
 
   Store* store_;          // must outlive this
   KernelCache* cache_;    // must outlive this
@@ -114,7 +163,8 @@ class KforgeApi {
   ApiOptions options_;
 
   std::mutex workers_mu_;
-  std::map<std::string, WorkerInfo> workers_;  // guarded by workers_mu_
+  std::map<std::string, WorkerInfo> workers_;   // by id; guarded by workers_mu_
+  std::map<std::string, std::string> sessions_;  // session hash -> id; guarded by workers_mu_
 
   std::mutex tasks_mu_;
   std::condition_variable tasks_cv_;

@@ -1,6 +1,10 @@
 #include "server/auth.h"
 
 #include <fmt/format.h>
+#include <openssl/rand.h>
+
+#include "core/hash.h"
+#include "core/redact.h"
 
 namespace kforge::server {
 namespace {
@@ -51,6 +55,41 @@ absl::Status Authenticator::Check(Role role, std::optional<std::string_view> aut
                     role == Role::kClient ? "worker" : "client", service, kind));
   return absl::UnauthenticatedError(
       fmt::format("the bearer token is not a valid {} token for {}", kind, service));
+}
+
+namespace {
+constexpr std::string_view kSessionPrefix = "kfs_";
+constexpr size_t kSessionHexDigits = 64;
+
+bool IsHexDigit(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); }
+}  // namespace
+
+absl::StatusOr<std::string> NewSessionToken() {
+  unsigned char bytes[kSessionHexDigits / 2];
+  if (RAND_bytes(bytes, sizeof bytes) != 1)
+    return absl::InternalError("Register: the random generator failed; no session issued");
+  std::string token(kSessionPrefix);
+  for (unsigned char b : bytes) token += fmt::format("{:02x}", b);
+  return token;
+}
+
+std::string SessionHash(std::string_view token) { return Sha256Hex(token); }
+
+std::string RedactSessions(std::string_view text) {
+  std::string out;
+  size_t at = 0;
+  for (size_t hit = text.find(kSessionPrefix); hit != std::string_view::npos;
+       hit = text.find(kSessionPrefix, hit + 1)) {
+    const size_t digits = hit + kSessionPrefix.size();
+    size_t end = digits;
+    while (end < text.size() && end - digits < kSessionHexDigits && IsHexDigit(text[end])) ++end;
+    if (end - digits < kSessionHexDigits) continue;
+    out.append(text.substr(at, hit - at)).append(kRedacted);
+    at = end;
+    hit = end - 1;
+  }
+  out.append(text.substr(at));
+  return out;
 }
 
 }  // namespace kforge::server

@@ -1,5 +1,7 @@
 // Bearer-token authentication. Client tokens open KernelService, worker
 // tokens open WorkerService; health and reflection stay open (see server.cc).
+// And worker sessions: the secret Register issues, which says which worker
+// a WorkerService call is (a worker token only says it is one of them).
 //
 // Policy (decided here, documented in server/README.md): the server refuses
 // to start without at least one client token and one worker token unless
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace kforge::server {
 
@@ -36,5 +39,17 @@ class Authenticator {
   std::vector<std::string> worker_tokens_;
   bool disabled_;
 };
+
+// The metadata key a worker's session travels in.
+inline constexpr std::string_view kSessionMetadata = "x-kforge-session";
+
+// A new session secret: "kfs_" and 64 hex digits of a CSPRNG (OpenSSL
+// RAND_bytes, 256 bits). INTERNAL when the generator fails.
+absl::StatusOr<std::string> NewSessionToken();
+// What the store keeps of a session: the SHA-256 hex of its token.
+std::string SessionHash(std::string_view token);
+// `text` with every session-shaped token ("kfs_" + 64 hex digits) replaced
+// by kRedacted: a worker's session must not reach a stored message.
+std::string RedactSessions(std::string_view text);
 
 }  // namespace kforge::server

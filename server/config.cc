@@ -80,18 +80,23 @@ absl::Status ApplyConfigFile(const std::string& path, ServerConfig& cfg) {
       return absl::OkStatus();
     };
   };
+  auto bool_key = [&](bool& field) -> Setter {
+    return [&](const std::string& key, const json& v) -> absl::Status {
+      if (!v.is_boolean()) return bad(key, fmt::format("must be true or false, got {}", v.dump()));
+      field = v.get<bool>();
+      return absl::OkStatus();
+    };
+  };
   constexpr int64_t kDay = 24 * 3600 * 1000;
   std::map<std::string, Setter> keys = {
       {"listen", string_key(cfg.server.listen_address)},
       {"database", string_key(cfg.database)},
       {"client_tokens", tokens_key(cfg.server.client_tokens)},
       {"worker_tokens", tokens_key(cfg.server.worker_tokens)},
-      {"insecure_no_auth",
-       [&](const std::string& key, const json& v) -> absl::Status {
-         if (!v.is_boolean()) return bad(key, fmt::format("must be true or false, got {}", v.dump()));
-         cfg.server.insecure_no_auth = v.get<bool>();
-         return absl::OkStatus();
-       }},
+      {"insecure_no_auth", bool_key(cfg.server.insecure_no_auth)},
+      {"allow_ungated_promotion", bool_key(cfg.server.api.allow_ungated_promotion)},
+      {"confirm_on_another_worker", bool_key(cfg.server.api.confirm_on_another_worker)},
+      {"require_distinct_confirmer", bool_key(cfg.server.api.require_distinct_confirmer)},
       {"lease_ttl_ms", int_key(100, kDay, cfg.server.api.lease_ttl_ms)},
       {"heartbeat_interval_ms", int_key(10, 3600 * 1000, cfg.server.api.heartbeat_interval_ms)},
       {"max_lease_wait_ms", int_key(0, 600 * 1000, cfg.server.api.max_lease_wait_ms)},

@@ -8,6 +8,12 @@
 //   client_tokens        ["..."]   bearer tokens for KernelService
 //   worker_tokens        ["..."]   bearer tokens for WorkerService
 //   insecure_no_auth     false
+//   allow_ungated_promotion  false   promote CONFIRM/RETIME results of workers that
+//                                    registered without the memcheck gate
+//   confirm_on_another_worker true   a candidate's CONFIRM/RETIME goes to another
+//                                    worker than its EVALUATE's while one can take it
+//   require_distinct_confirmer false with confirm_on_another_worker: never the same
+//                                    worker (a single-worker fleet then never promotes)
 //   lease_ttl_ms         60000
 //   heartbeat_interval_ms 10000
 //   max_lease_wait_ms    30000

@@ -25,6 +25,8 @@ TEST(ConfigTest, AppliesEveryKey) {
     "lease_ttl_ms": 20000, "heartbeat_interval_ms": 5000, "max_lease_wait_ms": 1000,
     "reaper_interval_ms": 500, "shutdown_grace_ms": 0, "drain_timeout_ms": 3000,
     "http_port": 8080, "tune_max_variants": 8, "log_level": "debug",
+    "allow_ungated_promotion": true, "confirm_on_another_worker": false,
+    "require_distinct_confirmer": true,
     "model_proposer": {"model": "m"}})");
   ASSERT_TRUE(ApplyConfigFile(path, cfg).ok());
   EXPECT_EQ(cfg.server.listen_address, "0.0.0.0:6000");
@@ -35,7 +37,21 @@ TEST(ConfigTest, AppliesEveryKey) {
   EXPECT_EQ(cfg.http_port, 8080);
   EXPECT_EQ(cfg.log_level, "debug");
   EXPECT_EQ(cfg.model_proposer_json, R"({"model":"m"})");
+  EXPECT_TRUE(cfg.server.api.allow_ungated_promotion);
+  EXPECT_FALSE(cfg.server.api.confirm_on_another_worker);
+  EXPECT_TRUE(cfg.server.api.require_distinct_confirmer);
   EXPECT_TRUE(ValidateConfig(cfg).ok());
+}
+
+// Promotion is gated and confirmed elsewhere unless a config says otherwise.
+TEST(ConfigTest, PromotionDefaultsAreTheSafeOnes) {
+  ServerConfig cfg;
+  EXPECT_FALSE(cfg.server.api.allow_ungated_promotion);
+  EXPECT_TRUE(cfg.server.api.confirm_on_another_worker);
+  EXPECT_FALSE(cfg.server.api.require_distinct_confirmer);
+  const std::string path = WriteConfig(R"({"allow_ungated_promotion": "yes"})");
+  absl::Status s = ApplyConfigFile(path, cfg);
+  EXPECT_NE(s.message().find("allow_ungated_promotion"), std::string::npos) << s;
 }
 
 TEST(ConfigTest, ErrorsNameTheFileAndTheKey) {

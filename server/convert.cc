@@ -306,8 +306,38 @@ v1::TaskKind TaskKindToProto(TaskKind k) {
     case TaskKind::kEvaluate: return v1::TASK_KIND_EVALUATE;
     case TaskKind::kRetime: return v1::TASK_KIND_RETIME;
     case TaskKind::kCompile: return v1::TASK_KIND_COMPILE;
+    case TaskKind::kConfirm: return v1::TASK_KIND_CONFIRM;
   }
   return v1::TASK_KIND_UNSPECIFIED;
+}
+
+absl::StatusOr<SizeExtent> ExtentFromProto(const v1::SizeExtent& e, std::string_view field) {
+  const std::pair<const char*, int64_t> values[] = {
+      {"batch", e.batch()},         {"max_len_q", e.max_len_q()}, {"max_len_k", e.max_len_k()},
+      {"total_q", e.total_q()},     {"total_k", e.total_k()}};
+  for (const auto& [name, v] : values) {
+    if (v < 0) return Invalid(fmt::format("{}.{}", field, name), fmt::format("{} is negative", v));
+  }
+  SizeExtent out{.batch = e.batch(),
+                 .max_len_q = e.max_len_q(),
+                 .max_len_k = e.max_len_k(),
+                 .total_q = e.total_q(),
+                 .total_k = e.total_k()};
+  // Past core's limits no request can be: the extent is capped there.
+  out.batch = std::min(out.batch, kMaxBatch);
+  out.max_len_q = std::min(out.max_len_q, kMaxSeqLen);
+  out.max_len_k = std::min(out.max_len_k, kMaxSeqLen);
+  out.total_q = std::min(out.total_q, kMaxTotalTokens);
+  out.total_k = std::min(out.total_k, kMaxTotalTokens);
+  return out;
+}
+
+SizeExtent ExtentOf(const ShapeKey& key) {
+  return SizeExtent{.batch = key.batch,
+                    .max_len_q = key.max_len_q,
+                    .max_len_k = key.cross ? key.max_len_k : key.max_len_q,
+                    .total_q = key.total_q,
+                    .total_k = key.cross ? key.total_k : key.total_q};
 }
 
 std::string FormatUnixMs(int64_t unix_ms) {

@@ -55,6 +55,12 @@ void ManifestToProto(const std::string& manifest_json, v1::LaunchManifest* out);
 absl::StatusOr<Outcome> OutcomeFromProto(v1::EvalOutcome o);
 v1::TaskKind TaskKindToProto(TaskKind k);
 
+// A reported extent; INVALID_ARGUMENT naming `field` for a negative size.
+absl::StatusOr<SizeExtent> ExtentFromProto(const v1::SizeExtent& e, std::string_view field);
+// The sizes of one key: what a worker asked to verify `key` verified at
+// least (self-attention keys are their queries).
+SizeExtent ExtentOf(const ShapeKey& key);
+
 std::string FormatUnixMs(int64_t unix_ms);  // RFC 3339, UTC
 
 }  // namespace kforge::server

@@ -37,7 +37,7 @@ struct JobEngine::JobState {
   JobSpec spec;
   std::vector<BucketState> buckets;
   std::map<std::string, size_t> task_bucket;  // EVALUATE task id -> bucket index
-  std::set<std::string> retimes;              // outstanding RETIME task ids
+  std::set<std::string> promotions;           // outstanding CONFIRM/RETIME task ids
   int64_t deadline_ms = 0;                    // 0: none
   uint64_t tasks_made = 0;                    // for per-task seeds
   bool finished = false;
@@ -398,10 +398,10 @@ void JobEngine::OnTaskCompleted(const TaskRecord& task, const EvaluationRecord& 
   Post([this, task, eval] { HandleCompleted(task, eval); });
 }
 
-void JobEngine::OnRetimeEnqueued(const std::string& job_id, const std::string& task_id) {
+void JobEngine::OnPromotionEnqueued(const std::string& job_id, const std::string& task_id) {
   Post([this, job_id, task_id] {
     auto it = jobs_.find(job_id);
-    if (it != jobs_.end()) it->second->retimes.insert(task_id);
+    if (it != jobs_.end()) it->second->promotions.insert(task_id);
   });
 }
 
@@ -489,9 +489,9 @@ absl::Status JobEngine::ResumeJob(const JobRecord& record) {
   std::vector<Event> events;
   for (const auto& t : *tasks) {
     job->tasks_made++;
-    if (t.kind == TaskKind::kRetime) {
+    if (IsPromotion(t.kind)) {
       if (t.state == TaskState::kQueued || t.state == TaskState::kLeased)
-        job->retimes.insert(t.id);
+        job->promotions.insert(t.id);
       continue;
     }
     if (t.kind != TaskKind::kEvaluate && t.kind != TaskKind::kCompile) continue;
@@ -581,7 +581,7 @@ void JobEngine::Advance(JobState& job) {
                             b.progress.proposed >= job.spec.max_variants;
     if (!still_done || b.outstanding > 0) all_done = false;
   }
-  if (!all_done || !job.retimes.empty()) return;
+  if (!all_done || !job.promotions.empty()) return;
   bool all_failed = true;
   std::string errors;
   for (const auto& b : job.buckets) {
@@ -712,8 +712,8 @@ void JobEngine::HandleCompleted(const TaskRecord& task, const EvaluationRecord& 
   auto it = jobs_.find(task.job_id);
   if (it == jobs_.end()) return;
   JobState& job = *it->second;
-  if (task.kind == TaskKind::kRetime) {
-    job.retimes.erase(task.id);
+  if (IsPromotion(task.kind)) {
+    job.promotions.erase(task.id);
     Advance(job);
   } else {
     auto tb = job.task_bucket.find(task.id);

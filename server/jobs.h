@@ -7,7 +7,8 @@
 // result back with Observe() and asks for the next round. A bucket is done
 // when its variant budget is spent or its proposer has nothing more to offer;
 // the job is done when every bucket is done and no task of it is
-// outstanding (RETIME tasks included, so the job's final best is settled).
+// outstanding (CONFIRM and RETIME tasks included, so the job's final best is
+// settled).
 //
 // Durability: everything a job needs to continue lives in the Store (the job
 // record, its variants, tasks and evaluations). Resume() rebuilds the
@@ -143,8 +144,9 @@ class JobEngine {
 
   // A worker's accepted result for `task` (after Store::CompleteTask).
   void OnTaskCompleted(const TaskRecord& task, const EvaluationRecord& eval);
-  // The RETIME flow enqueued a task for `job_id`, which must wait for it.
-  void OnRetimeEnqueued(const std::string& job_id, const std::string& task_id);
+  // A result enqueued a promotion task (CONFIRM or RETIME) for `job_id`,
+  // which must wait for it. Called before OnTaskCompleted of that result.
+  void OnPromotionEnqueued(const std::string& job_id, const std::string& task_id);
 
   // Watching: `fn` runs on the engine thread for every event of the job
   // until it reached a final state or Unwatch(); keep it short and

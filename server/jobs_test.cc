@@ -94,14 +94,16 @@ class JobsTest : public ::testing::Test {
   }
   // Leases and completes one task as a worker would; false when none is queued.
   bool CompleteOne(JobEngine& engine, Outcome outcome, double us) {
-    auto w = store_->UpsertWorker(WorkerRecord{.name = "w", .arch = "sm_90a"});
-    auto t = store_->LeaseTask(*w, "sm_90a", false, Now(), 60000);
+    const std::string w = "w1";
+    auto t = store_->LeaseTask(w, "sm_90a", false, Now(), 60000, PromotionLease::kAny);
     if (!t.ok() || !t->has_value()) return false;
     EvaluationRecord e;
     e.outcome = outcome;
     e.timing = {us, us, us, 3};
-    auto ok = store_->CompleteTask((*t)->id, *w, e, std::nullopt);
-    EXPECT_TRUE(ok.ok() && *ok);
+    TaskCompletion c;
+    c.eval = e;
+    auto ok = store_->CompleteTask((*t)->id, w, Now(), std::move(c));
+    EXPECT_TRUE(ok.ok()) << ok.status();
     engine.OnTaskCompleted(**t, e);
     return true;
   }

@@ -8,6 +8,7 @@
 
 #include "core/hash.h"
 #include "server/convert.h"
+#include "server/jobs.h"
 
 namespace kforge::server {
 
@@ -35,8 +36,15 @@ absl::Status KernelCache::Refresh(const std::string& bucket_id, const std::strin
   if (!bucket.ok()) return bucket.status();
   auto best = store_->GetBest(bucket_id, arch);
   if (!best.ok()) return best.status();
-  auto kernel = Build(*best);
-  if (!kernel.ok()) return kernel.status();
+  SizeExtent verified;
+  auto kernel = Build(*best, &verified);
+  if (!kernel.ok()) {
+    // Whatever was served for the bucket is no longer its best: untuned
+    // until a best can be built.
+    std::unique_lock lock(mu_);
+    best_.erase(bucket_id);
+    return kernel.status();
+  }
   v1::GetKernelResponse resp;
   *resp.mutable_kernel() = **kernel;
   resp.mutable_kernel()->set_tuned(true);
@@ -45,27 +53,42 @@ absl::Status KernelCache::Refresh(const std::string& bucket_id, const std::strin
   MarkNotModified(resp);
   auto not_modified = std::make_shared<const std::string>(resp.SerializeAsString());
   std::unique_lock lock(mu_);
-  best_[bucket_id] =
-      Entry{*std::move(bucket), *std::move(kernel), std::move(bytes), std::move(not_modified)};
+  best_[bucket_id] = Entry{*std::move(bucket), verified, *std::move(kernel), std::move(bytes),
+                           std::move(not_modified)};
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::shared_ptr<const v1::Kernel>> KernelCache::Build(const BestRecord& best) {
+SizeExtent KernelCache::ExtentOfBest(const BestRecord& best, const EvaluationRecord& winner) {
+  if (!best.verified.empty()) return best.verified;
+  // A best from before extents were recorded: the evaluator of its time
+  // verified (and timed) it on its task's shape, so that much it covers.
+  auto task = store_->GetTask(winner.task_id);
+  if (task.ok()) {
+    auto shape = DecodeTaskShape(task->shape_json);
+    if (shape.ok()) return ExtentOf(shape->key);
+  }
+  spdlog::warn("best of {}: no verified extent and no task shape to take one from: it serves "
+               "no request until re-tuned",
+               best.bucket);
+  return SizeExtent{};
+}
+
+absl::StatusOr<std::shared_ptr<const v1::Kernel>> KernelCache::Build(const BestRecord& best,
+                                                                     SizeExtent* verified) {
   auto variant = store_->GetVariant(best.variant_id);
   if (!variant.ok()) return variant.status();
   auto evals = store_->ListEvaluations(best.variant_id);
   if (!evals.ok()) return evals.status();
-  // The winning evaluation names the GPU and toolchain; the cubin may come
-  // from any evaluation of the variant for the same arch (a RETIME report
-  // need not resend it).
+  // The promoting evaluation names the GPU and toolchain, and its cubin is
+  // the one served: the bytes its worker compiled and gated, nothing
+  // another evaluation of the variant reported.
   const EvaluationRecord* winner = nullptr;
-  std::string cubin_hash;
-  for (const auto& e : *evals) {
+  for (const auto& e : *evals)
     if (e.id == best.evaluation_id) winner = &e;
-    if (e.arch == best.arch && !e.cubin_hash.empty() &&
-        (cubin_hash.empty() || e.id == best.evaluation_id))
-      cubin_hash = e.cubin_hash;
-  }
+  if (winner == nullptr)
+    return absl::DataLossError(fmt::format("best of {}: its evaluation {} is not stored",
+                                           best.bucket, best.evaluation_id));
+  *verified = ExtentOfBest(best, *winner);
   auto k = std::make_shared<v1::Kernel>();
   k->set_variant_id(variant->id);
   k->set_source_hash(variant->source_hash);
@@ -76,18 +99,25 @@ absl::StatusOr<std::shared_ptr<const v1::Kernel>> KernelCache::Build(const BestR
   TimingToProto(best.timing, k->mutable_timing());
   ProvenanceToProto(*variant, k->mutable_provenance());
   k->set_served_bucket(best.bucket);
-  if (winner) {
-    k->set_compile_options(winner->compile_options);
-    k->set_gpu_name(winner->gpu_name);
-    k->set_nvrtc_version(winner->nvrtc_version);
-    k->set_driver_version(winner->driver_version);
-  }
-  if (!cubin_hash.empty()) {
-    auto cubin = store_->GetCubin(cubin_hash);
+  k->set_compile_options(winner->compile_options);
+  k->set_gpu_name(winner->gpu_name);
+  k->set_nvrtc_version(winner->nvrtc_version);
+  k->set_driver_version(winner->driver_version);
+  if (!winner->cubin_hash.empty()) {
+    auto cubin = store_->GetCubin(winner->cubin_hash);
     if (cubin.ok()) {
+      // Re-checked on the way out: bytes changed in the database after they
+      // were checked in are not served.
+      if (Sha256Hex(*cubin) != winner->cubin_hash) {
+        spdlog::error("best of {}: cubin {} of variant {} does not match its hash: not served",
+                      best.bucket, winner->cubin_hash, variant->id);
+        return absl::DataLossError(fmt::format(
+            "best of {}: its cubin does not match its hash {}", best.bucket, winner->cubin_hash));
+      }
       k->set_cubin(*std::move(cubin));
     } else {
-      spdlog::warn("variant {}: cubin {} unreadable: {}", variant->id, cubin_hash,
+      // Served without a cubin (clients can compile the source).
+      spdlog::warn("variant {}: cubin {} unreadable: {}", variant->id, winner->cubin_hash,
                    std::string(cubin.status().message()));
     }
   }
@@ -98,11 +128,14 @@ absl::StatusOr<Served> KernelCache::Lookup(const ShapeKey& key, const Bucket& bu
   const std::string id = bucket.Id();
   {
     std::shared_lock lock(mu_);
-    if (auto it = best_.find(id); it != best_.end())
+    // A kernel is served only inside the sizes it was verified at, its own
+    // bucket's too.
+    if (auto it = best_.find(id); it != best_.end() && ExtentCovers(it->second.verified, key))
       return Served{it->second.kernel, true, it->second.response_bytes};
     const Entry* nearest = nullptr;
     int best_distance = std::numeric_limits<int>::max();
     for (const auto& [other_id, e] : best_) {
+      if (other_id == id || !ExtentCovers(e.verified, key)) continue;
       auto d = BucketDistance(bucket, e.bucket);
       if (d && *d < best_distance) {
         best_distance = *d;
@@ -175,11 +208,11 @@ void MarkNotModified(v1::GetKernelResponse& resp) {
   resp.set_not_modified(true);
 }
 
-std::shared_ptr<const std::string> KernelCache::Cached(const Bucket& bucket,
+std::shared_ptr<const std::string> KernelCache::Cached(const ShapeKey& key, const Bucket& bucket,
                                                        const std::string& if_none_match) const {
   std::shared_lock lock(mu_);
   auto it = best_.find(bucket.Id());
-  if (it == best_.end()) return nullptr;
+  if (it == best_.end() || !ExtentCovers(it->second.verified, key)) return nullptr;
   if (!if_none_match.empty() && it->second.kernel->variant_id() == if_none_match)
     return it->second.not_modified_bytes;
   return it->second.response_bytes;

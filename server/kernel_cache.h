@@ -3,10 +3,18 @@
 //
 // Holds, per (bucket, arch), the best verified variant as a ready-built
 // v1::Kernel (source, manifest, cubin, timing, provenance), loaded from the
-// store at start and refreshed whenever ReportResult replaces a best. For
-// buckets without a winner it answers with the nearest tuned bucket of the
-// same class (BucketDistance) or a seed default built by a SeedProvider and
-// compiled once per bucket.
+// store at start and refreshed whenever ReportResult replaces a best. The
+// cubin is the promoting evaluation's and is checked against its hash when
+// loaded; bytes that do not match are not served (logged, the bucket falls
+// back as if untuned).
+//
+// A best is served only for requests inside the sizes it was verified at
+// (BestRecord::verified, ExtentCovers); a best stored before extents were
+// covers the shape of the task that promoted it, which the evaluator of
+// its time verified and timed it on. A request outside its own bucket's
+// extent, or for a bucket without a winner, gets the nearest tuned bucket
+// of the same class (BucketDistance) whose extent covers it, else a seed
+// default built by a SeedProvider and compiled once per bucket.
 //
 // Thread-safe. Lookups take a shared lock and return immutable
 // shared_ptr<const v1::Kernel>, so serving is a copy of a cached message.
@@ -68,9 +76,10 @@ class KernelCache {
 
   // The kernel for a validated shape: exact winner, nearest winner, or seed.
   absl::StatusOr<Served> Lookup(const ShapeKey& key, const Bucket& bucket);
-  // The serialized response of a tuned bucket, or nullptr; never blocks.
-  // When `if_none_match` names the bucket's best, the not-modified response.
-  std::shared_ptr<const std::string> Cached(const Bucket& bucket,
+  // The serialized response of a tuned bucket whose best covers `key`, or
+  // nullptr; never blocks. When `if_none_match` names the bucket's best,
+  // the not-modified response.
+  std::shared_ptr<const std::string> Cached(const ShapeKey& key, const Bucket& bucket,
                                             const std::string& if_none_match) const;
 
   size_t size() const;
@@ -83,7 +92,10 @@ class KernelCache {
   std::vector<BestEntry> Bests() const;
 
  private:
-  absl::StatusOr<std::shared_ptr<const v1::Kernel>> Build(const BestRecord& best);
+  // Also sets `verified` to the sizes the kernel may be served for.
+  absl::StatusOr<std::shared_ptr<const v1::Kernel>> Build(const BestRecord& best,
+                                                          SizeExtent* verified);
+  SizeExtent ExtentOfBest(const BestRecord& best, const EvaluationRecord& winner);
   absl::StatusOr<std::shared_ptr<const v1::Kernel>> Seed(const ShapeKey& key,
                                                          const std::string& bucket_id);
 
@@ -92,6 +104,7 @@ class KernelCache {
 
   struct Entry {
     Bucket bucket;
+    SizeExtent verified;
     std::shared_ptr<const v1::Kernel> kernel;
     std::shared_ptr<const std::string> response_bytes;
     std::shared_ptr<const std::string> not_modified_bytes;

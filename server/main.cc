@@ -19,7 +19,7 @@ int main(int argc, char** argv) {
   CLI::App app{"kforge-server: finds, verifies and serves the fastest jagged attention kernels"};
   std::string config_path, listen, database, log_level;
   std::vector<std::string> client_tokens, worker_tokens;
-  bool insecure = false;
+  bool insecure = false, allow_ungated = false;
   int64_t lease_ttl_ms = 0;
   int heartbeat_ms = 0, http_port = -1;
   app.add_option("--config", config_path, "JSON config file (see server/config.h for keys)");
@@ -29,6 +29,9 @@ int main(int argc, char** argv) {
   app.add_option("--worker-token", worker_tokens, "worker bearer token (repeatable)");
   app.add_flag("--insecure-no-auth", insecure,
                "run without authentication (refused otherwise when no tokens are configured)");
+  app.add_flag("--allow-ungated-promotion", allow_ungated,
+               "promote CONFIRM/RETIME results of workers without the memcheck sanitizer gate "
+               "(for machines where compute-sanitizer cannot run)");
   app.add_option("--lease-ttl-ms", lease_ttl_ms, "task lease time to live")->check(CLI::Range(int64_t{100}, int64_t{86400000}));
   app.add_option("--heartbeat-ms", heartbeat_ms, "heartbeat interval told to workers")->check(CLI::Range(10, 3600000));
   app.add_option("--http-port", http_port, "reserved for the dashboard (not served yet)")->check(CLI::Range(0, 65535));
@@ -48,6 +51,7 @@ int main(int argc, char** argv) {
   if (!client_tokens.empty()) cfg.server.client_tokens = client_tokens;
   if (!worker_tokens.empty()) cfg.server.worker_tokens = worker_tokens;
   if (insecure) cfg.server.insecure_no_auth = true;
+  if (allow_ungated) cfg.server.api.allow_ungated_promotion = true;
   if (lease_ttl_ms > 0) cfg.server.api.lease_ttl_ms = lease_ttl_ms;
   if (heartbeat_ms > 0) cfg.server.api.heartbeat_interval_ms = heartbeat_ms;
   if (http_port >= 0) cfg.http_port = http_port;
@@ -60,6 +64,9 @@ int main(int argc, char** argv) {
   if (cfg.server.insecure_no_auth)
     spdlog::warn("authentication is OFF (--insecure-no-auth): anyone who can reach {} can use it",
                  cfg.server.listen_address);
+  if (cfg.server.api.allow_ungated_promotion)
+    spdlog::warn("ungated promotion is ON: results of workers without the sanitizer gate can "
+                 "become a bucket's best");
 
   // Signals are taken by a dedicated thread (sigwait), so block them before
   // any other thread exists; every thread inherits the mask.

@@ -30,11 +30,16 @@ grpc::Status ToGrpcStatus(const absl::Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(std::string(s.message())));
 }
 
-std::optional<std::string_view> AuthHeader(const grpc::ServerContextBase* ctx) {
+std::optional<std::string_view> Metadata(const grpc::ServerContextBase* ctx,
+                                         std::string_view key) {
   const auto& md = ctx->client_metadata();
-  auto it = md.find("authorization");
+  auto it = md.find(grpc::string_ref(key.data(), key.size()));
   if (it == md.end()) return std::nullopt;
   return std::string_view(it->second.data(), it->second.size());
+}
+
+std::optional<std::string_view> AuthHeader(const grpc::ServerContextBase* ctx) {
+  return Metadata(ctx, "authorization");
 }
 
 void ReleaseBytes(void* p) { delete static_cast<std::shared_ptr<const std::string>*>(p); }
@@ -193,28 +198,36 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
 
   grpc::Status Register(grpc::ServerContext* ctx, const v1::RegisterRequest* req,
                         v1::RegisterResponse* resp) override {
-    return Run(ctx, [&] { return api_->Register(*req, resp); });
+    if (absl::Status s = auth_->Check(Role::kWorker, AuthHeader(ctx)); !s.ok())
+      return ToGrpcStatus(s);
+    return ToGrpcStatus(api_->Register(*req, Metadata(ctx, kSessionMetadata), resp));
   }
   grpc::Status Heartbeat(grpc::ServerContext* ctx, const v1::HeartbeatRequest* req,
                          v1::HeartbeatResponse* resp) override {
-    return Run(ctx, [&] { return api_->Heartbeat(*req, resp); });
+    return Run(ctx, [&](const std::string& caller) { return api_->Heartbeat(caller, *req, resp); });
   }
   grpc::Status LeaseTask(grpc::ServerContext* ctx, const v1::LeaseTaskRequest* req,
                          v1::LeaseTaskResponse* resp) override {
-    return Run(ctx,
-               [&] { return api_->LeaseTask(*req, resp, [&] { return ctx->IsCancelled(); }); });
+    return Run(ctx, [&](const std::string& caller) {
+      return api_->LeaseTask(caller, *req, resp, [&] { return ctx->IsCancelled(); });
+    });
   }
   grpc::Status ReportResult(grpc::ServerContext* ctx, const v1::ReportResultRequest* req,
                             v1::ReportResultResponse* resp) override {
-    return Run(ctx, [&] { return api_->ReportResult(*req, resp); });
+    return Run(ctx,
+               [&](const std::string& caller) { return api_->ReportResult(caller, *req, resp); });
   }
 
  private:
+  // The bearer token says the caller is a worker; its session says which:
+  // the api acts as that worker.
   template <typename Fn>
   grpc::Status Run(grpc::ServerContext* ctx, Fn&& fn) {
     if (absl::Status s = auth_->Check(Role::kWorker, AuthHeader(ctx)); !s.ok())
       return ToGrpcStatus(s);
-    return ToGrpcStatus(fn());
+    absl::StatusOr<std::string> caller = api_->WorkerForSession(Metadata(ctx, kSessionMetadata));
+    if (!caller.ok()) return ToGrpcStatus(caller.status());
+    return ToGrpcStatus(fn(*caller));
   }
   KforgeApi* api_;            // must outlive this
   const Authenticator* auth_;  // must outlive this
@@ -246,10 +259,18 @@ class Server::Impl {
       : options_(std::move(options)),
         cache_(store, std::move(seeds)),
         engine_(store, std::move(proposers), EngineOptions()),
-        api_(store, &cache_, &engine_, options_.api),
+        api_(store, &cache_, &engine_, ApiOptionsOf(options_)),
         auth_(options_.client_tokens, options_.worker_tokens, options_.insecure_no_auth),
         kernel_service_(&api_, &auth_),
         worker_service_(&api_, &auth_) {}
+
+  // Reported texts are scrubbed of every token the server holds.
+  static ApiOptions ApiOptionsOf(const ServerOptions& o) {
+    ApiOptions api = o.api;
+    api.secrets.insert(api.secrets.end(), o.client_tokens.begin(), o.client_tokens.end());
+    api.secrets.insert(api.secrets.end(), o.worker_tokens.begin(), o.worker_tokens.end());
+    return api;
+  }
 
   JobEngineOptions EngineOptions() {
     JobEngineOptions o = options_.engine;

@@ -15,6 +15,10 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <sqlite3.h>
+
+#include "core/hash.h"
+#include "core/roofline.h"
 #include "kforge/v1/kforge.grpc.pb.h"
 #include "server/server.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -133,14 +137,33 @@ class ServerTest : public ::testing::Test {
     return ctx;
   }
 
-  std::string RegisterWorker(const std::string& name = "w-test") {
+  // A worker call's context: the worker token and the worker's session.
+  std::unique_ptr<grpc::ClientContext> WCtx(const std::string& worker, int timeout_s = 10) {
+    auto ctx = Ctx(kWorker, timeout_s);
+    if (auto it = sessions_.find(worker); it != sessions_.end())
+      ctx->AddMetadata("x-kforge-session", it->second);
+    return ctx;
+  }
+
+  // Registers a worker (gated with memcheck unless `tools` says otherwise)
+  // and keeps its session for WCtx.
+  std::string RegisterWorker(const std::string& name = "w-test",
+                             std::vector<std::string> tools = {"memcheck"},
+                             const std::string& resume_session = "",
+                             const std::string& nvrtc_version = "13.0") {
     v1::RegisterRequest req;
     req.set_worker_name(name);
     req.mutable_gpu()->set_arch("sm_90a");
     req.mutable_gpu()->set_name("Fake H200");
+    req.mutable_gpu()->set_nvrtc_version(nvrtc_version);
+    for (const auto& t : tools) req.add_sanitizer_tools(t);
     v1::RegisterResponse resp;
-    grpc::Status s = workers_->Register(Ctx(kWorker).get(), req, &resp);
+    auto ctx = Ctx(kWorker);
+    if (!resume_session.empty()) ctx->AddMetadata("x-kforge-session", resume_session);
+    grpc::Status s = workers_->Register(ctx.get(), req, &resp);
     EXPECT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(resp.session_token().size(), 68u) << "kfs_ and 64 hex digits";
+    sessions_[resp.worker_id()] = resp.session_token();
     return resp.worker_id();
   }
 
@@ -149,15 +172,18 @@ class ServerTest : public ::testing::Test {
     req.set_worker_id(worker);
     req.set_wait_ms(wait_ms);
     v1::LeaseTaskResponse resp;
-    grpc::Status s = workers_->LeaseTask(Ctx(kWorker).get(), req, &resp);
+    grpc::Status s = workers_->LeaseTask(WCtx(worker).get(), req, &resp);
     EXPECT_TRUE(s.ok()) << s.error_message();
     if (!resp.has_task()) return std::nullopt;
     return resp.task();
   }
 
-  bool Report(const std::string& worker, const v1::Task& task, double median_us,
-              double spread_us = 1.0, double incumbent_us = 0,
-              v1::EvalOutcome outcome = v1::EVAL_OUTCOME_VERIFIED, double iqr_us = 0) {
+  // A verified result (or `outcome`) for `task`, with the variant's cubin.
+  static v1::ReportResultRequest Result(const std::string& worker, const v1::Task& task,
+                                        double median_us, double spread_us = 1.0,
+                                        double incumbent_us = 0,
+                                        v1::EvalOutcome outcome = v1::EVAL_OUTCOME_VERIFIED,
+                                        double iqr_us = 0) {
     v1::ReportResultRequest req;
     req.set_worker_id(worker);
     req.set_task_id(task.task_id());
@@ -185,10 +211,37 @@ class ServerTest : public ::testing::Test {
     }
     r->mutable_compile()->set_cubin("CUBIN-of-" + task.variant().variant_id());
     r->mutable_gpu()->set_name("Fake H200");
+    return req;
+  }
+
+  grpc::Status Send(const std::string& worker, const v1::ReportResultRequest& req) {
     v1::ReportResultResponse resp;
-    grpc::Status s = workers_->ReportResult(Ctx(kWorker).get(), req, &resp);
+    grpc::Status s = workers_->ReportResult(WCtx(worker).get(), req, &resp);
+    EXPECT_TRUE(!s.ok() || resp.accepted());
+    return s;
+  }
+
+  bool Report(const std::string& worker, const v1::Task& task, double median_us,
+              double spread_us = 1.0, double incumbent_us = 0,
+              v1::EvalOutcome outcome = v1::EVAL_OUTCOME_VERIFIED, double iqr_us = 0) {
+    grpc::Status s =
+        Send(worker, Result(worker, task, median_us, spread_us, incumbent_us, outcome, iqr_us));
     EXPECT_TRUE(s.ok()) << s.error_message();
-    return resp.accepted();
+    return s.ok();
+  }
+
+  // Reports a verified EVALUATE, then leases the CONFIRM it asks for as
+  // `confirmer` (default: the same worker) and reports that too.
+  std::optional<v1::Task> ReportAndConfirm(const std::string& worker, const v1::Task& task,
+                                           double us, std::string confirmer = "") {
+    if (confirmer.empty()) confirmer = worker;
+    if (!Report(worker, task, us)) return std::nullopt;
+    auto confirm = Lease(confirmer);
+    EXPECT_TRUE(confirm && confirm->kind() == v1::TASK_KIND_CONFIRM);
+    if (!confirm || confirm->kind() != v1::TASK_KIND_CONFIRM) return std::nullopt;
+    EXPECT_EQ(confirm->variant().variant_id(), task.variant().variant_id());
+    if (!Report(confirmer, *confirm, us)) return std::nullopt;
+    return confirm;
   }
 
   v1::Job SubmitJob(int max_variants = 2, const v1::Shape& shape = MakeShape()) {
@@ -215,8 +268,10 @@ class ServerTest : public ::testing::Test {
     RetimeSetup r;
     r.worker = RegisterWorker();
     auto t1 = Lease(r.worker);
-    if (!t1 || !Report(r.worker, *t1, 100.0)) return std::nullopt;
-    SubmitJob(1, MakeShape(3, 1000, 3000));  // same bucket, another job
+    if (!t1 || !ReportAndConfirm(r.worker, *t1, 100.0)) return std::nullopt;
+    // Same shape, another job: the challenger is verified at the sizes the
+    // incumbent serves.
+    SubmitJob(1);
     auto t2 = Lease(r.worker);
     if (!t2 || !Report(r.worker, *t2, 95.0)) return std::nullopt;
     auto retime = Lease(r.worker);
@@ -263,6 +318,7 @@ class ServerTest : public ::testing::Test {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::KernelService::Stub> kernels_;
   std::unique_ptr<v1::WorkerService::Stub> workers_;
+  std::map<std::string, std::string> sessions_;  // worker id -> session token
 };
 
 TEST_F(ServerTest, RefusesToStartWithoutTokensUnlessInsecure) {
@@ -454,7 +510,7 @@ TEST_F(ServerTest, BadRequestFieldsAreInvalidArgument) {
     req.set_worker_id(worker);
     req.set_wait_ms(-5);
     v1::LeaseTaskResponse resp;
-    ExpectInvalid(workers_->LeaseTask(Ctx(kWorker).get(), req, &resp), "wait_ms");
+    ExpectInvalid(workers_->LeaseTask(WCtx(worker).get(), req, &resp), "wait_ms");
   }
   {
     SubmitJob(1);
@@ -464,14 +520,25 @@ TEST_F(ServerTest, BadRequestFieldsAreInvalidArgument) {
     req.set_worker_id(worker);
     req.set_task_id(task->task_id());
     v1::ReportResultResponse resp;
-    ExpectInvalid(workers_->ReportResult(Ctx(kWorker).get(), req, &resp), "result");
+    ExpectInvalid(workers_->ReportResult(WCtx(worker).get(), req, &resp), "result");
     req.mutable_result()->set_outcome(static_cast<v1::EvalOutcome>(77));
-    ExpectInvalid(workers_->ReportResult(Ctx(kWorker).get(), req, &resp), "result.outcome");
+    ExpectInvalid(workers_->ReportResult(WCtx(worker).get(), req, &resp), "result.outcome");
     req.mutable_result()->set_outcome(v1::EVAL_OUTCOME_VERIFIED);
     req.mutable_result()->mutable_timing()->set_median_us(std::numeric_limits<double>::quiet_NaN());
-    ExpectInvalid(workers_->ReportResult(Ctx(kWorker).get(), req, &resp), "result.timing");
+    ExpectInvalid(workers_->ReportResult(WCtx(worker).get(), req, &resp), "result.timing");
     req.mutable_result()->mutable_timing()->set_median_us(-1);
-    ExpectInvalid(workers_->ReportResult(Ctx(kWorker).get(), req, &resp), "result.timing");
+    ExpectInvalid(workers_->ReportResult(WCtx(worker).get(), req, &resp), "result.timing");
+    req.mutable_result()->mutable_timing()->set_median_us(500);
+    req.mutable_result()->mutable_verified()->set_total_q(-1);
+    ExpectInvalid(workers_->ReportResult(WCtx(worker).get(), req, &resp), "result.verified.total_q");
+  }
+  {
+    v1::RegisterRequest req;
+    req.set_worker_name("w");
+    req.mutable_gpu()->set_arch("sm_90a");
+    req.add_sanitizer_tools("memcheck; rm -rf /");
+    v1::RegisterResponse resp;
+    ExpectInvalid(workers_->Register(Ctx(kWorker).get(), req, &resp), "sanitizer_tools");
   }
 }
 
@@ -496,24 +563,17 @@ TEST_F(ServerTest, UnknownIdsAreNotFound) {
     }
     EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::NOT_FOUND) << id;
   }
-  v1::LeaseTaskRequest l;
-  l.set_worker_id("w424242");
-  v1::LeaseTaskResponse lr;
-  EXPECT_EQ(workers_->LeaseTask(Ctx(kWorker).get(), l, &lr).error_code(),
-            grpc::StatusCode::NOT_FOUND);
   const std::string worker = RegisterWorker();
-  v1::ReportResultRequest r;
-  r.set_worker_id(worker);
-  r.set_task_id("t999999");
-  r.mutable_result()->set_outcome(v1::EVAL_OUTCOME_WRONG);
-  v1::ReportResultResponse rr;
-  EXPECT_EQ(workers_->ReportResult(Ctx(kWorker).get(), r, &rr).error_code(),
-            grpc::StatusCode::NOT_FOUND);
-  v1::HeartbeatRequest h;
-  h.set_worker_id("nobody");
-  v1::HeartbeatResponse hr;
-  EXPECT_EQ(workers_->Heartbeat(Ctx(kWorker).get(), h, &hr).error_code(),
-            grpc::StatusCode::NOT_FOUND);
+  for (const std::string& id : std::vector<std::string>{"t999999", "garbage", "", std::string(500, 't')}) {
+    v1::ReportResultRequest r;
+    r.set_worker_id(worker);
+    r.set_task_id(id);
+    r.mutable_result()->set_outcome(v1::EVAL_OUTCOME_WRONG);
+    v1::ReportResultResponse rr;
+    EXPECT_EQ(workers_->ReportResult(WCtx(worker).get(), r, &rr).error_code(),
+              grpc::StatusCode::NOT_FOUND)
+        << id;
+  }
 }
 
 // Random and extreme values for every field of every RPC: whatever comes
@@ -644,7 +704,7 @@ TEST_F(ServerTest, GarbageNeverCrashesTheServer) {
         r.set_worker_id(rng() & 1 ? worker : junk());
         for (int k = 0; k < 3; ++k) r.add_task_ids(rng() & 1 ? junk() : "t" + std::to_string(pick64()));
         v1::HeartbeatResponse resp;
-        st = workers_->Heartbeat(Ctx(kWorker).get(), r, &resp);
+        st = workers_->Heartbeat(WCtx(worker).get(), r, &resp);
         break;
       }
       case 10: {
@@ -652,7 +712,7 @@ TEST_F(ServerTest, GarbageNeverCrashesTheServer) {
         r.set_worker_id(rng() & 1 ? worker : junk());
         r.set_wait_ms(pick32() & 0xff);
         v1::LeaseTaskResponse resp;
-        st = workers_->LeaseTask(Ctx(kWorker).get(), r, &resp);
+        st = workers_->LeaseTask(WCtx(worker).get(), r, &resp);
         break;
       }
       case 11: {
@@ -663,8 +723,9 @@ TEST_F(ServerTest, GarbageNeverCrashesTheServer) {
         r.mutable_result()->mutable_timing()->set_median_us(static_cast<double>(pick64()));
         r.mutable_result()->mutable_timing()->set_max_us(-static_cast<double>(pick64()));
         r.mutable_result()->mutable_compile()->set_cubin(junk());
+        if (rng() & 1) r.mutable_result()->mutable_verified()->set_batch(pick64());
         v1::ReportResultResponse resp;
-        st = workers_->ReportResult(Ctx(kWorker).get(), r, &resp);
+        st = workers_->ReportResult(WCtx(worker).get(), r, &resp);
         break;
       }
     }
@@ -725,9 +786,20 @@ TEST_F(ServerTest, WorkerFlowReplacesTheBestOnlyAfterARetimeWin) {
   EXPECT_FALSE(t1->variant().source().empty());
   EXPECT_EQ(t1->variant().manifest_json(), kManifest);
 
-  // First verified result: nothing to beat, it becomes the best.
+  // First verified result: nothing to beat, but an EVALUATE alone never
+  // promotes: it asks for a CONFIRM (gates, then a timing alone), which is
+  // leased before the other evaluations.
   ASSERT_TRUE(Report(w, *t1, 100.0));
   v1::GetKernelResponse k;
+  ASSERT_TRUE(GetKernel(MakeShape(), &k).ok());
+  EXPECT_FALSE(k.kernel().tuned()) << "promoted before its CONFIRM";
+  auto confirm = Lease(w);
+  ASSERT_TRUE(confirm);
+  EXPECT_EQ(confirm->kind(), v1::TASK_KIND_CONFIRM);
+  EXPECT_EQ(confirm->variant().variant_id(), t1->variant().variant_id());
+  EXPECT_EQ(confirm->variant().source(), t1->variant().source());
+  EXPECT_FALSE(confirm->has_incumbent());
+  ASSERT_TRUE(Report(w, *confirm, 100.0));
   ASSERT_TRUE(GetKernel(MakeShape(), &k).ok());
   EXPECT_TRUE(k.kernel().tuned());
   EXPECT_EQ(k.kernel().variant_id(), t1->variant().variant_id());
@@ -842,7 +914,7 @@ TEST_F(ServerTest, CompileErrorMessageLeadsWithTheErrors) {
   log += "candidate.cu(12): error: identifier \"x\" is undefined\n";
   r->mutable_compile()->set_log(log);
   v1::ReportResultResponse resp;
-  ASSERT_TRUE(workers_->ReportResult(Ctx(kWorker).get(), req, &resp).ok());
+  ASSERT_TRUE(workers_->ReportResult(WCtx(w).get(), req, &resp).ok());
   auto evals = store_->ListEvaluations(t->variant().variant_id());
   ASSERT_TRUE(evals.ok()) << evals.status();
   ASSERT_EQ(evals->size(), 1u);
@@ -913,14 +985,14 @@ TEST_F(ServerTest, RejectsQuartilesOutsideTheRange) {
   req.set_task_id(t->task_id());
   auto* r = req.mutable_result();
   r->set_outcome(v1::EVAL_OUTCOME_VERIFIED);
-  r->mutable_timing()->set_median_us(10);
-  r->mutable_timing()->set_min_us(9);
-  r->mutable_timing()->set_max_us(12);
-  r->mutable_timing()->set_p25_us(11);  // above the median
-  r->mutable_timing()->set_p75_us(11.5);
+  r->mutable_timing()->set_median_us(100);
+  r->mutable_timing()->set_min_us(90);
+  r->mutable_timing()->set_max_us(120);
+  r->mutable_timing()->set_p25_us(110);  // above the median
+  r->mutable_timing()->set_p75_us(115);
   r->mutable_timing()->set_samples(5);
   v1::ReportResultResponse resp;
-  grpc::Status s = workers_->ReportResult(Ctx(kWorker).get(), req, &resp);
+  grpc::Status s = workers_->ReportResult(WCtx(w).get(), req, &resp);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(s.error_message().find("p25_us"), std::string::npos) << s.error_message();
 }
@@ -931,7 +1003,20 @@ TEST_F(ServerTest, NearestTunedBucketServesAnUntunedOne) {
   const std::string w = RegisterWorker();
   auto t = Lease(w);
   ASSERT_TRUE(t);
-  ASSERT_TRUE(Report(w, *t, 50.0));
+  // Verified up to 64 sequences of 1024 (the nearest-bucket request below).
+  v1::ReportResultRequest evaluate = Result(w, *t, 50.0);
+  v1::SizeExtent* e = evaluate.mutable_result()->mutable_verified();
+  e->set_batch(64);
+  e->set_max_len_q(1024);
+  e->set_max_len_k(1024);
+  e->set_total_q(64 * 1024);
+  e->set_total_k(64 * 1024);
+  ASSERT_TRUE(Send(w, evaluate).ok());
+  auto confirm = Lease(w);
+  ASSERT_TRUE(confirm);
+  v1::ReportResultRequest confirmed = Result(w, *confirm, 50.0);
+  *confirmed.mutable_result()->mutable_verified() = *e;
+  ASSERT_TRUE(Send(w, confirmed).ok());
   v1::GetKernelResponse k;
   ASSERT_TRUE(GetKernel(MakeShape(64, 1024, 64 * 1000), &k).ok());
   EXPECT_FALSE(k.kernel().tuned());
@@ -944,6 +1029,11 @@ TEST_F(ServerTest, NearestTunedBucketServesAnUntunedOne) {
   other.set_heads(16);
   ASSERT_TRUE(GetKernel(other, &k).ok());
   EXPECT_EQ(k.kernel().served_bucket(), "");
+  // Nearest-bucket serving stops where the winner was verified: 65
+  // sequences were never checked.
+  ASSERT_TRUE(GetKernel(MakeShape(65, 1024, 65 * 1000), &k).ok());
+  EXPECT_EQ(k.kernel().served_bucket(), "") << "served past its verified batch";
+  EXPECT_EQ(k.kernel().cubin(), "CUBIN-sm_90a");
 }
 
 TEST_F(ServerTest, ExpiredLeaseGoesBackToTheQueue) {
@@ -961,7 +1051,8 @@ TEST_F(ServerTest, ExpiredLeaseGoesBackToTheQueue) {
   auto again = Lease(b, 3000);
   ASSERT_TRUE(again);
   EXPECT_EQ(again->task_id(), t->task_id());
-  EXPECT_FALSE(Report(a, *t, 10.0)) << "the expired lease's result is refused";
+  // The expired lease's result is refused: the task is b's now.
+  EXPECT_EQ(Send(a, Result(a, *t, 10.0)).error_code(), grpc::StatusCode::PERMISSION_DENIED);
   EXPECT_TRUE(Report(b, *again, 10.0));
 }
 
@@ -1002,7 +1093,7 @@ TEST_F(ServerTest, HeartbeatKeepsALeaseAlive) {
     h.set_worker_id(a);
     h.add_task_ids(t->task_id());
     v1::HeartbeatResponse hr;
-    ASSERT_TRUE(workers_->Heartbeat(Ctx(kWorker).get(), h, &hr).ok());
+    ASSERT_TRUE(workers_->Heartbeat(WCtx(a).get(), h, &hr).ok());
     EXPECT_EQ(hr.cancelled_task_ids_size(), 0);
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
@@ -1040,7 +1131,7 @@ TEST_F(ServerTest, CancelJobCancelsTasksAndEndsWatchers) {
   h.set_worker_id(w);
   h.add_task_ids(t->task_id());
   v1::HeartbeatResponse hr;
-  ASSERT_TRUE(workers_->Heartbeat(Ctx(kWorker).get(), h, &hr).ok());
+  ASSERT_TRUE(workers_->Heartbeat(WCtx(w).get(), h, &hr).ok());
   ASSERT_EQ(hr.cancelled_task_ids_size(), 1);
   EXPECT_EQ(hr.cancelled_task_ids(0), t->task_id());
   EXPECT_FALSE(Lease(w, 100)) << "no task of a cancelled job is handed out";
@@ -1087,6 +1178,488 @@ TEST_F(ServerTest, HealthTurnsNotServingAndWatchersEndOnShutdown) {
   stopper.join();
   watcher.join();
   EXPECT_EQ(watch_status.error_code(), grpc::StatusCode::UNAVAILABLE) << watch_status.error_message();
+}
+
+// ------------------------------------------------- worker results are claims
+
+// The evaluations and the cubin a variant's reports left in the store.
+struct Stored {
+  size_t evaluations = 0;
+  bool cubin = false;
+};
+
+class ClaimsTest : public ServerTest {
+ protected:
+  Stored StoredFor(const v1::Task& task) {
+    Stored st;
+    auto evals = store_->ListEvaluations(task.variant().variant_id());
+    EXPECT_TRUE(evals.ok()) << evals.status();
+    if (evals.ok()) st.evaluations = evals->size();
+    st.cubin = store_->GetCubin(Sha256Hex("CUBIN-of-" + task.variant().variant_id())).ok();
+    return st;
+  }
+  std::vector<EvaluationRecord> Evaluations(const std::string& variant) {
+    auto evals = store_->ListEvaluations(variant);
+    EXPECT_TRUE(evals.ok()) << evals.status();
+    return evals.ok() ? *evals : std::vector<EvaluationRecord>{};
+  }
+  static ShapeKey KeyOf(const v1::Shape& s) {
+    ShapeKey k;
+    k.head_dim = s.head_dim();
+    k.heads = s.heads();
+    k.kv_heads = s.kv_heads() == 0 ? s.heads() : s.kv_heads();
+    k.causal = s.causal();
+    k.arch = s.arch();
+    k.batch = s.batch();
+    k.max_len_q = s.max_len_q();
+    k.total_q = s.total_q();
+    return k;
+  }
+  bool Tuned(const v1::Shape& shape, std::string* variant = nullptr) {
+    v1::GetKernelResponse k;
+    grpc::Status s = GetKernel(shape, &k);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    if (variant) *variant = k.kernel().variant_id();
+    return k.kernel().tuned();
+  }
+  // An injected clock: leases end when a test says so.
+  std::shared_ptr<std::atomic<int64_t>> clock_ =
+      std::make_shared<std::atomic<int64_t>>(1'700'000'000'000);
+  ServerOptions WithClock() {
+    ServerOptions o;
+    auto clock = clock_;
+    o.api.clock = [clock] { return clock->load(); };
+    return o;
+  }
+};
+
+TEST_F(ClaimsTest, AReportForATaskLeasedToAnotherWorkerIsRefusedAndStoresNothing) {
+  Start({}, 1);
+  SubmitJob(1);
+  const std::string a = RegisterWorker("a");
+  const std::string b = RegisterWorker("b");
+  auto t = Lease(a);
+  ASSERT_TRUE(t);
+  grpc::Status s = Send(b, Result(b, *t, 50.0));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  EXPECT_NE(s.error_message().find("leased to worker " + a), std::string::npos) << s.error_message();
+  EXPECT_EQ(StoredFor(*t).evaluations, 0u);
+  EXPECT_FALSE(StoredFor(*t).cubin) << "the cubin was stored before the lease was checked";
+  EXPECT_TRUE(Report(a, *t, 50.0)) << "the holder still can";
+}
+
+TEST_F(ClaimsTest, ARequestUnderAnotherWorkersIdIsRefused) {
+  Start({}, 1);
+  SubmitJob(1);
+  const std::string a = RegisterWorker("a");
+  const std::string b = RegisterWorker("b");
+  auto t = Lease(a);
+  ASSERT_TRUE(t);
+  // b's session, a's id: the session decides who calls.
+  v1::ReportResultRequest forged = Result(a, *t, 50.0);
+  grpc::Status s = Send(b, forged);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  EXPECT_NE(s.error_message().find("acts only as itself"), std::string::npos) << s.error_message();
+  EXPECT_EQ(StoredFor(*t).evaluations, 0u);
+  EXPECT_FALSE(StoredFor(*t).cubin);
+  v1::LeaseTaskRequest l;
+  l.set_worker_id(a);
+  v1::LeaseTaskResponse lr;
+  EXPECT_EQ(workers_->LeaseTask(WCtx(b).get(), l, &lr).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  v1::HeartbeatRequest h;
+  h.set_worker_id(a);
+  h.add_task_ids(t->task_id());
+  v1::HeartbeatResponse hr;
+  EXPECT_EQ(workers_->Heartbeat(WCtx(b).get(), h, &hr).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  // Without a declared id the call is the session's worker's.
+  forged.clear_worker_id();
+  EXPECT_EQ(Send(b, forged).error_code(), grpc::StatusCode::PERMISSION_DENIED)
+      << "b holds no lease on the task";
+  forged.set_worker_id("");
+  EXPECT_TRUE(Send(a, forged).ok());
+}
+
+TEST_F(ClaimsTest, CallsWithoutASessionAreUnauthenticated) {
+  Start({}, 1);
+  SubmitJob(1);
+  const std::string a = RegisterWorker("a");
+  auto t = Lease(a);
+  ASSERT_TRUE(t);
+  v1::ReportResultRequest req = Result(a, *t, 50.0);
+  v1::ReportResultResponse resp;
+  grpc::Status s = workers_->ReportResult(Ctx(kWorker).get(), req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_NE(s.error_message().find("x-kforge-session"), std::string::npos) << s.error_message();
+  v1::LeaseTaskRequest l;
+  l.set_worker_id(a);
+  v1::LeaseTaskResponse lr;
+  EXPECT_EQ(workers_->LeaseTask(Ctx(kWorker).get(), l, &lr).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  v1::HeartbeatRequest h;
+  h.set_worker_id(a);
+  v1::HeartbeatResponse hr;
+  EXPECT_EQ(workers_->Heartbeat(Ctx(kWorker).get(), h, &hr).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(StoredFor(*t).evaluations, 0u);
+  EXPECT_FALSE(StoredFor(*t).cubin);
+}
+
+TEST_F(ClaimsTest, AForgedOrStaleSessionIsUnauthenticated) {
+  Start({}, 1);
+  SubmitJob(1);
+  const std::string a = RegisterWorker("a");
+  auto t = Lease(a);
+  ASSERT_TRUE(t);
+  const std::string real = sessions_[a];
+  for (std::string forged : {std::string("kfs_") + std::string(64, '0'), real.substr(0, 67) + "x",
+                             real + "0", std::string("Bearer ") + kWorker, std::string(kWorker)}) {
+    sessions_[a] = forged;
+    grpc::Status s = Send(a, Result(a, *t, 50.0));
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << forged;
+    EXPECT_NE(s.error_message().find("not a session this server issued"), std::string::npos)
+        << s.error_message();
+  }
+  EXPECT_EQ(StoredFor(*t).evaluations, 0u);
+  // Stale: a session of a database the server no longer has.
+  server_.reset();
+  store_.reset();
+  for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(db_.string() + suffix);
+  Start({}, 1);
+  sessions_[a] = real;
+  v1::LeaseTaskRequest l;
+  v1::LeaseTaskResponse lr;
+  grpc::Status stale = workers_->LeaseTask(WCtx(a).get(), l, &lr);
+  EXPECT_EQ(stale.error_code(), grpc::StatusCode::UNAUTHENTICATED) << stale.error_message();
+}
+
+TEST_F(ClaimsTest, AReportAfterTheLeaseEndedIsRefusedAndStoresNothing) {
+  ServerOptions o = WithClock();
+  o.reaper_interval_ms = 3600 * 1000;  // the lease ends, nobody requeues it yet
+  Start(o, 1);
+  SubmitJob(1);
+  const std::string a = RegisterWorker("a");
+  auto t = Lease(a);
+  ASSERT_TRUE(t);
+  *clock_ += o.api.lease_ttl_ms + 1;
+  grpc::Status s = Send(a, Result(a, *t, 50.0));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  EXPECT_NE(s.error_message().find("live lease"), std::string::npos) << s.error_message();
+  EXPECT_EQ(StoredFor(*t).evaluations, 0u);
+  EXPECT_FALSE(StoredFor(*t).cubin);
+}
+
+TEST_F(ClaimsTest, TimingsBelowThePhysicalFloorAreRefused) {
+  Start({}, 1);
+  SubmitJob(1);
+  const std::string a = RegisterWorker("a");
+  auto t = Lease(a);
+  ASSERT_TRUE(t);
+  const TimingFloor floor = FloorOf(KeyOf(MakeShape()), "sm_90a");
+  ASSERT_GT(floor.us, 1.0);
+  for (double us : {1e-6, floor.us * 0.99}) {
+    grpc::Status s = Send(a, Result(a, *t, us, us / 10));
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << us;
+    EXPECT_NE(s.error_message().find("result.timing.median_us"), std::string::npos);
+    EXPECT_NE(s.error_message().find(fmt::format("floor of this shape, {:.2f} us", floor.us)),
+              std::string::npos)
+        << s.error_message();
+  }
+  // The GPU a worker names does not move its floor: its registered arch does.
+  v1::ReportResultRequest b200 = Result(a, *t, floor.us * 0.99, 0.01);
+  b200.mutable_result()->mutable_gpu()->set_name("NVIDIA B200");
+  b200.mutable_result()->mutable_gpu()->set_arch("sm_100a");
+  EXPECT_EQ(Send(a, b200).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(StoredFor(*t).evaluations, 0u);
+  EXPECT_TRUE(Report(a, *t, floor.us * 1.01, 0.01)) << "at the floor's edge a time is possible";
+}
+
+TEST_F(ClaimsTest, AnIncumbentTimingBelowTheFloorIsRefused) {
+  std::optional<RetimeSetup> r = SetUpRetime();
+  ASSERT_TRUE(r);
+  const TimingFloor floor = FloorOf(KeyOf(MakeShape()), "sm_90a");
+  for (double us : {1e-6, floor.us * 0.99}) {
+    grpc::Status s = Send(r->worker, Result(r->worker, r->retime, 95.0, us / 100, us));
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << us;
+    EXPECT_NE(s.error_message().find("result.incumbent_timing.median_us"), std::string::npos)
+        << s.error_message();
+  }
+  EXPECT_EQ(Evaluations(r->challenger).size(), 1u) << "only its EVALUATE";
+}
+
+// The served cubin is the one the promoting worker compiled and gated. An
+// EVALUATE that reported other bytes for the same source, NVRTC and
+// options means one of the two lied: nothing is promoted.
+TEST_F(ClaimsTest, ACubinSwappedBetweenEvaluateAndConfirmIsNotPromoted) {
+  Start({}, 2);
+  const std::string a = RegisterWorker("a");
+  auto with_toolchain = [](v1::ReportResultRequest r, const std::string& cubin,
+                           const std::string& nvrtc, const std::string& options) {
+    r.mutable_result()->mutable_gpu()->set_nvrtc_version(nvrtc);
+    r.mutable_result()->mutable_compile()->set_options(options);
+    r.mutable_result()->mutable_compile()->set_cubin(cubin);
+    return r;
+  };
+  // The same claims, then a toolchain claimed to differ: the worker
+  // registered one NVRTC, so its reports cannot dodge the comparison.
+  for (const auto& [nvrtc, options] :
+       std::vector<std::pair<std::string, std::string>>{{"13.0", "-arch=sm_90a -DBLOCK_M=128"},
+                                                        {"12.8", "-arch=sm_90a -w"}}) {
+    const v1::Job job = SubmitJob(1);
+    auto t = Lease(a);
+    ASSERT_TRUE(t);
+    ASSERT_TRUE(Send(a, with_toolchain(Result(a, *t, 100.0), "honest cubin", "13.0",
+                                       "-arch=sm_90a -DBLOCK_M=128"))
+                    .ok());
+    auto confirm = Lease(a);
+    ASSERT_TRUE(confirm && confirm->kind() == v1::TASK_KIND_CONFIRM);
+    ASSERT_TRUE(
+        Send(a, with_toolchain(Result(a, *confirm, 100.0), "swapped " + nvrtc, nvrtc, options))
+            .ok());
+    EXPECT_FALSE(Tuned(MakeShape())) << nvrtc;
+    std::vector<EvaluationRecord> evals = Evaluations(t->variant().variant_id());
+    ASSERT_EQ(evals.size(), 2u);
+    EXPECT_NE(
+        evals[1].message.find("cubin differs from worker " + a + "'s compile of the same source"),
+        std::string::npos)
+        << evals[1].message;
+    EXPECT_EQ(WaitForState(job.id(), v1::JOB_STATE_SUCCEEDED).state(), v1::JOB_STATE_SUCCEEDED);
+  }
+}
+
+// Workers on different NVRTC versions compile different bytes honestly:
+// the promoting report's own cubin is served.
+TEST_F(ClaimsTest, CubinsOfWorkersOnDifferentNvrtcVersionsNeedNotMatch) {
+  Start({}, 1);
+  SubmitJob(1);
+  const std::string a = RegisterWorker("a", {"memcheck"}, "", "13.0");
+  const std::string b = RegisterWorker("b", {"memcheck"}, "", "13.1");
+  auto t = Lease(a);
+  ASSERT_TRUE(t);
+  ASSERT_TRUE(Report(a, *t, 100.0));
+  auto confirm = Lease(b);
+  ASSERT_TRUE(confirm && confirm->kind() == v1::TASK_KIND_CONFIRM);
+  v1::ReportResultRequest r = Result(b, *confirm, 100.0);
+  r.mutable_result()->mutable_compile()->set_cubin("b's cubin");
+  ASSERT_TRUE(Send(b, r).ok());
+  v1::GetKernelResponse k;
+  ASSERT_TRUE(GetKernel(MakeShape(), &k).ok());
+  EXPECT_TRUE(k.kernel().tuned());
+  EXPECT_EQ(k.kernel().cubin(), "b's cubin");
+}
+
+TEST_F(ClaimsTest, AnUngatedWorkersConfirmIsRecordedNotPromoted) {
+  Start({}, 1);
+  const v1::Job job = SubmitJob(1);
+  const std::string a = RegisterWorker("a", /*tools=*/{});
+  auto t = Lease(a);
+  ASSERT_TRUE(t);
+  ASSERT_TRUE(ReportAndConfirm(a, *t, 100.0));
+  EXPECT_FALSE(Tuned(MakeShape()));
+  std::vector<EvaluationRecord> evals = Evaluations(t->variant().variant_id());
+  ASSERT_EQ(evals.size(), 2u);
+  EXPECT_EQ(evals[1].outcome, Outcome::kVerified);
+  EXPECT_NE(evals[1].message.find("not promoted: worker " + a +
+                                  " registered without the memcheck sanitizer gate"),
+            std::string::npos)
+      << evals[1].message;
+  EXPECT_EQ(WaitForState(job.id(), v1::JOB_STATE_SUCCEEDED).state(), v1::JOB_STATE_SUCCEEDED);
+  // racecheck alone is no memcheck gate either.
+  const std::string b = RegisterWorker("b", {"racecheck"});
+  EXPECT_FALSE(sessions_[b].empty());
+}
+
+TEST_F(ClaimsTest, UngatedPromotionIsAConfigChoice) {
+  ServerOptions o;
+  o.api.allow_ungated_promotion = true;
+  Start(o, 1);
+  SubmitJob(1);
+  const std::string a = RegisterWorker("a", /*tools=*/{});
+  auto t = Lease(a);
+  ASSERT_TRUE(t);
+  ASSERT_TRUE(ReportAndConfirm(a, *t, 100.0));
+  EXPECT_TRUE(Tuned(MakeShape()));
+}
+
+TEST_F(ClaimsTest, AConfirmGoesToAnotherWorkerWhileOneIsConnectedAndToTheSameOneAlone) {
+  ServerOptions o = WithClock();
+  Start(o, 2);
+  SubmitJob(1);
+  const std::string a = RegisterWorker("a");
+  const std::string b = RegisterWorker("b");
+  auto t = Lease(a);
+  ASSERT_TRUE(t);
+  ASSERT_TRUE(Report(a, *t, 100.0));
+  EXPECT_FALSE(Lease(a, 300)) << "a was given the CONFIRM of its own candidate";
+  auto confirm = Lease(b);
+  ASSERT_TRUE(confirm);
+  EXPECT_EQ(confirm->kind(), v1::TASK_KIND_CONFIRM);
+  ASSERT_TRUE(Report(b, *confirm, 100.0));
+  EXPECT_TRUE(Tuned(MakeShape()));
+
+  // b goes quiet for longer than a lease: a is alone and confirms its own.
+  SubmitJob(1, MakeShape(3, 1000, 3000));
+  auto t2 = Lease(a);
+  ASSERT_TRUE(t2);
+  ASSERT_TRUE(Report(a, *t2, 50.0));  // faster: a RETIME follows
+  *clock_ += o.api.lease_ttl_ms + 1;
+  auto retime = Lease(a);
+  ASSERT_TRUE(retime) << "a single worker must still promote";
+  EXPECT_EQ(retime->kind(), v1::TASK_KIND_RETIME);
+}
+
+TEST_F(ClaimsTest, AStrictConfirmationWaitsForAnotherWorker) {
+  ServerOptions o;
+  o.api.require_distinct_confirmer = true;
+  Start(o, 1);
+  SubmitJob(1);
+  const std::string a = RegisterWorker("a");
+  auto t = Lease(a);
+  ASSERT_TRUE(t);
+  ASSERT_TRUE(Report(a, *t, 100.0));
+  EXPECT_FALSE(Lease(a, 300));
+  const std::string b = RegisterWorker("b");
+  auto confirm = Lease(b);
+  ASSERT_TRUE(confirm);
+  EXPECT_EQ(confirm->kind(), v1::TASK_KIND_CONFIRM);
+}
+
+// An ungated worker cannot promote: it does not count as the other worker
+// that keeps a candidate from its own producer, and it is given no
+// promotion task while a worker that can promote is connected.
+TEST_F(ClaimsTest, AnUngatedWorkerNeitherConfirmsNorTakesPromotionsFromAGatedOne) {
+  Start({}, 1);
+  SubmitJob(1);
+  const std::string a = RegisterWorker("a");
+  const std::string ungated = RegisterWorker("ungated", /*tools=*/{});
+  auto t = Lease(a);
+  ASSERT_TRUE(t);
+  ASSERT_TRUE(Report(a, *t, 100.0));
+  EXPECT_FALSE(Lease(ungated, 300)) << "the CONFIRM went to a worker that cannot promote it";
+  auto confirm = Lease(a);
+  ASSERT_TRUE(confirm && confirm->kind() == v1::TASK_KIND_CONFIRM);
+  ASSERT_TRUE(Report(a, *confirm, 100.0));
+  EXPECT_TRUE(Tuned(MakeShape()));
+}
+
+TEST_F(ClaimsTest, ABestIsNotServedPastItsVerifiedExtent) {
+  Start({}, 1);
+  SubmitJob(1);
+  const std::string a = RegisterWorker("a");
+  auto t = Lease(a);
+  ASSERT_TRUE(t);
+  // Verified at most 4 sequences of up to 1024, 3000 tokens in all: less
+  // than its bucket (b4.aq1024: up to 4096 tokens) holds.
+  auto verified = [](v1::ReportResultRequest r) {
+    v1::SizeExtent* e = r.mutable_result()->mutable_verified();
+    e->set_batch(4);
+    e->set_max_len_q(1024);
+    e->set_max_len_k(1024);
+    e->set_total_q(3000);
+    e->set_total_k(3000);
+    return r;
+  };
+  ASSERT_TRUE(Send(a, verified(Result(a, *t, 100.0))).ok());
+  auto confirm = Lease(a);
+  ASSERT_TRUE(confirm);
+  ASSERT_TRUE(Send(a, verified(Result(a, *confirm, 100.0))).ok());
+  std::string served;
+  EXPECT_TRUE(Tuned(MakeShape(4, 1024, 3000), &served));
+  EXPECT_EQ(served, t->variant().variant_id());
+  EXPECT_FALSE(Tuned(MakeShape(4, 1024, 4000), &served)) << "served past its verified total";
+  EXPECT_EQ(served, "") << "the seed serves it";
+  EXPECT_FALSE(Tuned(MakeShape(3, 1024, 3001), &served));
+  auto best = store_->GetBest(BucketOf(KeyOf(MakeShape())).Id(), "sm_90a");
+  ASSERT_TRUE(best.ok());
+  EXPECT_EQ(best->verified.total_q, 3000);
+  // After a restart the extent still holds.
+  server_.reset();
+  Start({}, 1);
+  EXPECT_TRUE(Tuned(MakeShape(4, 1024, 3000)));
+  EXPECT_FALSE(Tuned(MakeShape(4, 1024, 4000)));
+}
+
+TEST_F(ClaimsTest, AWorkersSessionSurvivesAServerRestart) {
+  Start({}, 2);
+  SubmitJob(2);
+  const std::string a = RegisterWorker("a");
+  const std::string session = sessions_[a];
+  auto t = Lease(a);
+  ASSERT_TRUE(t);
+  server_.reset();
+  Start({}, 2);
+  // The same session goes on where it was: its lease is still its own.
+  EXPECT_TRUE(Report(a, *t, 100.0));
+  // Registering again with the session keeps the id.
+  EXPECT_EQ(RegisterWorker("a", {"memcheck"}, session), a);
+  EXPECT_EQ(sessions_[a], session);
+  // The same name without the session is another worker: no id, no lease.
+  auto next = Lease(a);
+  ASSERT_TRUE(next);
+  const std::string impostor = RegisterWorker("a");
+  EXPECT_NE(impostor, a);
+  EXPECT_EQ(Send(impostor, Result(impostor, *next, 100.0)).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_TRUE(Report(a, *next, 100.0));
+}
+
+TEST_F(ClaimsTest, SecretsInAReportedLogAreRedactedBeforeTheyAreStored) {
+  Start({}, 1);
+  SubmitJob(1);
+  const std::string a = RegisterWorker("a");
+  auto t = Lease(a);
+  ASSERT_TRUE(t);
+  const std::string session = sessions_[a];
+  v1::ReportResultRequest req = Result(a, *t, 0, 1, 0, v1::EVAL_OUTCOME_COMPILE_ERROR);
+  req.mutable_result()->set_message(fmt::format("NVRTC failed; session {}", session));
+  // An environment block read as text: NUL-separated assignments.
+  const std::string nul(1, '\0');
+  req.mutable_result()->mutable_compile()->set_log(
+      fmt::format("/proc/self/environ(1): error: KFORGE_WORKER_TOKEN={}", kWorker) + nul +
+      fmt::format("KFORGE_CLIENT_TOKEN={}", kClient) + nul + "HOME=/root" + nul +
+      fmt::format(" authorization: Bearer {} and plain {} and {}\n", kWorker, kClient, kWorker));
+  req.mutable_result()->mutable_gpu()->set_name(std::string("H200 ") + kClient);
+  req.mutable_result()->mutable_compile()->set_options(std::string("-DX=") + kWorker);
+  ASSERT_TRUE(Send(a, req).ok());
+  std::vector<EvaluationRecord> evals = Evaluations(t->variant().variant_id());
+  ASSERT_EQ(evals.size(), 1u);
+  for (const std::string& text :
+       {evals[0].message, evals[0].gpu_name, evals[0].compile_options}) {
+    for (const std::string secret : {std::string(kWorker), std::string(kClient), session}) {
+      EXPECT_EQ(text.find(secret), std::string::npos) << secret << " in: " << text;
+    }
+  }
+  EXPECT_NE(evals[0].message.find("[redacted]"), std::string::npos) << evals[0].message;
+  EXPECT_NE(evals[0].message.find("/proc/self/environ(1): error:"), std::string::npos)
+      << evals[0].message;
+}
+
+// Bytes changed in the database after they were checked in are not served:
+// the cache re-checks a cubin against its hash when it loads it.
+TEST_F(ClaimsTest, ACubinThatNoLongerMatchesItsHashIsNotServed) {
+  Start({}, 1);
+  SubmitJob(1);
+  const std::string a = RegisterWorker("a");
+  auto t = Lease(a);
+  ASSERT_TRUE(t);
+  ASSERT_TRUE(ReportAndConfirm(a, *t, 100.0));
+  EXPECT_TRUE(Tuned(MakeShape()));
+  server_.reset();
+  store_.reset();
+  {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(db_.string().c_str(), &db), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(db, "UPDATE cubins SET bytes = CAST('tampered' AS BLOB)", nullptr,
+                           nullptr, nullptr),
+              SQLITE_OK);
+    sqlite3_close(db);
+  }
+  Start({}, 1);
+  v1::GetKernelResponse k;
+  ASSERT_TRUE(GetKernel(MakeShape(), &k).ok());
+  EXPECT_FALSE(k.kernel().tuned());
+  EXPECT_NE(k.kernel().cubin(), "tampered");
 }
 
 }  // namespace

@@ -75,7 +75,7 @@ class MemoryStore final : public Store {
   }
 
   absl::Status PutCubin(const std::string& hash, const std::string& bytes) override {
-    if (hash.empty()) return absl::InvalidArgumentError("cubin: hash is empty");
+    if (absl::Status s = CheckCubinHash(hash, bytes); !s.ok()) return s;
     absl::MutexLock lock(&mu_);
     cubins_.try_emplace(hash, bytes);
     return absl::OkStatus();
@@ -109,30 +109,41 @@ class MemoryStore final : public Store {
     return MakePage(rows, PageLimit(page), &BestToken);
   }
 
-  absl::StatusOr<bool> CompleteTask(const std::string& task_id, const std::string& worker_id,
-                                    EvaluationRecord eval,
-                                    std::optional<BestRecord> new_best) override {
-    const int64_t now = NowUnixMs();
+  absl::StatusOr<CompletedTask> CompleteTask(const std::string& task_id,
+                                             const std::string& worker_id, int64_t now,
+                                             TaskCompletion c) override {
     absl::MutexLock lock(&mu_);
+    // Everything is checked before anything changes, as a transaction would.
     TaskRecord* task = Find(tasks_, 't', task_id);
     if (task == nullptr) return NotFound("task", task_id);
-    if (task->state != TaskState::kLeased || task->worker_id != worker_id) return false;
+    if (absl::Status s = CheckLease(*task, worker_id, now); !s.ok()) return s;
+    EvaluationRecord& eval = c.eval;
     PrepareEvaluation(*task, worker_id, now, eval);
     std::optional<int64_t> variant = ParseId('v', eval.variant_id);
     if (eval.variant_id.empty())
       return absl::InvalidArgumentError("evaluation: variant_id is empty");
     if (!variant || !variants_.contains(*variant)) return NotFound("variant", eval.variant_id);
+    if (absl::Status s = PrepareCubin(c.cubin, eval); !s.ok()) return s;
+    if (c.cubin.empty() && !eval.cubin_hash.empty() && !cubins_.contains(eval.cubin_hash))
+      return NotFound("cubin", eval.cubin_hash);
     eval.id = next_evaluation_;
-    if (new_best) {
-      PrepareBest(eval, now, *new_best);
-      if (absl::Status s = CheckBest(*new_best, eval); !s.ok()) return s;
+    if (c.new_best) {
+      PrepareBest(eval, now, *c.new_best);
+      if (absl::Status s = CheckBest(*c.new_best, eval); !s.ok()) return s;
     }
+    PrepareFollowUps(eval, c.follow_ups);
+    if (absl::Status s = CheckNewTasks(c.follow_ups, now); !s.ok()) return s;
+
+    CompletedTask done;
+    done.evaluation_id = eval.id;
     ++next_evaluation_;
+    if (!c.cubin.empty()) cubins_.try_emplace(eval.cubin_hash, std::move(c.cubin));
     evals_by_variant_[*variant].push_back(eval.id);
     evaluations_[eval.id] = std::move(eval);
     task->state = TaskState::kDone;
-    if (new_best) best_[{new_best->bucket, new_best->arch}] = std::move(*new_best);
-    return true;
+    if (c.new_best) best_[{c.new_best->bucket, c.new_best->arch}] = std::move(*c.new_best);
+    done.follow_up_ids = InsertTasks(std::move(c.follow_ups));
+    return done;
   }
 
   absl::StatusOr<std::string> CreateJob(JobRecord job) override {
@@ -193,25 +204,8 @@ class MemoryStore final : public Store {
       std::vector<TaskRecord> tasks) override {
     const int64_t now = NowUnixMs();
     absl::MutexLock lock(&mu_);
-    // Validate every task before storing any: the batch is all or nothing.
-    std::map<int64_t, bool> claimed;
-    for (TaskRecord& t : tasks) {
-      if (absl::Status s = PrepareTask(t, now); !s.ok()) return s;
-      if (Find(jobs_, 'j', t.job_id) == nullptr) return NotFound("job", t.job_id);
-      if (!t.id.empty()) {
-        int64_t n = *ParseId('t', t.id);
-        if (tasks_.contains(n) || !claimed.emplace(n, true).second)
-          return absl::AlreadyExistsError(fmt::format("task '{}' already exists", t.id));
-      }
-    }
-    std::vector<std::string> ids;
-    for (TaskRecord& t : tasks) {
-      int64_t n = *NewRowId('t', t.id, tasks_, next_task_);
-      t.id = FormatId('t', n);
-      ids.push_back(t.id);
-      tasks_[n] = std::move(t);
-    }
-    return ids;
+    if (absl::Status s = CheckNewTasks(tasks, now); !s.ok()) return s;
+    return InsertTasks(std::move(tasks));
   }
 
   absl::StatusOr<TaskRecord> GetTask(const std::string& id) override {
@@ -233,7 +227,8 @@ class MemoryStore final : public Store {
   absl::StatusOr<std::optional<TaskRecord>> LeaseTask(const std::string& worker_id,
                                                       const std::string& arch,
                                                       bool compile_only, int64_t now_unix_ms,
-                                                      int64_t ttl_ms) override {
+                                                      int64_t ttl_ms,
+                                                      PromotionLease promotions) override {
     if (worker_id.empty()) return absl::InvalidArgumentError("lease: worker_id is empty");
     if (ttl_ms <= 0) return absl::InvalidArgumentError("lease: ttl_ms must be positive");
     absl::MutexLock lock(&mu_);
@@ -242,13 +237,17 @@ class MemoryStore final : public Store {
     for (auto& [n, t] : tasks_) {
       if (t.state != TaskState::kQueued || t.arch != arch) continue;
       if (compile_only && t.kind != TaskKind::kCompile) continue;
+      if (IsPromotion(t.kind) && (promotions == PromotionLease::kNone ||
+                                  (promotions == PromotionLease::kNotOwn &&
+                                   t.origin_worker_id == worker_id)))
+        continue;
       Job* job = Find(jobs_, 'j', t.job_id);
-      // Re-timing tasks go first (see Store::LeaseTask). Tasks are visited
+      // Promotion tasks go first (see Store::LeaseTask). Tasks are visited
       // oldest first, so among equals only a strictly earlier turn wins.
-      const bool retime = t.kind == TaskKind::kRetime;
-      const bool pick_retime = pick != nullptr && pick->kind == TaskKind::kRetime;
-      if (pick == nullptr || (retime && !pick_retime) ||
-          (retime == pick_retime && job->lease_seq < pick_job->lease_seq)) {
+      const bool promotion = IsPromotion(t.kind);
+      const bool pick_promotion = pick != nullptr && IsPromotion(pick->kind);
+      if (pick == nullptr || (promotion && !pick_promotion) ||
+          (promotion == pick_promotion && job->lease_seq < pick_job->lease_seq)) {
         pick = &t;
         pick_job = job;
       }
@@ -305,20 +304,17 @@ class MemoryStore final : public Store {
   absl::StatusOr<std::string> UpsertWorker(WorkerRecord w) override {
     if (absl::Status s = PrepareWorker(w, NowUnixMs()); !s.ok()) return s;
     absl::MutexLock lock(&mu_);
-    int64_t same_name = 0;
-    for (const auto& [n, row] : workers_)
-      if (!w.name.empty() && row.name == w.name) same_name = n;
     int64_t n = 0;
     if (!w.id.empty()) {
       std::optional<int64_t> given = ParseId('w', w.id);
       if (!given || !workers_.contains(*given)) return NotFound("worker", w.id);
-      if (same_name != 0 && same_name != *given)
-        return absl::AlreadyExistsError(
-            fmt::format("worker name '{}' belongs to w{}", w.name, same_name));
       n = *given;
-    } else {
-      n = same_name != 0 ? same_name : next_worker_++;
     }
+    for (const auto& [other, row] : workers_) {
+      if (!w.session_hash.empty() && other != n && row.session_hash == w.session_hash)
+        return absl::InvalidArgumentError("worker: session_hash belongs to another worker");
+    }
+    if (n == 0) n = next_worker_++;
     w.id = FormatId('w', n);
     workers_[n] = std::move(w);
     return FormatId('w', n);
@@ -367,6 +363,35 @@ class MemoryStore final : public Store {
       page.items.push_back(*rows[i]);
     if (rows.size() > static_cast<size_t>(limit)) page.next_token = token(page.items.back());
     return page;
+  }
+
+  // EnqueueTasks' rules, checked for a whole batch before any is stored:
+  // the batch is all or nothing.
+  absl::Status CheckNewTasks(std::vector<TaskRecord>& tasks, int64_t now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::map<int64_t, bool> claimed;
+    for (TaskRecord& t : tasks) {
+      if (absl::Status s = PrepareTask(t, now); !s.ok()) return s;
+      if (Find(jobs_, 'j', t.job_id) == nullptr) return NotFound("job", t.job_id);
+      if (!t.id.empty()) {
+        int64_t n = *ParseId('t', t.id);
+        if (tasks_.contains(n) || !claimed.emplace(n, true).second)
+          return absl::AlreadyExistsError(fmt::format("task '{}' already exists", t.id));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  std::vector<std::string> InsertTasks(std::vector<TaskRecord> tasks)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::vector<std::string> ids;
+    for (TaskRecord& t : tasks) {
+      int64_t n = *NewRowId('t', t.id, tasks_, next_task_);
+      t.id = FormatId('t', n);
+      ids.push_back(t.id);
+      tasks_[n] = std::move(t);
+    }
+    return ids;
   }
 
   bool EvaluatedOn(int64_t variant, const std::string& bucket) const

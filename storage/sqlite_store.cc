@@ -161,9 +161,69 @@ ALTER TABLE best ADD COLUMN p25_us REAL NOT NULL DEFAULT 0;
 ALTER TABLE best ADD COLUMN p75_us REAL NOT NULL DEFAULT 0;
 )sql";
 
+// v3: a worker's report is a claim checked against what the server knows.
+//  - workers: the SHA-256 of the session secret issued at Register (rows
+//    from before have none, so no call can act as them: such a worker
+//    registers again) and the sanitizer tools it gates with. Names stop
+//    being unique: a name is a label, a session is an identity.
+//  - tasks: kind 'confirm' (SQLite cannot change a CHECK constraint, so the
+//    table is rebuilt; no table references it, its ids and AUTOINCREMENT
+//    counter are kept) and, for promotion tasks, the worker and evaluation
+//    that made the candidate a contender.
+//  - evaluations and best: the sizes a result was verified at; 0 on old
+//    rows (see KernelCache for what an old best serves).
+constexpr std::string_view kSchemaV3 = R"sql(
+ALTER TABLE workers ADD COLUMN session_hash TEXT NOT NULL DEFAULT '';
+ALTER TABLE workers ADD COLUMN sanitizer_tools TEXT NOT NULL DEFAULT '';
+DROP INDEX workers_by_name;
+CREATE INDEX workers_by_name ON workers(name);
+CREATE UNIQUE INDEX workers_by_session ON workers(session_hash) WHERE session_hash <> '';
+
+CREATE TABLE tasks_v3 (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  job INTEGER NOT NULL REFERENCES jobs(id),
+  kind TEXT NOT NULL CHECK (kind IN ('evaluate', 'retime', 'compile', 'confirm')),
+  variant TEXT NOT NULL,
+  incumbent TEXT NOT NULL,
+  bucket TEXT NOT NULL,
+  arch TEXT NOT NULL,
+  shape TEXT NOT NULL,
+  seed INTEGER NOT NULL,
+  state TEXT NOT NULL CHECK (state IN ('queued', 'leased', 'done', 'cancelled')),
+  worker TEXT NOT NULL,
+  lease_expires INTEGER NOT NULL,
+  attempts INTEGER NOT NULL,
+  created INTEGER NOT NULL,
+  origin_worker TEXT NOT NULL DEFAULT '',
+  origin_evaluation INTEGER NOT NULL DEFAULT 0
+);
+INSERT INTO tasks_v3 (id, job, kind, variant, incumbent, bucket, arch, shape, seed, state, worker,
+                      lease_expires, attempts, created)
+  SELECT id, job, kind, variant, incumbent, bucket, arch, shape, seed, state, worker,
+         lease_expires, attempts, created FROM tasks;
+DELETE FROM sqlite_sequence WHERE name = 'tasks_v3';
+INSERT INTO sqlite_sequence (name, seq) SELECT 'tasks_v3', seq FROM sqlite_sequence WHERE name = 'tasks';
+DROP TABLE tasks;
+ALTER TABLE tasks_v3 RENAME TO tasks;
+CREATE INDEX tasks_by_state ON tasks(state, arch);
+CREATE INDEX tasks_by_job ON tasks(job);
+
+ALTER TABLE evaluations ADD COLUMN verified_batch INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE evaluations ADD COLUMN verified_max_len_q INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE evaluations ADD COLUMN verified_max_len_k INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE evaluations ADD COLUMN verified_total_q INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE evaluations ADD COLUMN verified_total_k INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE best ADD COLUMN verified_batch INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE best ADD COLUMN verified_max_len_q INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE best ADD COLUMN verified_max_len_k INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE best ADD COLUMN verified_total_q INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE best ADD COLUMN verified_total_k INTEGER NOT NULL DEFAULT 0;
+)sql";
+
 constexpr Migration kMigrations[] = {
     {1, "initial schema", kSchemaV1},
     {2, "timing quartiles", kSchemaV2},
+    {3, "worker sessions, CONFIRM tasks, verified extents", kSchemaV3},
 };
 
 // ---------------------------------------------------------------------------
@@ -305,6 +365,15 @@ class Cols {
   double Real() { return s_.Real(i_++); }
   std::string Text() { return s_.Text(i_++); }
   std::string Id(char prefix) { return FormatId(prefix, s_.Int(i_++)); }
+  SizeExtent Extent() {
+    SizeExtent e;
+    e.batch = Int();
+    e.max_len_q = Int();
+    e.max_len_k = Int();
+    e.total_q = Int();
+    e.total_k = Int();
+    return e;
+  }
 
  private:
   Stmt& s_;
@@ -343,7 +412,8 @@ constexpr std::string_view kEvaluationCols =
     "driver_version, nvrtc_version, compile_options, reference_version, outcome, message, "
     "compile_ms, registers, spill_bytes, static_smem_bytes, dynamic_smem_bytes, "
     "max_abs_error, rel_l2_error, median_us, min_us, max_us, samples, cubin_hash, created, "
-    "p25_us, p75_us";
+    "p25_us, p75_us, verified_batch, verified_max_len_q, verified_max_len_k, verified_total_q, "
+    "verified_total_k";
 
 absl::StatusOr<EvaluationRecord> ReadEvaluation(Stmt& s) {
   Cols c(s);
@@ -382,12 +452,14 @@ absl::StatusOr<EvaluationRecord> ReadEvaluation(Stmt& s) {
   e.created_unix_ms = c.Int();
   e.timing.p25_us = c.Real();
   e.timing.p75_us = c.Real();
+  e.verified = c.Extent();
   return e;
 }
 
 constexpr std::string_view kBestCols =
     "bucket, arch, variant, evaluation, median_us, min_us, max_us, samples, updated, p25_us, "
-    "p75_us";
+    "p75_us, verified_batch, verified_max_len_q, verified_max_len_k, verified_total_q, "
+    "verified_total_k";
 
 BestRecord ReadBest(Stmt& s) {
   Cols c(s);
@@ -403,6 +475,7 @@ BestRecord ReadBest(Stmt& s) {
   b.updated_unix_ms = c.Int();
   b.timing.p25_us = c.Real();
   b.timing.p75_us = c.Real();
+  b.verified = c.Extent();
   return b;
 }
 
@@ -431,7 +504,7 @@ absl::StatusOr<JobRecord> ReadJob(Stmt& s) {
 
 constexpr std::string_view kTaskCols =
     "id, job, kind, variant, incumbent, bucket, arch, shape, seed, state, worker, "
-    "lease_expires, attempts, created";
+    "lease_expires, attempts, created, origin_worker, origin_evaluation";
 
 absl::StatusOr<TaskRecord> ReadTask(Stmt& s) {
   Cols c(s);
@@ -458,10 +531,27 @@ absl::StatusOr<TaskRecord> ReadTask(Stmt& s) {
   t.lease_expires_unix_ms = c.Int();
   t.attempts = c.Int32();
   t.created_unix_ms = c.Int();
+  t.origin_worker_id = c.Text();
+  t.origin_evaluation_id = c.Int();
   return t;
 }
 
-constexpr std::string_view kWorkerCols = "id, name, arch, compile_only, gpu, last_seen";
+constexpr std::string_view kWorkerCols =
+    "id, name, arch, compile_only, gpu, last_seen, session_hash, sanitizer_tools";
+
+// Sanitizer tools are stored comma-separated (PrepareWorker allows only
+// plain words).
+std::vector<std::string> SplitTools(const std::string& joined) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start < joined.size()) {
+    size_t comma = joined.find(',', start);
+    if (comma == std::string::npos) comma = joined.size();
+    if (comma > start) out.push_back(joined.substr(start, comma - start));
+    start = comma + 1;
+  }
+  return out;
+}
 
 WorkerRecord ReadWorker(Stmt& s) {
   Cols c(s);
@@ -472,6 +562,8 @@ WorkerRecord ReadWorker(Stmt& s) {
   w.compile_only = c.Int() != 0;
   w.gpu_json = c.Text();
   w.last_seen_unix_ms = c.Int();
+  w.session_hash = c.Text();
+  w.sanitizer_tools = SplitTools(c.Text());
   return w;
 }
 
@@ -617,14 +709,8 @@ class SqliteStore final : public Store {
   }
 
   absl::Status PutCubin(const std::string& hash, const std::string& bytes) override {
-    if (hash.empty()) return absl::InvalidArgumentError("cubin: hash is empty");
-    return Write("PutCubin", [&]() -> absl::Status {
-      absl::StatusOr<Stmt> ins =
-          Prepare("PutCubin", "INSERT INTO cubins (hash, bytes) VALUES (?, ?) "
-                              "ON CONFLICT (hash) DO NOTHING");
-      if (!ins.ok()) return ins.status();
-      return ins->Bind(hash, Blob{bytes}).Run();
-    });
+    if (absl::Status s = CheckCubinHash(hash, bytes); !s.ok()) return s;
+    return Write("PutCubin", [&]() -> absl::Status { return InsertCubin(hash, bytes); });
   }
 
   absl::StatusOr<std::string> GetCubin(const std::string& hash) override {
@@ -669,19 +755,23 @@ class SqliteStore final : public Store {
     return MakePage(*std::move(rows), limit, &BestToken);
   }
 
-  absl::StatusOr<bool> CompleteTask(const std::string& task_id, const std::string& worker_id,
-                                    EvaluationRecord eval,
-                                    std::optional<BestRecord> new_best) override {
+  absl::StatusOr<CompletedTask> CompleteTask(const std::string& task_id,
+                                             const std::string& worker_id, int64_t now,
+                                             TaskCompletion c) override {
     std::optional<int64_t> task_n = ParseId('t', task_id);
     if (!task_n) return NotFound("task", task_id);
-    const int64_t now = NowUnixMs();
-    bool completed = false;
+    for (TaskRecord& t : c.follow_ups)
+      if (absl::Status s = PrepareTask(t, now); !s.ok()) return s;
+    EvaluationRecord& eval = c.eval;
+    if (absl::Status s = PrepareCubin(c.cubin, eval); !s.ok()) return s;
+    CompletedTask done;
     absl::Status s = Write("CompleteTask", [&]() -> absl::Status {
+      done.follow_up_ids.clear();
+      // The lease first: a report that does not hold one writes nothing.
       absl::StatusOr<std::optional<TaskRecord>> task = GetTaskLocked(*task_n);
       if (!task.ok()) return task.status();
       if (!*task) return NotFound("task", task_id);
-      if ((*task)->state != TaskState::kLeased || (*task)->worker_id != worker_id)
-        return absl::OkStatus();  // a stale or foreign lease: refused, nothing written
+      if (absl::Status s = CheckLease(**task, worker_id, now); !s.ok()) return s;
       PrepareEvaluation(**task, worker_id, now, eval);
       if (eval.variant_id.empty())
         return absl::InvalidArgumentError("evaluation: variant_id is empty");
@@ -690,20 +780,34 @@ class SqliteStore final : public Store {
           variant ? Exists("CompleteTask", "variants", *variant) : false;
       if (!exists.ok()) return exists.status();
       if (!*exists) return NotFound("variant", eval.variant_id);
-      if (absl::Status s = InsertEvaluation(*variant, eval); !s.ok()) return s;
-      if (new_best) {
-        PrepareBest(eval, now, *new_best);
-        if (absl::Status s = ReplaceBest(*new_best); !s.ok()) return s;
+      if (!c.cubin.empty()) {
+        if (absl::Status s = InsertCubin(eval.cubin_hash, c.cubin); !s.ok()) return s;
+      } else if (!eval.cubin_hash.empty()) {
+        absl::StatusOr<std::optional<int64_t>> stored =
+            QueryInt("CompleteTask", "SELECT 1 FROM cubins WHERE hash = ?", eval.cubin_hash);
+        if (!stored.ok()) return stored.status();
+        if (!*stored) return NotFound("cubin", eval.cubin_hash);
       }
-      absl::StatusOr<Stmt> done =
+      if (absl::Status s = InsertEvaluation(*variant, eval); !s.ok()) return s;
+      done.evaluation_id = eval.id;
+      if (c.new_best) {
+        PrepareBest(eval, now, *c.new_best);
+        if (absl::Status s = ReplaceBest(*c.new_best); !s.ok()) return s;
+      }
+      absl::StatusOr<Stmt> finish =
           Prepare("CompleteTask", "UPDATE tasks SET state = 'done' WHERE id = ?");
-      if (!done.ok()) return done.status();
-      if (absl::Status s = done->Bind(*task_n).Run(); !s.ok()) return s;
-      completed = true;
+      if (!finish.ok()) return finish.status();
+      if (absl::Status s = finish->Bind(*task_n).Run(); !s.ok()) return s;
+      PrepareFollowUps(eval, c.follow_ups);
+      for (const TaskRecord& t : c.follow_ups) {
+        absl::StatusOr<std::string> id = InsertTask("CompleteTask", t);
+        if (!id.ok()) return id.status();
+        done.follow_up_ids.push_back(*std::move(id));
+      }
       return absl::OkStatus();
     });
     if (!s.ok()) return s;
-    return completed;
+    return done;
   }
 
   absl::StatusOr<std::string> CreateJob(JobRecord job) override {
@@ -793,25 +897,9 @@ class SqliteStore final : public Store {
     absl::Status s = Write("EnqueueTasks", [&]() -> absl::Status {
       ids.clear();
       for (const TaskRecord& t : tasks) {
-        std::optional<int64_t> job = ParseId('j', t.job_id);
-        absl::StatusOr<bool> exists = job ? Exists("EnqueueTasks", "jobs", *job) : false;
-        if (!exists.ok()) return exists.status();
-        if (!*exists) return NotFound("job", t.job_id);
-        MaybeInt given;
-        if (!t.id.empty()) {
-          given = ParseId('t', t.id);
-          if (absl::Status s = CheckFree("EnqueueTasks", "tasks", *given, t.id); !s.ok())
-            return s;
-        }
-        absl::StatusOr<Stmt> ins = Prepare("EnqueueTasks", fmt::format(
-            "INSERT INTO tasks ({}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            kTaskCols));
-        if (!ins.ok()) return ins.status();
-        ins->Bind(given, *job, TaskKindName(t.kind), t.variant_id, t.incumbent_variant_id,
-                  t.bucket, t.arch, t.shape_json, t.seed, TaskStateName(t.state), t.worker_id,
-                  t.lease_expires_unix_ms, t.attempts, t.created_unix_ms);
-        if (absl::Status s = ins->Run(); !s.ok()) return s;
-        ids.push_back(FormatId('t', sqlite3_last_insert_rowid(db_)));
+        absl::StatusOr<std::string> id = InsertTask("EnqueueTasks", t);
+        if (!id.ok()) return id.status();
+        ids.push_back(*std::move(id));
       }
       return absl::OkStatus();
     });
@@ -846,22 +934,29 @@ class SqliteStore final : public Store {
   absl::StatusOr<std::optional<TaskRecord>> LeaseTask(const std::string& worker_id,
                                                       const std::string& arch,
                                                       bool compile_only, int64_t now_unix_ms,
-                                                      int64_t ttl_ms) override {
+                                                      int64_t ttl_ms,
+                                                      PromotionLease promotions) override {
     if (worker_id.empty()) return absl::InvalidArgumentError("lease: worker_id is empty");
     if (ttl_ms <= 0) return absl::InvalidArgumentError("lease: ttl_ms must be positive");
     std::optional<TaskRecord> leased;
     absl::Status s = Write("LeaseTask", [&]() -> absl::Status {
       leased.reset();
-      // Re-timing tasks first: they decide which kernel is served and take
+      // Promotion tasks first: they decide which kernel is served and take
       // seconds. Then the job's turn and the task's age: the oldest eligible
       // task of the job that has waited longest.
       absl::StatusOr<Stmt> pick = Prepare(
           "LeaseTask",
           "SELECT t.id, t.job FROM tasks t JOIN jobs j ON j.id = t.job "
           "WHERE t.state = 'queued' AND t.arch = ?1 AND (?2 = 0 OR t.kind = 'compile') "
-          "ORDER BY t.kind = 'retime' DESC, j.lease_seq, t.id LIMIT 1");
+          "AND (?3 = 0 OR t.kind NOT IN ('retime', 'confirm') "
+          "     OR (?3 = 1 AND t.origin_worker <> ?4)) "
+          "ORDER BY t.kind IN ('retime', 'confirm') DESC, j.lease_seq, t.id LIMIT 1");
       if (!pick.ok()) return pick.status();
-      pick->Bind(arch, compile_only);
+      // ?3: 0 any promotion task, 1 not the worker's own, 2 none.
+      const int64_t filter = promotions == PromotionLease::kAny      ? 0
+                             : promotions == PromotionLease::kNotOwn ? 1
+                                                                     : 2;
+      pick->Bind(arch, compile_only, filter, worker_id);
       absl::StatusOr<std::optional<std::pair<int64_t, int64_t>>> row =
           ReadOne<std::pair<int64_t, int64_t>>(
               *pick, [](Stmt& s) { return std::make_pair(s.Int(0), s.Int(1)); });
@@ -953,31 +1048,32 @@ class SqliteStore final : public Store {
   absl::StatusOr<std::string> UpsertWorker(WorkerRecord w) override {
     if (absl::Status s = PrepareWorker(w, NowUnixMs()); !s.ok()) return s;
     std::string id;
+    std::string tools;
+    for (const std::string& t : w.sanitizer_tools) tools += (tools.empty() ? "" : ",") + t;
     absl::Status s = Write("UpsertWorker", [&]() -> absl::Status {
-      absl::StatusOr<std::optional<int64_t>> same_name =
-          w.name.empty() ? std::optional<int64_t>()
-                         : QueryInt("UpsertWorker", "SELECT id FROM workers WHERE name = ?",
-                                    w.name);
-      if (!same_name.ok()) return same_name.status();
       std::optional<int64_t> n;
       if (!w.id.empty()) {
         n = ParseId('w', w.id);
         absl::StatusOr<bool> exists = n ? Exists("UpsertWorker", "workers", *n) : false;
         if (!exists.ok()) return exists.status();
         if (!*exists) return NotFound("worker", w.id);
-        if (*same_name && **same_name != *n)
-          return absl::AlreadyExistsError(
-              fmt::format("worker name '{}' belongs to w{}", w.name, **same_name));
-      } else {
-        n = *same_name;
+      }
+      if (!w.session_hash.empty()) {
+        absl::StatusOr<std::optional<int64_t>> holder = QueryInt(
+            "UpsertWorker", "SELECT id FROM workers WHERE session_hash = ?", w.session_hash);
+        if (!holder.ok()) return holder.status();
+        if (*holder && (!n || **holder != *n))
+          return absl::InvalidArgumentError("worker: session_hash belongs to another worker");
       }
       absl::StatusOr<Stmt> up = Prepare("UpsertWorker", fmt::format(
-          "INSERT INTO workers ({}) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
-          "name = excluded.name, arch = excluded.arch, compile_only = excluded.compile_only, "
-          "gpu = excluded.gpu, last_seen = excluded.last_seen",
+          "INSERT INTO workers ({}) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE "
+          "SET name = excluded.name, arch = excluded.arch, compile_only = excluded.compile_only, "
+          "gpu = excluded.gpu, last_seen = excluded.last_seen, "
+          "session_hash = excluded.session_hash, sanitizer_tools = excluded.sanitizer_tools",
           kWorkerCols));
       if (!up.ok()) return up.status();
-      up->Bind(MaybeInt(n), w.name, w.arch, w.compile_only, w.gpu_json, w.last_seen_unix_ms);
+      up->Bind(MaybeInt(n), w.name, w.arch, w.compile_only, w.gpu_json, w.last_seen_unix_ms,
+               w.session_hash, tools);
       if (absl::Status s = up->Run(); !s.ok()) return s;
       id = FormatId('w', n ? *n : sqlite3_last_insert_rowid(db_));
       return absl::OkStatus();
@@ -1092,12 +1188,44 @@ class SqliteStore final : public Store {
     return ReadOne<TaskRecord>(*q, ReadTask);
   }
 
+  absl::Status InsertCubin(const std::string& hash, const std::string& bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    absl::StatusOr<Stmt> ins = Prepare(
+        "PutCubin", "INSERT INTO cubins (hash, bytes) VALUES (?, ?) ON CONFLICT (hash) DO NOTHING");
+    if (!ins.ok()) return ins.status();
+    return ins->Bind(hash, Blob{bytes}).Run();
+  }
+
+  // Inserts a prepared task (PrepareTask); returns its id.
+  absl::StatusOr<std::string> InsertTask(std::string_view op, const TaskRecord& t)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::optional<int64_t> job = ParseId('j', t.job_id);
+    absl::StatusOr<bool> exists = job ? Exists(op, "jobs", *job) : false;
+    if (!exists.ok()) return exists.status();
+    if (!*exists) return NotFound("job", t.job_id);
+    MaybeInt given;
+    if (!t.id.empty()) {
+      given = ParseId('t', t.id);
+      if (absl::Status s = CheckFree(op, "tasks", *given, t.id); !s.ok()) return s;
+    }
+    absl::StatusOr<Stmt> ins = Prepare(op, fmt::format(
+        "INSERT INTO tasks ({}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        kTaskCols));
+    if (!ins.ok()) return ins.status();
+    ins->Bind(given, *job, TaskKindName(t.kind), t.variant_id, t.incumbent_variant_id, t.bucket,
+              t.arch, t.shape_json, t.seed, TaskStateName(t.state), t.worker_id,
+              t.lease_expires_unix_ms, t.attempts, t.created_unix_ms, t.origin_worker_id,
+              t.origin_evaluation_id);
+    if (absl::Status s = ins->Run(); !s.ok()) return s;
+    return FormatId('t', sqlite3_last_insert_rowid(db_));
+  }
+
   // Inserts `eval` and sets its id.
   absl::Status InsertEvaluation(int64_t variant, EvaluationRecord& eval)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     absl::StatusOr<Stmt> ins = Prepare("CompleteTask", fmt::format(
         "INSERT INTO evaluations ({}) VALUES (NULL, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
-        "?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         kEvaluationCols));
     if (!ins.ok()) return ins.status();
     ins->Bind(variant, eval.bucket, eval.arch, eval.job_id, eval.task_id, eval.worker_id,
@@ -1107,7 +1235,8 @@ class SqliteStore final : public Store {
               eval.static_smem_bytes, eval.dynamic_smem_bytes, eval.max_abs_error,
               eval.rel_l2_error, eval.timing.median_us, eval.timing.min_us, eval.timing.max_us,
               eval.timing.samples, eval.cubin_hash, eval.created_unix_ms, eval.timing.p25_us,
-              eval.timing.p75_us);
+              eval.timing.p75_us, eval.verified.batch, eval.verified.max_len_q,
+              eval.verified.max_len_k, eval.verified.total_q, eval.verified.total_k);
     if (absl::Status s = ins->Run(); !s.ok()) return s;
     eval.id = sqlite3_last_insert_rowid(db_);
     return absl::OkStatus();
@@ -1125,17 +1254,23 @@ class SqliteStore final : public Store {
     if (FormatId('v', **eval_variant) != best.variant_id)
       return absl::InvalidArgumentError("best: evaluation is of another variant");
     absl::StatusOr<Stmt> up = Prepare("CompleteTask", fmt::format(
-        "INSERT INTO best ({}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+        "INSERT INTO best ({}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
         "ON CONFLICT (bucket, arch) DO UPDATE SET variant = excluded.variant, "
         "evaluation = excluded.evaluation, median_us = excluded.median_us, "
         "min_us = excluded.min_us, max_us = excluded.max_us, samples = excluded.samples, "
-        "updated = excluded.updated, p25_us = excluded.p25_us, p75_us = excluded.p75_us",
+        "updated = excluded.updated, p25_us = excluded.p25_us, p75_us = excluded.p75_us, "
+        "verified_batch = excluded.verified_batch, "
+        "verified_max_len_q = excluded.verified_max_len_q, "
+        "verified_max_len_k = excluded.verified_max_len_k, "
+        "verified_total_q = excluded.verified_total_q, "
+        "verified_total_k = excluded.verified_total_k",
         kBestCols));
     if (!up.ok()) return up.status();
     return up->Bind(best.bucket, best.arch, **eval_variant, best.evaluation_id,
                     best.timing.median_us, best.timing.min_us, best.timing.max_us,
                     best.timing.samples, best.updated_unix_ms, best.timing.p25_us,
-                    best.timing.p75_us)
+                    best.timing.p75_us, best.verified.batch, best.verified.max_len_q,
+                    best.verified.max_len_k, best.verified.total_q, best.verified.total_k)
         .Run();
   }
 

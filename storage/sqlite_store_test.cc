@@ -87,6 +87,15 @@ EvaluationRecord Verified(double median_us) {
   return e;
 }
 
+TaskCompletion Completion(EvaluationRecord eval, std::optional<BestRecord> best,
+                          std::string cubin = "") {
+  TaskCompletion c;
+  c.eval = std::move(eval);
+  c.new_best = std::move(best);
+  c.cubin = std::move(cubin);
+  return c;
+}
+
 TEST(SqliteStore, OpensInWalModeAtTheLatestVersion) {
   TempDir dir;
   const std::string path = dir.File("k.db");
@@ -124,14 +133,21 @@ TEST(SqliteStore, ReopeningKeepsEverything) {
                          store->EnqueueTasks({Task(job, variant), Task(job, variant)}));
     task = ids[0];
     ASSERT_OK_AND_ASSIGN(std::optional<TaskRecord> leased,
-                         store->LeaseTask("w1", "sm_90a", false, 1000, 100));
+                         store->LeaseTask("w1", "sm_90a", false, 1000, 100, PromotionLease::kAny));
     ASSERT_TRUE(leased.has_value());
-    ASSERT_OK_AND_ASSIGN(bool done, store->CompleteTask(task, "w1", Verified(4), BestRecord{}));
-    ASSERT_TRUE(done);
-    ASSERT_OK(store->PutCubin("h", "bytes"));
+    EvaluationRecord e = Verified(4);
+    e.verified = {.batch = 8, .max_len_q = 64, .max_len_k = 64, .total_q = 300, .total_k = 300};
+    ASSERT_OK(store->CompleteTask(task, "w1", 1050, Completion(e, BestRecord{}, "bytes")));
+    TaskRecord confirm = Task(job, variant);
+    confirm.kind = TaskKind::kConfirm;
+    confirm.origin_worker_id = "w1";
+    confirm.origin_evaluation_id = 1;
+    ASSERT_OK(store->EnqueueTasks({confirm}));
     WorkerRecord w;
     w.name = "gpu0";
     w.arch = "sm_90a";
+    w.session_hash = std::string(64, 'a');
+    w.sanitizer_tools = {"memcheck", "synccheck"};
     ASSERT_OK_AND_ASSIGN(worker, store->UpsertWorker(w));
   }
   std::unique_ptr<Store> store = MustOpen(path);
@@ -141,18 +157,25 @@ TEST(SqliteStore, ReopeningKeepsEverything) {
   ASSERT_OK_AND_ASSIGN(JobRecord j, store->GetJob(job));
   EXPECT_EQ(j.state, JobState::kRunning);
   ASSERT_OK_AND_ASSIGN(std::vector<TaskRecord> tasks, store->ListTasks(job));
-  ASSERT_EQ(tasks.size(), 2u);
+  ASSERT_EQ(tasks.size(), 3u);
   EXPECT_EQ(tasks[0].state, TaskState::kDone);
   EXPECT_EQ(tasks[1].state, TaskState::kQueued);
+  EXPECT_EQ(tasks[2].kind, TaskKind::kConfirm);
+  EXPECT_EQ(tasks[2].origin_worker_id, "w1");
+  EXPECT_EQ(tasks[2].origin_evaluation_id, 1);
   ASSERT_OK_AND_ASSIGN(std::vector<EvaluationRecord> evals, store->ListEvaluations(variant));
-  EXPECT_EQ(evals.size(), 1u);
+  ASSERT_EQ(evals.size(), 1u);
+  EXPECT_EQ(evals[0].verified.total_q, 300);
   ASSERT_OK_AND_ASSIGN(BestRecord best, store->GetBest(Task(job, "").bucket, "sm_90a"));
   EXPECT_EQ(best.variant_id, variant);
-  ASSERT_OK_AND_ASSIGN(std::string cubin, store->GetCubin("h"));
+  EXPECT_EQ(best.verified, evals[0].verified);
+  ASSERT_OK_AND_ASSIGN(std::string cubin, store->GetCubin(evals[0].cubin_hash));
   EXPECT_EQ(cubin, "bytes");
   ASSERT_OK_AND_ASSIGN(std::vector<WorkerRecord> workers, store->ListWorkers());
   ASSERT_EQ(workers.size(), 1u);
   EXPECT_EQ(workers[0].id, worker);
+  EXPECT_EQ(workers[0].session_hash, std::string(64, 'a'));
+  EXPECT_EQ(workers[0].sanitizer_tools, (std::vector<std::string>{"memcheck", "synccheck"}));
   // Numbering continues after the reopen rather than reusing ids.
   ASSERT_OK_AND_ASSIGN(std::string next, store->PutVariant(Variant("src2")));
   EXPECT_EQ(next, "v2");
@@ -187,6 +210,65 @@ TEST(SqliteStore, VersionTwoAddsTimingQuartiles) {
   after.p25_us = 9.5;
   after.p75_us = 10.5;
   EXPECT_DOUBLE_EQ(after.Spread(), 1.0);
+}
+
+// Version 3 rebuilds the tasks table (kind 'confirm', origin columns) and
+// lets a name be registered twice; everything stored before stays, task ids
+// included, and numbering goes on after the highest id ever used.
+TEST(SqliteStore, VersionThreeKeepsTasksAndWorkersAndAddsConfirm) {
+  TempDir dir;
+  const std::string path = dir.File("k.db");
+  const std::vector<Migration> v2(SqliteMigrations().begin(), SqliteMigrations().begin() + 2);
+  std::string job, variant;
+  std::vector<std::string> old_tasks;
+  {
+    SqliteOptions old;
+    old.migrations = v2;
+    std::unique_ptr<Store> store = MustOpen(path, old);
+    ASSERT_NE(store, nullptr);
+    ASSERT_OK_AND_ASSIGN(variant, store->PutVariant(Variant("src")));
+    ASSERT_OK_AND_ASSIGN(job, store->CreateJob(JobRecord{}));
+  }
+  // Rows as v2 wrote them (this binary's store writes v3 columns).
+  const std::string bucket = Task(job, "").bucket;
+  RawDb(path).Exec(fmt::format(
+      "INSERT INTO workers (name, arch, compile_only, gpu, last_seen) "
+      "VALUES ('gpu0', 'sm_90a', 0, '{{}}', 5);"
+      "INSERT INTO tasks (job, kind, variant, incumbent, bucket, arch, shape, seed, state, worker, "
+      "lease_expires, attempts, created) VALUES "
+      "(1, 'evaluate', '{0}', '', '{1}', 'sm_90a', '{{}}', 1, 'leased', 'w1', 99999, 1, 5), "
+      "(1, 'retime', '{0}', 'v9', '{1}', 'sm_90a', '{{}}', 2, 'queued', '', 0, 0, 6);",
+      variant, bucket));
+  old_tasks = {"t1", "t2"};
+  std::unique_ptr<Store> store = MustOpen(path);
+  ASSERT_NE(store, nullptr);
+  ASSERT_OK_AND_ASSIGN(std::vector<TaskRecord> tasks, store->ListTasks(job));
+  ASSERT_EQ(tasks.size(), 2u);
+  EXPECT_EQ(tasks[0].id, old_tasks[0]);
+  EXPECT_EQ(tasks[0].state, TaskState::kLeased);
+  EXPECT_EQ(tasks[0].worker_id, "w1");
+  EXPECT_EQ(tasks[1].id, old_tasks[1]);
+  EXPECT_EQ(tasks[1].kind, TaskKind::kRetime);
+  EXPECT_EQ(tasks[1].incumbent_variant_id, "v9");
+  EXPECT_TRUE(tasks[1].origin_worker_id.empty());
+  TaskRecord confirm = Task(job, variant);
+  confirm.kind = TaskKind::kConfirm;
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> next, store->EnqueueTasks({confirm}));
+  EXPECT_EQ(next[0], "t3");
+  ASSERT_OK(store->CompleteTask(old_tasks[0], "w1", 1000, Completion(Verified(3), BestRecord{})));
+  ASSERT_OK_AND_ASSIGN(BestRecord best, store->GetBest(Task(job, "").bucket, "sm_90a"));
+  EXPECT_TRUE(best.verified.empty());
+
+  ASSERT_OK_AND_ASSIGN(std::vector<WorkerRecord> workers, store->ListWorkers());
+  ASSERT_EQ(workers.size(), 1u);
+  EXPECT_TRUE(workers[0].session_hash.empty()) << "an old worker has no session to act with";
+  WorkerRecord again;
+  again.name = "gpu0";
+  ASSERT_OK_AND_ASSIGN(std::string id, store->UpsertWorker(again));
+  EXPECT_NE(id, workers[0].id);
+  EXPECT_EQ(RawDb(path).One("PRAGMA foreign_key_check"), "");
+  ASSERT_OK_AND_ASSIGN(std::string check, store->IntegrityCheck());
+  EXPECT_EQ(check, "ok");
 }
 
 TEST(SqliteStore, MigratesAnOldVersionFile) {
@@ -297,7 +379,7 @@ TEST(SqliteStore, TwoConnectionsOnOneFileNeverLeaseATaskTwice) {
   auto drain = [](Store* store, std::string worker, std::vector<std::string>* got) {
     while (true) {
       absl::StatusOr<std::optional<TaskRecord>> t =
-          store->LeaseTask(worker, "sm_90a", false, 1000, 60000);
+          store->LeaseTask(worker, "sm_90a", false, 1000, 60000, PromotionLease::kAny);
       ASSERT_TRUE(t.ok()) << t.status();
       if (!t->has_value()) return;
       got->push_back((*t)->id);
@@ -329,14 +411,14 @@ TEST(SqliteStore, TwoConnectionsOnOneFileNeverLeaseATaskTwice) {
     absl::StatusOr<std::vector<std::string>> tasks = store.EnqueueTasks({Task(job, *variant)});
     if (!tasks.ok()) fail(tasks.status());
     absl::StatusOr<std::optional<TaskRecord>> leased =
-        store.LeaseTask("child", "sm_90a", false, 1000, 600000);
+        store.LeaseTask("child", "sm_90a", false, 1000, 600000, PromotionLease::kAny);
     if (!leased.ok()) fail(leased.status());
     if (!leased->has_value() || (*leased)->id != tasks->front())
       fail(absl::InternalError("leased the wrong task"));
-    absl::StatusOr<bool> done =
-        store.CompleteTask(tasks->front(), "child", Verified(100.0 - i * 1e-3), BestRecord{});
+    absl::StatusOr<CompletedTask> done = store.CompleteTask(
+        tasks->front(), "child", 2000,
+        Completion(Verified(100.0 - i * 1e-3), BestRecord{}, fmt::format("cubin {}", i)));
     if (!done.ok()) fail(done.status());
-    if (!*done) fail(absl::InternalError("completion refused"));
     // One write() of less than PIPE_BUF bytes: the line arrives whole or not at all.
     std::string line = fmt::format("{} {}\n", *variant, tasks->front());
     if (write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size())) _exit(3);

@@ -5,6 +5,8 @@
 #include <array>
 #include <utility>
 
+#include <fmt/format.h>
+
 #include "storage/store_internal.h"
 
 namespace kforge {
@@ -23,10 +25,11 @@ constexpr std::array<std::pair<TaskState, std::string_view>, 4> kTaskStates = {{
     {TaskState::kDone, "done"},
     {TaskState::kCancelled, "cancelled"},
 }};
-constexpr std::array<std::pair<TaskKind, std::string_view>, 3> kTaskKinds = {{
+constexpr std::array<std::pair<TaskKind, std::string_view>, 4> kTaskKinds = {{
     {TaskKind::kEvaluate, "evaluate"},
     {TaskKind::kRetime, "retime"},
     {TaskKind::kCompile, "compile"},
+    {TaskKind::kConfirm, "confirm"},
 }};
 
 template <typename E, size_t N>
@@ -49,6 +52,34 @@ std::optional<E> Parse(const std::array<std::pair<E, std::string_view>, N>& name
 std::string_view JobStateName(JobState s) { return NameOf(kJobStates, s); }
 std::string_view TaskStateName(TaskState s) { return NameOf(kTaskStates, s); }
 std::string_view TaskKindName(TaskKind k) { return NameOf(kTaskKinds, k); }
+
+absl::Status CheckLease(const TaskRecord& task, const std::string& worker_id,
+                        int64_t now_unix_ms) {
+  switch (task.state) {
+    case TaskState::kLeased:
+      break;
+    case TaskState::kQueued:
+      return absl::FailedPreconditionError(fmt::format(
+          "task {} is not leased (queued: a lease that ended goes back to the queue); a result "
+          "is accepted only from the worker holding a live lease",
+          task.id));
+    case TaskState::kDone:
+      return absl::FailedPreconditionError(
+          fmt::format("task {} is done: its result is already recorded", task.id));
+    case TaskState::kCancelled:
+      return absl::FailedPreconditionError(
+          fmt::format("task {} was cancelled (its job was); the result is not wanted", task.id));
+  }
+  if (task.worker_id != worker_id)
+    return absl::PermissionDeniedError(fmt::format(
+        "task {} is leased to worker {}, not to {}: a worker reports only its own leases",
+        task.id, task.worker_id, worker_id));
+  if (task.lease_expires_unix_ms < now_unix_ms)
+    return absl::FailedPreconditionError(fmt::format(
+        "the lease of task {} ended {} ms ago; a result is accepted only under a live lease",
+        task.id, now_unix_ms - task.lease_expires_unix_ms));
+  return absl::OkStatus();
+}
 
 namespace storage_internal {
 std::optional<JobState> ParseJobState(std::string_view name) { return Parse(kJobStates, name); }

@@ -33,6 +33,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/outcome.h"
+#include "core/shape.h"
 
 namespace kforge {
 
@@ -90,17 +91,26 @@ struct EvaluationRecord {
   double max_abs_error = 0;
   double rel_l2_error = 0;
   TimingRecord timing;        // meaningful only when outcome == kVerified
-  std::string cubin_hash;     // content hash of the cubin, cubin stored once
+  std::string cubin_hash;     // sha256 hex of the cubin, stored once (CompleteTask)
   int64_t created_unix_ms = 0;
+  // The largest sizes the result was verified at (core/shape.h). Empty
+  // (all 0) on rows stored before extents were (schema v3) and on results
+  // that verified nothing.
+  SizeExtent verified;
 };
 
 struct BestRecord {
   std::string bucket;
   std::string arch;
   std::string variant_id;
+  // The evaluation that promoted it (a CONFIRM or RETIME report, or the
+  // EVALUATE of a best from before CONFIRM existed): its cubin is what is
+  // served.
   int64_t evaluation_id = 0;
   TimingRecord timing;
   int64_t updated_unix_ms = 0;
+  // The sizes it may be served for; empty on rows from before schema v3.
+  SizeExtent verified;
 };
 
 enum class JobState { kQueued, kRunning, kSucceeded, kFailed, kCancelled };
@@ -120,7 +130,17 @@ struct JobRecord {
 };
 
 enum class TaskState { kQueued, kLeased, kDone, kCancelled };
-enum class TaskKind { kEvaluate, kRetime, kCompile };
+enum class TaskKind { kEvaluate, kRetime, kCompile, kConfirm };
+
+// RETIME and CONFIRM decide which kernel a bucket serves ("promotion
+// tasks"): they are leased before all others.
+inline bool IsPromotion(TaskKind k) { return k == TaskKind::kRetime || k == TaskKind::kConfirm; }
+
+// Which promotion tasks a LeaseTask may hand out: all; none whose
+// origin_worker_id is the leasing worker (its candidate is to be confirmed
+// by another); or none at all (the worker cannot promote, and one that can
+// is there).
+enum class PromotionLease { kAny, kNotOwn, kNone };
 
 struct TaskRecord {
   std::string id;             // assigned by the store ("t" + number) when empty
@@ -137,6 +157,11 @@ struct TaskRecord {
   int64_t lease_expires_unix_ms = 0;
   int32_t attempts = 0;       // leases handed out so far
   int64_t created_unix_ms = 0;
+  // Promotion tasks: the EVALUATE evaluation that made the candidate a
+  // contender and the worker that reported it. Leasing can keep the task
+  // from that worker (LeaseTask), and the promotion compares cubins with it.
+  std::string origin_worker_id;
+  int64_t origin_evaluation_id = 0;
 };
 
 struct WorkerRecord {
@@ -146,6 +171,29 @@ struct WorkerRecord {
   bool compile_only = false;
   std::string gpu_json;       // GPU name, cc, SMs, driver and NVRTC versions
   int64_t last_seen_unix_ms = 0;
+  // SHA-256 hex of the session secret Register issued; "" for none (rows
+  // from before sessions, which no call can act as). The secret itself is
+  // never stored.
+  std::string session_hash;
+  // The compute-sanitizer tools the worker gates promotion tasks with.
+  std::vector<std::string> sanitizer_tools;
+};
+
+// What an accepted report changes, in one transaction (CompleteTask).
+struct TaskCompletion {
+  EvaluationRecord eval;
+  // The compiled binary the worker reported; stored with the evaluation
+  // under its SHA-256, which becomes eval.cubin_hash. Empty: none sent.
+  std::string cubin;
+  std::optional<BestRecord> new_best;
+  // Tasks the result leads to (a CONFIRM or RETIME of its candidate),
+  // enqueued with it so a crash cannot lose them.
+  std::vector<TaskRecord> follow_ups;
+};
+
+struct CompletedTask {
+  int64_t evaluation_id = 0;
+  std::vector<std::string> follow_up_ids;  // in the order given
 };
 
 struct Page {
@@ -175,8 +223,9 @@ class Store {
   virtual absl::StatusOr<std::vector<EvaluationRecord>> ListEvaluations(
       const std::string& variant_id) = 0;
 
-  // Stores a compiled binary by content hash (idempotent; the first bytes
-  // stored under a hash are kept). The store does not recompute the hash.
+  // Stores a compiled binary by content hash (idempotent). INVALID_ARGUMENT
+  // when `hash` is not the SHA-256 hex of `bytes`: a hash names its bytes,
+  // so what is served under it is what was checked.
   virtual absl::Status PutCubin(const std::string& hash, const std::string& bytes) = 0;
   virtual absl::StatusOr<std::string> GetCubin(const std::string& hash) = 0;
 
@@ -187,23 +236,31 @@ class Store {
   virtual absl::StatusOr<PageOf<BestRecord>> ListBest(const std::string& arch,
                                                       const Page& page) = 0;
 
-  // Records a worker's result for a leased task, in one transaction: inserts
-  // the evaluation, marks the task done, and, when `new_best` is set, replaces
-  // the bucket's best. Returns false (and changes nothing) when the task is
-  // not currently leased to `worker_id` (its lease expired and it went back
-  // to the queue, or it was cancelled). NOT_FOUND for an unknown task.
+  // Records a worker's result for a task it holds a live lease on, in one
+  // transaction: stores the cubin (when given), inserts the evaluation,
+  // marks the task done, replaces the bucket's best when `new_best` is set
+  // and enqueues the follow-ups. The lease is checked first (CheckLease) and
+  // a report that fails it changes nothing: NOT_FOUND for an unknown task,
+  // PERMISSION_DENIED when another worker holds it, FAILED_PRECONDITION when
+  // it is not leased (queued, done, cancelled) or its lease ended before
+  // `now_unix_ms`.
   //
   // The task is authoritative: eval's task, job and worker ids are set from
-  // it; its variant, bucket and arch default to the task's. Fields of
-  // `new_best` left empty default to the evaluation being recorded (its id,
-  // variant, bucket, arch, timing); a given evaluation_id must be an
-  // evaluation of the best's variant (INVALID_ARGUMENT otherwise). The
-  // replacement is unconditional: deciding that it is faster is the caller's
-  // job (and two callers deciding at once must serialise themselves).
-  virtual absl::StatusOr<bool> CompleteTask(const std::string& task_id,
-                                            const std::string& worker_id,
-                                            EvaluationRecord eval,
-                                            std::optional<BestRecord> new_best) = 0;
+  // it; its variant, bucket and arch default to the task's. eval.cubin_hash
+  // is the cubin's SHA-256 (INVALID_ARGUMENT when a given one differs);
+  // without cubin bytes a given hash must name a stored cubin (NOT_FOUND).
+  // Fields of `new_best` left empty default to the evaluation being
+  // recorded (its id, variant, bucket, arch, timing, extent); a given
+  // evaluation_id must be an evaluation of the best's variant
+  // (INVALID_ARGUMENT otherwise). The replacement is unconditional: deciding
+  // that it is faster is the caller's job (and two callers deciding at once
+  // must serialise themselves). Follow-ups follow EnqueueTasks' rules; their
+  // origin fields left empty default to the evaluation recorded and its
+  // worker.
+  virtual absl::StatusOr<CompletedTask> CompleteTask(const std::string& task_id,
+                                                     const std::string& worker_id,
+                                                     int64_t now_unix_ms,
+                                                     TaskCompletion completion) = 0;
 
   // Jobs.
   virtual absl::StatusOr<std::string> CreateJob(JobRecord job) = 0;
@@ -224,18 +281,21 @@ class Store {
   virtual absl::StatusOr<std::vector<TaskRecord>> ListTasks(
       const std::string& job_id) = 0;  // oldest first
   // Leases the oldest queued task this worker can run (arch match; a
-  // compile-only worker only gets kCompile tasks). kRetime tasks go before
-  // all others: they decide which kernel a bucket serves, and behind a long
-  // queue of evaluations they would wait until the job's budget ran out.
-  // Otherwise jobs take turns: among jobs with queued tasks, the one leased
-  // least recently goes first (a job never leased from goes before all others). The lease ends at now + ttl;
+  // compile-only worker only gets kCompile tasks; promotion tasks only as
+  // `promotions` allows). Promotion tasks
+  // (kRetime, kConfirm) go before all others: they decide which kernel a
+  // bucket serves, and behind a long queue of evaluations they would wait
+  // until the job's budget ran out. Otherwise jobs take turns: among jobs
+  // with queued tasks, the one leased least recently goes first (a job
+  // never leased from goes before all others). The lease ends at now + ttl;
   // attempts counts up. nullopt when nothing fits. INVALID_ARGUMENT for an
   // empty worker id or ttl <= 0.
   virtual absl::StatusOr<std::optional<TaskRecord>> LeaseTask(const std::string& worker_id,
                                                               const std::string& arch,
                                                               bool compile_only,
                                                               int64_t now_unix_ms,
-                                                              int64_t ttl_ms) = 0;
+                                                              int64_t ttl_ms,
+                                                              PromotionLease promotions) = 0;
   // Extends the leases of `task_ids` held by `worker_id` to now + ttl. Ids
   // not leased to that worker (unknown, requeued, cancelled, done) are
   // skipped: the worker learns of a lost lease from GetTask or CompleteTask.
@@ -249,10 +309,12 @@ class Store {
   // oldest first. The job's own state is the caller's to update.
   virtual absl::StatusOr<std::vector<std::string>> CancelTasks(const std::string& job_id) = 0;
 
-  // Workers. UpsertWorker updates the worker named by `w.id`, or, when the id
-  // is empty, the worker with the same non-empty `name` (a restarted worker
-  // keeps its id); otherwise it inserts one. Returns the id. NOT_FOUND when
-  // `w.id` is set but unknown.
+  // Workers. UpsertWorker updates the worker named by `w.id` (NOT_FOUND when
+  // unknown) or, when the id is empty, inserts a new one. A name is a label,
+  // not an identity: two registrations under one name are two workers (an
+  // identity is its session, see server/README.md). Returns the id.
+  // INVALID_ARGUMENT for a session_hash that is not 64 hex digits, or one
+  // another worker has.
   virtual absl::StatusOr<std::string> UpsertWorker(WorkerRecord w) = 0;
   virtual absl::StatusOr<std::vector<WorkerRecord>> ListWorkers() = 0;  // by id
 
@@ -271,5 +333,12 @@ std::unique_ptr<Store> NewMemoryStore();
 std::string_view JobStateName(JobState s);   // "queued", "running", ...
 std::string_view TaskStateName(TaskState s);
 std::string_view TaskKindName(TaskKind k);
+
+// CompleteTask's lease rule, for callers that want to refuse a report
+// before doing any work for it: OK when `worker_id` holds a lease on `task`
+// that has not ended at `now_unix_ms`; otherwise the error CompleteTask
+// would return, naming the task and what is wrong.
+absl::Status CheckLease(const TaskRecord& task, const std::string& worker_id,
+                        int64_t now_unix_ms);
 
 }  // namespace kforge

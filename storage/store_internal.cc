@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 
@@ -103,7 +104,36 @@ absl::Status PrepareTask(TaskRecord& task, int64_t now_ms) {
 }
 
 absl::Status PrepareWorker(WorkerRecord& w, int64_t now_ms) {
+  const bool hex = std::all_of(w.session_hash.begin(), w.session_hash.end(), [](char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+  });
+  if (!w.session_hash.empty() && (w.session_hash.size() != 64 || !hex))
+    return absl::InvalidArgumentError("worker: session_hash is not a SHA-256 hex digest");
+  for (const std::string& tool : w.sanitizer_tools) {
+    // Stored comma-separated: a tool name is a plain word.
+    if (tool.empty() || tool.find_first_not_of("abcdefghijklmnopqrstuvwxyz") != std::string::npos)
+      return absl::InvalidArgumentError(
+          fmt::format("worker: sanitizer tool '{}' is not a lower-case word", tool));
+  }
   if (w.last_seen_unix_ms == 0) w.last_seen_unix_ms = now_ms;
+  return absl::OkStatus();
+}
+
+absl::Status CheckCubinHash(const std::string& hash, const std::string& bytes) {
+  if (hash.empty()) return absl::InvalidArgumentError("cubin: hash is empty");
+  if (Sha256Hex(bytes) != hash)
+    return absl::InvalidArgumentError(
+        fmt::format("cubin: {} is not the sha256 of the {} bytes given", hash, bytes.size()));
+  return absl::OkStatus();
+}
+
+absl::Status PrepareCubin(const std::string& bytes, EvaluationRecord& eval) {
+  if (bytes.empty()) return absl::OkStatus();
+  std::string hash = Sha256Hex(bytes);
+  if (!eval.cubin_hash.empty() && eval.cubin_hash != hash)
+    return absl::InvalidArgumentError(fmt::format(
+        "evaluation: cubin_hash {} is not the sha256 of the cubin reported", eval.cubin_hash));
+  eval.cubin_hash = std::move(hash);
   return absl::OkStatus();
 }
 
@@ -125,7 +155,15 @@ void PrepareBest(const EvaluationRecord& eval, int64_t now_ms, BestRecord& best)
   if (best.variant_id.empty()) best.variant_id = eval.variant_id;
   if (best.evaluation_id == 0) best.evaluation_id = eval.id;
   if (best.timing.samples == 0 && best.timing.median_us == 0) best.timing = eval.timing;
+  if (best.verified.empty()) best.verified = eval.verified;
   if (best.updated_unix_ms == 0) best.updated_unix_ms = now_ms;
+}
+
+void PrepareFollowUps(const EvaluationRecord& eval, std::vector<TaskRecord>& follow_ups) {
+  for (TaskRecord& t : follow_ups) {
+    if (t.origin_evaluation_id == 0) t.origin_evaluation_id = eval.id;
+    if (t.origin_worker_id.empty()) t.origin_worker_id = eval.worker_id;
+  }
 }
 
 }  // namespace kforge::storage_internal

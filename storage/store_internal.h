@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -51,12 +52,22 @@ absl::Status PrepareJob(JobRecord& job, int64_t now_ms);
 absl::Status PrepareTask(TaskRecord& task, int64_t now_ms);
 absl::Status PrepareWorker(WorkerRecord& w, int64_t now_ms);
 
+// PutCubin's rule: INVALID_ARGUMENT unless `hash` is the SHA-256 hex of
+// `bytes`.
+absl::Status CheckCubinHash(const std::string& hash, const std::string& bytes);
+// CompleteTask's rule for the reported cubin: with bytes, eval.cubin_hash
+// becomes their SHA-256 (INVALID_ARGUMENT when a given hash differs).
+absl::Status PrepareCubin(const std::string& bytes, EvaluationRecord& eval);
+
 // CompleteTask's rules for what the worker reported: task, worker and job
 // come from the lease; variant, bucket and arch default to the task's.
 void PrepareEvaluation(const TaskRecord& task, const std::string& worker_id, int64_t now_ms,
                        EvaluationRecord& eval);
 // The new best defaults to the evaluation just recorded (its id, variant,
-// bucket, arch and timing).
+// bucket, arch, timing and extent).
 void PrepareBest(const EvaluationRecord& eval, int64_t now_ms, BestRecord& best);
+// Follow-ups of a completion name the evaluation just recorded (and its
+// worker) as their origin unless they name another.
+void PrepareFollowUps(const EvaluationRecord& eval, std::vector<TaskRecord>& follow_ups);
 
 }  // namespace kforge::storage_internal

@@ -84,10 +84,26 @@ class StoreTest : public ::testing::Test {
   std::string Lease(const std::string& worker, const std::string& arch = "sm_90a",
                     bool compile_only = false, int64_t now = 1000, int64_t ttl = 60000) {
     absl::StatusOr<std::optional<TaskRecord>> t =
-        store_->LeaseTask(worker, arch, compile_only, now, ttl);
+        store_->LeaseTask(worker, arch, compile_only, now, ttl, PromotionLease::kAny);
     EXPECT_TRUE(t.ok()) << t.status();
     if (!t.ok() || !t->has_value()) return "";
     return (*t)->id;
+  }
+
+  // Completes `task` as `worker` at `now` (inside the leases Lease() hands
+  // out by default).
+  absl::StatusOr<CompletedTask> Complete(const std::string& task, const std::string& worker,
+                                         EvaluationRecord eval,
+                                         std::optional<BestRecord> best = std::nullopt,
+                                         std::string cubin = "",
+                                         std::vector<TaskRecord> follow_ups = {},
+                                         int64_t now = 2000) {
+    TaskCompletion c;
+    c.eval = std::move(eval);
+    c.cubin = std::move(cubin);
+    c.new_best = std::move(best);
+    c.follow_ups = std::move(follow_ups);
+    return store_->CompleteTask(task, worker, now, std::move(c));
   }
 
   static EvaluationRecord Verified(double median_us) {
@@ -110,9 +126,11 @@ class StoreTest : public ::testing::Test {
     EXPECT_EQ(Lease("w-eval"), task);
     std::optional<BestRecord> new_best;
     if (best) new_best = BestRecord{};
-    absl::StatusOr<bool> done =
-        store_->CompleteTask(task, "w-eval", Verified(median_us), new_best);
-    EXPECT_TRUE(done.ok() && *done) << done.status();
+    EvaluationRecord e = Verified(median_us);
+    e.verified = {.batch = 128, .max_len_q = 4096, .max_len_k = 4096, .total_q = 1 << 19,
+                  .total_k = 1 << 19};
+    absl::StatusOr<CompletedTask> done = Complete(task, "w-eval", e, new_best);
+    EXPECT_TRUE(done.ok()) << done.status();
     return v;
   }
 
@@ -201,7 +219,7 @@ TYPED_TEST(StoreTest, UnknownIdsAreNotFound) {
   EXPECT_CODE(s.ListTasks("j5"), kNotFound);
   EXPECT_CODE(s.CancelTasks("j5"), kNotFound);
   EXPECT_CODE(s.EnqueueTasks({this->Task("j5")}), kNotFound);
-  EXPECT_CODE(s.CompleteTask("t5", "w", this->Verified(1), std::nullopt), kNotFound);
+  EXPECT_CODE(this->Complete("t5", "w", this->Verified(1)), kNotFound);
   WorkerRecord w;
   w.id = "w5";
   EXPECT_CODE(s.UpsertWorker(w), kNotFound);
@@ -209,11 +227,22 @@ TYPED_TEST(StoreTest, UnknownIdsAreNotFound) {
 
 TYPED_TEST(StoreTest, CubinsAreStoredOnceByHash) {
   const std::string bytes("\x7f" "ELF\0\0binary", 12);
-  ASSERT_OK(this->store().PutCubin("h1", bytes));
-  ASSERT_OK(this->store().PutCubin("h1", bytes));
-  ASSERT_OK_AND_ASSIGN(std::string got, this->store().GetCubin("h1"));
+  const std::string hash = Sha256Hex(bytes);
+  ASSERT_OK(this->store().PutCubin(hash, bytes));
+  ASSERT_OK(this->store().PutCubin(hash, bytes));
+  ASSERT_OK_AND_ASSIGN(std::string got, this->store().GetCubin(hash));
   EXPECT_EQ(got, bytes);
   EXPECT_CODE(this->store().PutCubin("", bytes), kInvalidArgument);
+}
+
+// A hash names its bytes: bytes stored under another hash could later be
+// served as a kernel that was never checked.
+TYPED_TEST(StoreTest, PutCubinRefusesBytesThatAreNotItsHash) {
+  const std::string bytes("\x7f" "ELF forged", 10);
+  EXPECT_CODE(this->store().PutCubin("h1", bytes), kInvalidArgument);
+  EXPECT_CODE(this->store().PutCubin(Sha256Hex("the checked cubin"), bytes), kInvalidArgument);
+  EXPECT_CODE(this->store().GetCubin(Sha256Hex("the checked cubin")), kNotFound);
+  EXPECT_CODE(this->store().GetCubin("h1"), kNotFound);
 }
 
 // ------------------------------------------------------ evaluations, best
@@ -226,9 +255,9 @@ TYPED_TEST(StoreTest, CompleteTaskRecordsTheEvaluation) {
   EvaluationRecord e = this->Verified(12.5);
   e.registers = 96;
   e.message = "ok";
-  e.cubin_hash = "cub";
-  ASSERT_OK_AND_ASSIGN(bool done, this->store().CompleteTask(task, "w1", e, std::nullopt));
-  EXPECT_TRUE(done);
+  e.verified = {.batch = 4, .max_len_q = 512, .max_len_k = 256, .total_q = 1000, .total_k = 700};
+  ASSERT_OK_AND_ASSIGN(CompletedTask done, this->Complete(task, "w1", e, std::nullopt, "cub"));
+  EXPECT_GT(done.evaluation_id, 0);
 
   ASSERT_OK_AND_ASSIGN(std::vector<EvaluationRecord> evals, this->store().ListEvaluations(v));
   ASSERT_EQ(evals.size(), 1u);
@@ -243,7 +272,11 @@ TYPED_TEST(StoreTest, CompleteTaskRecordsTheEvaluation) {
   EXPECT_EQ(got.outcome, Outcome::kVerified);
   EXPECT_EQ(got.registers, 96);
   EXPECT_EQ(got.message, "ok");
-  EXPECT_EQ(got.cubin_hash, "cub");
+  EXPECT_EQ(got.id, done.evaluation_id);
+  EXPECT_EQ(got.cubin_hash, Sha256Hex("cub"));  // stored with the evaluation, under its hash
+  ASSERT_OK_AND_ASSIGN(std::string cubin, this->store().GetCubin(got.cubin_hash));
+  EXPECT_EQ(cubin, "cub");
+  EXPECT_EQ(got.verified, e.verified);
   EXPECT_EQ(got.gpu_name, "NVIDIA H200");
   EXPECT_DOUBLE_EQ(got.timing.median_us, 12.5);
   EXPECT_EQ(got.timing.samples, 20);
@@ -255,10 +288,64 @@ TYPED_TEST(StoreTest, CompleteTaskRecordsTheEvaluation) {
   ASSERT_OK_AND_ASSIGN(TaskRecord t, this->store().GetTask(task));
   EXPECT_EQ(t.state, TaskState::kDone);
   // Completing again is refused: the task is no longer leased.
-  ASSERT_OK_AND_ASSIGN(bool twice, this->store().CompleteTask(task, "w1", e, std::nullopt));
-  EXPECT_FALSE(twice);
+  absl::StatusOr<CompletedTask> twice = this->Complete(task, "w1", e);
+  EXPECT_CODE(twice, kFailedPrecondition);
+  EXPECT_NE(twice.status().message().find("done"), std::string_view::npos) << twice.status();
   ASSERT_OK_AND_ASSIGN(evals, this->store().ListEvaluations(v));
   EXPECT_EQ(evals.size(), 1u);
+}
+
+TYPED_TEST(StoreTest, CompleteTaskRefusesACubinThatIsNotItsHash) {
+  std::string job = this->NewJob("tune");
+  std::string v = this->NewVariant("src");
+  std::string task = this->Enqueue({this->Task(job, v)})[0];
+  ASSERT_EQ(this->Lease("w1"), task);
+  EvaluationRecord e = this->Verified(5);
+  e.cubin_hash = Sha256Hex("the cubin that was checked");
+  EXPECT_CODE(this->Complete(task, "w1", e, BestRecord{}, "other bytes"), kInvalidArgument);
+  // A hash without bytes must name a stored cubin.
+  EXPECT_CODE(this->Complete(task, "w1", e, BestRecord{}), kNotFound);
+  EXPECT_CODE(this->store().GetCubin(Sha256Hex("other bytes")), kNotFound);
+  ASSERT_OK_AND_ASSIGN(std::vector<EvaluationRecord> evals, this->store().ListEvaluations(v));
+  EXPECT_TRUE(evals.empty());
+  ASSERT_OK_AND_ASSIGN(TaskRecord t, this->store().GetTask(task));
+  EXPECT_EQ(t.state, TaskState::kLeased);
+  EXPECT_CODE(this->store().GetBest(t.bucket, "sm_90a"), kNotFound);
+}
+
+// Follow-up tasks (a CONFIRM or RETIME) are enqueued in the transaction
+// that records the result, so a crash cannot keep the evaluation and lose
+// the promotion it asked for.
+TYPED_TEST(StoreTest, CompleteTaskEnqueuesTheFollowUpsWithTheResult) {
+  std::string job = this->NewJob("tune");
+  std::string v = this->NewVariant("src");
+  std::string task = this->Enqueue({this->Task(job, v)})[0];
+  ASSERT_EQ(this->Lease("w1"), task);
+  TaskRecord confirm = this->Task(job, v);
+  confirm.kind = TaskKind::kConfirm;
+  confirm.origin_worker_id = "w1";
+  confirm.origin_evaluation_id = 41;
+  TaskRecord orphan = confirm;
+  orphan.job_id = "j999";
+  EXPECT_CODE(this->Complete(task, "w1", this->Verified(5), std::nullopt, "", {confirm, orphan}),
+              kNotFound);
+  ASSERT_OK_AND_ASSIGN(std::vector<TaskRecord> tasks, this->store().ListTasks(job));
+  EXPECT_EQ(tasks.size(), 1u) << "a failed completion enqueues nothing";
+
+  TaskRecord retime = this->Task(job, v);  // no origin given: the recorded evaluation is
+  retime.kind = TaskKind::kRetime;
+  ASSERT_OK_AND_ASSIGN(CompletedTask done, this->Complete(task, "w1", this->Verified(5),
+                                                          std::nullopt, "", {confirm, retime}));
+  ASSERT_EQ(done.follow_up_ids.size(), 2u);
+  ASSERT_OK_AND_ASSIGN(TaskRecord defaulted, this->store().GetTask(done.follow_up_ids[1]));
+  EXPECT_EQ(defaulted.origin_worker_id, "w1");
+  EXPECT_EQ(defaulted.origin_evaluation_id, done.evaluation_id);
+  ASSERT_OK_AND_ASSIGN(TaskRecord got, this->store().GetTask(done.follow_up_ids[0]));
+  EXPECT_EQ(got.kind, TaskKind::kConfirm);
+  EXPECT_EQ(got.state, TaskState::kQueued);
+  EXPECT_EQ(got.origin_worker_id, "w1");
+  EXPECT_EQ(got.origin_evaluation_id, 41);
+  EXPECT_EQ(got.variant_id, v);
 }
 
 TYPED_TEST(StoreTest, CompleteTaskReplacesTheBest) {
@@ -268,6 +355,8 @@ TYPED_TEST(StoreTest, CompleteTaskReplacesTheBest) {
   ASSERT_OK_AND_ASSIGN(BestRecord best, this->store().GetBest(bucket, "sm_90a"));
   EXPECT_EQ(best.variant_id, slow);
   EXPECT_DOUBLE_EQ(best.timing.median_us, 20.0);
+  EXPECT_EQ(best.verified.max_len_q, 4096);  // the evaluation's extent
+  EXPECT_EQ(best.verified.total_k, 1 << 19);
   ASSERT_OK_AND_ASSIGN(std::vector<EvaluationRecord> evals,
                        this->store().ListEvaluations(slow));
   EXPECT_EQ(best.evaluation_id, evals.at(0).id);
@@ -297,7 +386,8 @@ TYPED_TEST(StoreTest, CompleteTaskWithABadBestChangesNothing) {
   BestRecord bad;
   bad.variant_id = v;
   bad.evaluation_id = evals.at(0).id;
-  EXPECT_CODE(this->store().CompleteTask(task, "w1", this->Verified(5), bad), kInvalidArgument);
+  EXPECT_CODE(this->Complete(task, "w1", this->Verified(5), bad, "cubin"), kInvalidArgument);
+  EXPECT_CODE(this->store().GetCubin(Sha256Hex("cubin")), kNotFound);
 
   ASSERT_OK_AND_ASSIGN(TaskRecord t, this->store().GetTask(task));
   EXPECT_EQ(t.state, TaskState::kLeased);
@@ -311,8 +401,7 @@ TYPED_TEST(StoreTest, CompleteTaskForAnUnknownVariantIsNotFound) {
   std::string job = this->NewJob("tune");
   std::string task = this->Enqueue({this->Task(job, "v77")})[0];
   ASSERT_EQ(this->Lease("w1"), task);
-  EXPECT_CODE(this->store().CompleteTask(task, "w1", this->Verified(5), std::nullopt),
-              kNotFound);
+  EXPECT_CODE(this->Complete(task, "w1", this->Verified(5)), kNotFound);
   ASSERT_OK_AND_ASSIGN(TaskRecord t, this->store().GetTask(task));
   EXPECT_EQ(t.state, TaskState::kLeased);
 }
@@ -387,7 +476,7 @@ TYPED_TEST(StoreTest, ListBestPagesByBucketAndFiltersByArch) {
   std::string v = this->NewVariant("blackwell");
   std::string task = this->Enqueue({this->Task(job, v, "sm_100a", TaskKind::kCompile)})[0];
   ASSERT_EQ(this->Lease("w2", "sm_100a"), task);
-  ASSERT_OK(this->store().CompleteTask(task, "w2", this->Verified(3), BestRecord{}));
+  ASSERT_OK(this->Complete(task, "w2", this->Verified(3), BestRecord{}));
 
   Page page;
   page.limit = 2;
@@ -503,7 +592,8 @@ TYPED_TEST(StoreTest, LeaseSetsTheLeaseFields) {
   std::string job = this->NewJob("tune");
   std::string task = this->Enqueue({this->Task(job)})[0];
   ASSERT_OK_AND_ASSIGN(std::optional<TaskRecord> leased,
-                       this->store().LeaseTask("w1", "sm_90a", false, 1000, 500));
+                       this->store().LeaseTask("w1", "sm_90a", false, 1000, 500,
+                                               PromotionLease::kAny));
   ASSERT_TRUE(leased.has_value());
   EXPECT_EQ(leased->id, task);
   EXPECT_EQ(leased->state, TaskState::kLeased);
@@ -513,8 +603,10 @@ TYPED_TEST(StoreTest, LeaseSetsTheLeaseFields) {
   ASSERT_OK_AND_ASSIGN(TaskRecord stored, this->store().GetTask(task));
   EXPECT_EQ(stored.state, TaskState::kLeased);
   EXPECT_EQ(stored.lease_expires_unix_ms, 1500);
-  EXPECT_CODE(this->store().LeaseTask("", "sm_90a", false, 1000, 500), kInvalidArgument);
-  EXPECT_CODE(this->store().LeaseTask("w1", "sm_90a", false, 1000, 0), kInvalidArgument);
+  EXPECT_CODE(this->store().LeaseTask("", "sm_90a", false, 1000, 500, PromotionLease::kAny),
+              kInvalidArgument);
+  EXPECT_CODE(this->store().LeaseTask("w1", "sm_90a", false, 1000, 0, PromotionLease::kAny),
+              kInvalidArgument);
 }
 
 TYPED_TEST(StoreTest, LeasesOldestTaskFirst) {
@@ -544,16 +636,44 @@ TYPED_TEST(StoreTest, JobsTakeTurnsLeastRecentlyLeasedFirst) {
   EXPECT_EQ(this->Lease("w"), "");
 }
 
-TYPED_TEST(StoreTest, RetimeTasksAreLeasedBeforeEvaluations) {
+TYPED_TEST(StoreTest, PromotionTasksAreLeasedBeforeEvaluations) {
   std::string a = this->NewJob("a");
   std::string b = this->NewJob("b");
   std::vector<std::string> ta = this->Enqueue({this->Task(a), this->Task(a)});
   TaskRecord retime = this->Task(b);
   retime.kind = TaskKind::kRetime;
   retime.incumbent_variant_id = "v0";
-  std::vector<std::string> tb = this->Enqueue({retime});
+  TaskRecord confirm = this->Task(b);
+  confirm.kind = TaskKind::kConfirm;
+  std::vector<std::string> tb = this->Enqueue({retime, confirm});
   EXPECT_EQ(this->Lease("w"), tb[0]);
+  EXPECT_EQ(this->Lease("w"), tb[1]);
   EXPECT_EQ(this->Lease("w"), ta[0]);
+}
+
+// A candidate's promotion can be kept from the worker whose evaluation made
+// it a contender, or promotions from a worker at all; the API decides when
+// (another worker is there that can promote them).
+TYPED_TEST(StoreTest, PromotionLeaseFiltersLeaveThemToOtherWorkers) {
+  std::string job = this->NewJob("tune");
+  TaskRecord confirm = this->Task(job);
+  confirm.kind = TaskKind::kConfirm;
+  confirm.origin_worker_id = "w1";
+  TaskRecord retime = confirm;
+  retime.kind = TaskKind::kRetime;
+  std::vector<std::string> ids = this->Enqueue({confirm, retime, this->Task(job)});
+  auto lease = [&](const std::string& worker, PromotionLease p) -> std::string {
+    absl::StatusOr<std::optional<TaskRecord>> t =
+        this->store().LeaseTask(worker, "sm_90a", false, 1000, 60000, p);
+    EXPECT_TRUE(t.ok()) << t.status();
+    return t.ok() && t->has_value() ? (*t)->id : "";
+  };
+  EXPECT_EQ(lease("w1", PromotionLease::kNotOwn), ids[2])
+      << "w1's own promotions are skipped, the rest is not";
+  EXPECT_EQ(lease("w1", PromotionLease::kNotOwn), "");
+  EXPECT_EQ(lease("w3", PromotionLease::kNone), "") << "no promotion at all";
+  EXPECT_EQ(lease("w2", PromotionLease::kNotOwn), ids[0]) << "another worker gets them";
+  EXPECT_EQ(lease("w1", PromotionLease::kAny), ids[1]) << "unfiltered, the origin may run it";
 }
 
 TYPED_TEST(StoreTest, LeaseMatchesArchAndCompileOnlyWorkersGetCompileTasks) {
@@ -606,7 +726,8 @@ TYPED_TEST(StoreTest, RequeueExpiredReturnsExpiredLeasesToTheQueue) {
   EXPECT_EQ(t.state, TaskState::kQueued);
   EXPECT_EQ(t.worker_id, "");
   ASSERT_OK_AND_ASSIGN(std::optional<TaskRecord> again,
-                       this->store().LeaseTask("w2", "sm_90a", false, 2000, 100));
+                       this->store().LeaseTask("w2", "sm_90a", false, 2000, 100,
+                                               PromotionLease::kAny));
   ASSERT_TRUE(again.has_value());
   EXPECT_EQ(again->id, task);
   EXPECT_EQ(again->attempts, 2);
@@ -617,26 +738,31 @@ TYPED_TEST(StoreTest, CompleteTaskRefusesAStaleLease) {
   std::string v = this->NewVariant("src");
   std::string task = this->Enqueue({this->Task(job, v)})[0];
   ASSERT_EQ(this->Lease("w1", "sm_90a", false, 1000, 100), task);
+  // Ended but not yet reaped: the lease is still not live.
+  absl::StatusOr<CompletedTask> late =
+      this->Complete(task, "w1", this->Verified(1), BestRecord{}, "cubin", {}, /*now=*/1101);
+  EXPECT_CODE(late, kFailedPrecondition);
+  EXPECT_NE(late.status().message().find("ended"), std::string_view::npos) << late.status();
   ASSERT_OK(this->store().RequeueExpired(5000));
   // Expired and back in the queue: the old holder cannot complete it.
-  ASSERT_OK_AND_ASSIGN(bool done, this->store().CompleteTask(task, "w1", this->Verified(1),
-                                                             BestRecord{}));
-  EXPECT_FALSE(done);
+  EXPECT_CODE(this->Complete(task, "w1", this->Verified(1), BestRecord{}, "cubin", {}, 5000),
+              kFailedPrecondition);
   ASSERT_EQ(this->Lease("w2", "sm_90a", false, 5000, 100), task);
-  // Leased to another worker now: still refused.
-  ASSERT_OK_AND_ASSIGN(done, this->store().CompleteTask(task, "w1", this->Verified(1),
-                                                        BestRecord{}));
-  EXPECT_FALSE(done);
+  // Leased to another worker now: refused as not its lease.
+  absl::StatusOr<CompletedTask> foreign =
+      this->Complete(task, "w1", this->Verified(1), BestRecord{}, "cubin", {}, 5050);
+  EXPECT_CODE(foreign, kPermissionDenied);
+  EXPECT_NE(foreign.status().message().find("w2"), std::string_view::npos) << foreign.status();
+  // Nothing of the refused reports was stored, the cubin included.
   ASSERT_OK_AND_ASSIGN(std::vector<EvaluationRecord> evals, this->store().ListEvaluations(v));
   EXPECT_TRUE(evals.empty());
+  EXPECT_CODE(this->store().GetCubin(Sha256Hex("cubin")), kNotFound);
   EXPECT_CODE(this->store().GetBest(this->Task(job).bucket, "sm_90a"), kNotFound);
   ASSERT_OK_AND_ASSIGN(TaskRecord t, this->store().GetTask(task));
   EXPECT_EQ(t.state, TaskState::kLeased);
   EXPECT_EQ(t.worker_id, "w2");
   // The current holder can.
-  ASSERT_OK_AND_ASSIGN(done, this->store().CompleteTask(task, "w2", this->Verified(1),
-                                                        std::nullopt));
-  EXPECT_TRUE(done);
+  EXPECT_OK(this->Complete(task, "w2", this->Verified(1), std::nullopt, "", {}, 5050));
 }
 
 TYPED_TEST(StoreTest, CancelTasksCancelsQueuedAndLeasedOnly) {
@@ -647,9 +773,7 @@ TYPED_TEST(StoreTest, CancelTasksCancelsQueuedAndLeasedOnly) {
       this->Enqueue({this->Task(job, v), this->Task(job, v), this->Task(job, v)});
   std::string untouched = this->Enqueue({this->Task(other, v)})[0];
   ASSERT_EQ(this->Lease("w1"), ids[0]);
-  ASSERT_OK_AND_ASSIGN(bool done,
-                       this->store().CompleteTask(ids[0], "w1", this->Verified(1), std::nullopt));
-  ASSERT_TRUE(done);
+  ASSERT_OK(this->Complete(ids[0], "w1", this->Verified(1)));
   ASSERT_EQ(this->Lease("w1"), untouched);  // `other` never had a turn: it goes first
   ASSERT_EQ(this->Lease("w1"), ids[1]);
 
@@ -663,9 +787,7 @@ TYPED_TEST(StoreTest, CancelTasksCancelsQueuedAndLeasedOnly) {
   EXPECT_EQ(u.state, TaskState::kLeased);
 
   // The cancelled lease cannot be completed, and nothing is left to lease.
-  ASSERT_OK_AND_ASSIGN(done,
-                       this->store().CompleteTask(ids[1], "w1", this->Verified(1), std::nullopt));
-  EXPECT_FALSE(done);
+  EXPECT_CODE(this->Complete(ids[1], "w1", this->Verified(1)), kFailedPrecondition);
   EXPECT_EQ(this->Lease("w1"), "");
   ASSERT_OK_AND_ASSIGN(cancelled, this->store().CancelTasks(job));
   EXPECT_TRUE(cancelled.empty());
@@ -682,7 +804,7 @@ TYPED_TEST(StoreTest, ConcurrentLeasesHandOutEachTaskOnce) {
       const std::string name = fmt::format("w{}", w);
       while (true) {
         absl::StatusOr<std::optional<TaskRecord>> t =
-            this->store().LeaseTask(name, "sm_90a", false, 1000, 60000);
+            this->store().LeaseTask(name, "sm_90a", false, 1000, 60000, PromotionLease::kAny);
         if (!t.ok() || !t->has_value()) return;
         got[w].push_back((*t)->id);
       }
@@ -696,23 +818,28 @@ TYPED_TEST(StoreTest, ConcurrentLeasesHandOutEachTaskOnce) {
 
 // ---------------------------------------------------------------- workers
 
-TYPED_TEST(StoreTest, UpsertWorkerKeepsTheIdOfANameAndUpdates) {
+TYPED_TEST(StoreTest, UpsertWorkerInsertsWithoutAnIdAndUpdatesByIt) {
   WorkerRecord w;
   w.name = "host-a/gpu0";
   w.arch = "sm_90a";
   w.gpu_json = R"({"name":"H200"})";
   w.last_seen_unix_ms = 100;
+  w.session_hash = Sha256Hex("session of w");
+  w.sanitizer_tools = {"memcheck", "racecheck"};
   ASSERT_OK_AND_ASSIGN(std::string id, this->store().UpsertWorker(w));
   EXPECT_EQ(id[0], 'w');
+  w.id = id;
   w.last_seen_unix_ms = 200;
   w.compile_only = true;
-  ASSERT_OK_AND_ASSIGN(std::string again, this->store().UpsertWorker(w));  // restarted
+  ASSERT_OK_AND_ASSIGN(std::string again, this->store().UpsertWorker(w));
   EXPECT_EQ(again, id);
 
-  WorkerRecord other;
-  other.name = "host-b/gpu0";
-  other.arch = "sm_100a";
-  ASSERT_OK_AND_ASSIGN(std::string other_id, this->store().UpsertWorker(other));
+  // A name is a label: registering under it again is another worker, which
+  // gets none of the first one's identity.
+  WorkerRecord same_name;
+  same_name.name = w.name;
+  same_name.arch = "sm_100a";
+  ASSERT_OK_AND_ASSIGN(std::string other_id, this->store().UpsertWorker(same_name));
   EXPECT_NE(other_id, id);
 
   ASSERT_OK_AND_ASSIGN(std::vector<WorkerRecord> all, this->store().ListWorkers());
@@ -721,17 +848,32 @@ TYPED_TEST(StoreTest, UpsertWorkerKeepsTheIdOfANameAndUpdates) {
   EXPECT_EQ(all[0].last_seen_unix_ms, 200);
   EXPECT_TRUE(all[0].compile_only);
   EXPECT_EQ(all[0].gpu_json, w.gpu_json);
+  EXPECT_EQ(all[0].session_hash, w.session_hash);
+  EXPECT_EQ(all[0].sanitizer_tools, w.sanitizer_tools);
   EXPECT_EQ(all[1].id, other_id);
+  EXPECT_EQ(all[1].name, w.name);
   EXPECT_EQ(all[1].arch, "sm_100a");
+  EXPECT_TRUE(all[1].session_hash.empty());
+  EXPECT_TRUE(all[1].sanitizer_tools.empty());
   EXPECT_GT(all[1].last_seen_unix_ms, 0);  // the store's clock when not given
+}
 
-  // By id: a rename is fine, taking another worker's name is not.
-  other.id = other_id;
-  other.name = "host-b/gpu1";
-  ASSERT_OK_AND_ASSIGN(std::string renamed, this->store().UpsertWorker(other));
-  EXPECT_EQ(renamed, other_id);
-  other.name = w.name;
-  EXPECT_CODE(this->store().UpsertWorker(other), kAlreadyExists);
+TYPED_TEST(StoreTest, ASessionHashBelongsToOneWorker) {
+  WorkerRecord a;
+  a.name = "a";
+  a.session_hash = Sha256Hex("s");
+  ASSERT_OK(this->store().UpsertWorker(a));
+  WorkerRecord b;
+  b.name = "b";
+  b.session_hash = a.session_hash;
+  EXPECT_CODE(this->store().UpsertWorker(b), kInvalidArgument);
+  b.session_hash = "not-a-digest";
+  EXPECT_CODE(this->store().UpsertWorker(b), kInvalidArgument);
+  b.session_hash.clear();
+  b.sanitizer_tools = {"memcheck,racecheck"};
+  EXPECT_CODE(this->store().UpsertWorker(b), kInvalidArgument);
+  ASSERT_OK_AND_ASSIGN(std::vector<WorkerRecord> all, this->store().ListWorkers());
+  EXPECT_EQ(all.size(), 1u);
 }
 
 TYPED_TEST(StoreTest, IntegrityCheckIsOk) {
@@ -753,6 +895,7 @@ TEST(StoreNames, EnumNames) {
   EXPECT_EQ(TaskKindName(TaskKind::kEvaluate), "evaluate");
   EXPECT_EQ(TaskKindName(TaskKind::kRetime), "retime");
   EXPECT_EQ(TaskKindName(TaskKind::kCompile), "compile");
+  EXPECT_EQ(TaskKindName(TaskKind::kConfirm), "confirm");
 }
 
 }  // namespace

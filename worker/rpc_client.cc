@@ -79,6 +79,14 @@ void ToProto(const TaskResult& r, pb::EvalResult* out) {
   }
   if (r.timing) ToProto(*r.timing, out->mutable_timing());
   if (r.incumbent_timing) ToProto(*r.incumbent_timing, out->mutable_incumbent_timing());
+  if (r.verified) {
+    pb::SizeExtent* e = out->mutable_verified();
+    e->set_batch(r.verified->batch);
+    e->set_max_len_q(r.verified->max_len_q);
+    e->set_max_len_k(r.verified->max_len_k);
+    e->set_total_q(r.verified->total_q);
+    e->set_total_k(r.verified->total_k);
+  }
   ToProto(r.gpu, out->mutable_gpu());
   out->set_message(r.message);
   out->set_reference_version(r.reference_version);
@@ -121,6 +129,7 @@ absl::StatusOr<TaskSpec> FromProto(const pb::Task& t) {
     case pb::TASK_KIND_EVALUATE: out.kind = TaskKind::kEvaluate; break;
     case pb::TASK_KIND_RETIME: out.kind = TaskKind::kRetime; break;
     case pb::TASK_KIND_COMPILE: out.kind = TaskKind::kCompile; break;
+    case pb::TASK_KIND_CONFIRM: out.kind = TaskKind::kConfirm; break;
     default:
       return absl::InvalidArgumentError(
           fmt::format("task {}: unknown kind {}", t.task_id(), static_cast<int>(t.kind())));
@@ -156,52 +165,58 @@ class GrpcServerClient final : public ServerClient {
 
   ~GrpcServerClient() override { Shutdown(); }
 
-  absl::StatusOr<Session> Register(const Registration& registration) override {
+  absl::StatusOr<Session> Register(const Registration& registration,
+                                   const std::optional<Session>& previous) override {
     pb::RegisterRequest req;
     req.set_worker_name(registration.worker_name);
     ToProto(registration.gpu, req.mutable_gpu());
     req.set_compile_only(registration.compile_only);
+    for (const std::string& tool : registration.sanitizer_tools) req.add_sanitizer_tools(tool);
     pb::RegisterResponse resp;
     // Register waits for the channel to (re)connect, up to its deadline,
     // instead of failing fast while the channel backs off: a restarted
     // server is found as soon as it listens again.
     absl::Status s = Call(
-        "Register", options_.call_timeout,
+        "Register", options_.call_timeout, previous ? previous->session_token : std::string(),
         [&](grpc::ClientContext* ctx) { return stub_->Register(ctx, req, &resp); },
         /*wait_for_ready=*/true);
     if (!s.ok()) return s;
     if (resp.worker_id().empty()) return absl::InternalError("Register: server sent no worker id");
+    if (resp.session_token().empty())
+      return absl::InternalError("Register: server sent no session token");
     Session session;
     session.worker_id = resp.worker_id();
+    session.session_token = resp.session_token();
     if (resp.heartbeat_interval_ms() > 0) session.heartbeat_interval_ms = resp.heartbeat_interval_ms();
     if (resp.lease_ttl_ms() > 0) session.lease_ttl_ms = resp.lease_ttl_ms();
     return session;
   }
 
   absl::StatusOr<std::vector<std::string>> Heartbeat(
-      const std::string& worker_id, const std::vector<std::string>& task_ids) override {
+      const Session& session, const std::vector<std::string>& task_ids) override {
     pb::HeartbeatRequest req;
-    req.set_worker_id(worker_id);
+    req.set_worker_id(session.worker_id);
     for (const std::string& id : task_ids) req.add_task_ids(id);
     pb::HeartbeatResponse resp;
-    absl::Status s = Call("Heartbeat", options_.call_timeout, [&](grpc::ClientContext* ctx) {
-      return stub_->Heartbeat(ctx, req, &resp);
-    });
+    absl::Status s = Call("Heartbeat", options_.call_timeout, session.session_token,
+                          [&](grpc::ClientContext* ctx) {
+                            return stub_->Heartbeat(ctx, req, &resp);
+                          });
     if (!s.ok()) return s;
     return std::vector<std::string>(resp.cancelled_task_ids().begin(),
                                     resp.cancelled_task_ids().end());
   }
 
-  absl::StatusOr<std::optional<TaskSpec>> LeaseTask(const std::string& worker_id,
+  absl::StatusOr<std::optional<TaskSpec>> LeaseTask(const Session& session,
                                                     std::chrono::milliseconds wait) override {
     pb::LeaseTaskRequest req;
-    req.set_worker_id(worker_id);
+    req.set_worker_id(session.worker_id);
     req.set_wait_ms(static_cast<int32_t>(wait.count()));
     pb::LeaseTaskResponse resp;
-    absl::Status s =
-        Call("LeaseTask", wait + options_.long_poll_slack, [&](grpc::ClientContext* ctx) {
-          return stub_->LeaseTask(ctx, req, &resp);
-        });
+    absl::Status s = Call("LeaseTask", wait + options_.long_poll_slack, session.session_token,
+                          [&](grpc::ClientContext* ctx) {
+                            return stub_->LeaseTask(ctx, req, &resp);
+                          });
     if (!s.ok()) return s;
     if (!resp.has_task() || resp.task().task_id().empty()) return std::optional<TaskSpec>();
     absl::StatusOr<TaskSpec> task = FromProto(resp.task());
@@ -209,18 +224,15 @@ class GrpcServerClient final : public ServerClient {
     return std::optional<TaskSpec>(*std::move(task));
   }
 
-  absl::StatusOr<bool> ReportResult(const std::string& worker_id, const std::string& task_id,
-                                    const TaskResult& result) override {
+  absl::Status ReportResult(const Session& session, const std::string& task_id,
+                            const TaskResult& result) override {
     pb::ReportResultRequest req;
-    req.set_worker_id(worker_id);
+    req.set_worker_id(session.worker_id);
     req.set_task_id(task_id);
     ToProto(result, req.mutable_result());
     pb::ReportResultResponse resp;
-    absl::Status s = Call("ReportResult", options_.call_timeout, [&](grpc::ClientContext* ctx) {
-      return stub_->ReportResult(ctx, req, &resp);
-    });
-    if (!s.ok()) return s;
-    return resp.accepted();
+    return Call("ReportResult", options_.call_timeout, session.session_token,
+                [&](grpc::ClientContext* ctx) { return stub_->ReportResult(ctx, req, &resp); });
   }
 
   void Shutdown() override {
@@ -230,13 +242,15 @@ class GrpcServerClient final : public ServerClient {
   }
 
  private:
+  // `session`: the session token to send ("" for none).
   template <typename Fn>
-  absl::Status Call(std::string_view name, std::chrono::milliseconds timeout, Fn&& fn,
-                    bool wait_for_ready = false) {
+  absl::Status Call(std::string_view name, std::chrono::milliseconds timeout,
+                    const std::string& session, Fn&& fn, bool wait_for_ready = false) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + timeout);
     ctx.set_wait_for_ready(wait_for_ready);
     if (!options_.token.empty()) ctx.AddMetadata("authorization", "Bearer " + options_.token);
+    if (!session.empty()) ctx.AddMetadata("x-kforge-session", session);
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (shut_down_) return absl::CancelledError(fmt::format("{}: client shut down", name));

@@ -4,12 +4,16 @@
 // (task.h). GrpcServerClient is its one implementation over gRPC and the only
 // code in worker/ that sees a protobuf message; tests may substitute a fake.
 //
+// Identity: Register returns a Session; every later call sends its token as
+// "x-kforge-session" metadata, and the server acts as the worker it names.
+//
 // Errors: every failed RPC becomes an absl::Status with the gRPC code mapped
 // one-to-one (UNAVAILABLE when the server is down or restarting,
-// DEADLINE_EXCEEDED, UNAUTHENTICATED for a bad token, NOT_FOUND or
-// FAILED_PRECONDITION when the server no longer knows this worker). The
-// message names the call: "LeaseTask: failed to connect to all addresses".
-// Retrying and re-registering is the caller's business (worker.h).
+// DEADLINE_EXCEEDED, UNAUTHENTICATED for a bad token or a session the
+// server does not know, PERMISSION_DENIED or FAILED_PRECONDITION for a
+// report without a live lease). The message names the call: "LeaseTask:
+// failed to connect to all addresses". Retrying and re-registering is the
+// caller's business (worker.h).
 //
 // Thread-safety: all methods may be called from several threads at once
 // (the heartbeat thread and the task loop share one client).
@@ -30,22 +34,26 @@ class ServerClient {
  public:
   virtual ~ServerClient() = default;
 
-  virtual absl::StatusOr<Session> Register(const Registration& registration) = 0;
+  // A new session, or, when `previous` is a session the server still
+  // knows (and the worker's arch and compile-only flag are unchanged), that
+  // session again with the same worker id and leases.
+  virtual absl::StatusOr<Session> Register(const Registration& registration,
+                                           const std::optional<Session>& previous) = 0;
 
   // Renews the leases of `task_ids`; returns the ids the server wants stopped
   // (their job was cancelled).
   virtual absl::StatusOr<std::vector<std::string>> Heartbeat(
-      const std::string& worker_id, const std::vector<std::string>& task_ids) = 0;
+      const Session& session, const std::vector<std::string>& task_ids) = 0;
 
   // Long poll: waits up to `wait` for a task; nullopt when none came.
-  virtual absl::StatusOr<std::optional<TaskSpec>> LeaseTask(const std::string& worker_id,
+  virtual absl::StatusOr<std::optional<TaskSpec>> LeaseTask(const Session& session,
                                                             std::chrono::milliseconds wait) = 0;
 
-  // True when the server accepted the result; false when the lease had
-  // expired and the task went back to the queue (not an error).
-  virtual absl::StatusOr<bool> ReportResult(const std::string& worker_id,
-                                            const std::string& task_id,
-                                            const TaskResult& result) = 0;
+  // OK when the server recorded the result. A report the server refuses
+  // (the lease ended or is another worker's, a timing below the physical
+  // floor, ...) is an error and nothing of it was stored.
+  virtual absl::Status ReportResult(const Session& session, const std::string& task_id,
+                                    const TaskResult& result) = 0;
 
   // Cancels the calls in flight (a blocked long poll returns CANCELLED) and
   // makes later calls fail at once. For shutdown; not reversible.

@@ -33,14 +33,13 @@ WorkerStats Worker::stats() const {
 
 Worker::CallFailure Worker::Classify(const absl::Status& status) const {
   switch (status.code()) {
-    // The server is down or was restarted (and may have forgotten us), or it
-    // says it does not know this worker: register again.
-    case absl::StatusCode::kUnavailable:
-    case absl::StatusCode::kNotFound:
-    case absl::StatusCode::kFailedPrecondition:
+    // The server does not know the session (it lost its database, or the
+    // session was never valid) or says the call is not this worker's.
     case absl::StatusCode::kUnauthenticated:
     case absl::StatusCode::kPermissionDenied:
       return CallFailure::kSessionLost;
+    // Down or restarting (sessions survive a restart), a deadline: the same
+    // session works once the server answers again.
     default:
       return CallFailure::kRetry;
   }
@@ -78,17 +77,25 @@ bool Worker::EnsureSession() {
       if (stopping_) return false;
       if (session_) return true;
     }
-    absl::StatusOr<Session> session = client_->Register(options_.registration);
+    std::optional<Session> previous;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      previous = last_session_;
+    }
+    absl::StatusOr<Session> session = client_->Register(options_.registration, previous);
     if (session.ok()) {
+      const bool resumed = previous && previous->worker_id == session->worker_id;
       {
         std::lock_guard<std::mutex> lock(mu_);
         session_ = *session;
+        last_session_ = *session;
         ++stats_.registrations;
         stats_.worker_id = session->worker_id;
       }
       cv_.notify_all();  // the heartbeat thread starts on the new session
-      spdlog::info("registered as worker {}{} (heartbeat every {} ms, lease ttl {} ms)",
-                   session->worker_id, options_.registration.compile_only ? ", compile-only" : "",
+      spdlog::info("{} worker {}{} (heartbeat every {} ms, lease ttl {} ms)",
+                   resumed ? "resumed the session of" : "registered as", session->worker_id,
+                   options_.registration.compile_only ? ", compile-only" : "",
                    session->heartbeat_interval_ms, session->lease_ttl_ms);
       ResetBackoff();
       return true;
@@ -115,7 +122,7 @@ void Worker::Run() {
       session = *session_;
     }
     absl::StatusOr<std::optional<TaskSpec>> lease =
-        client_->LeaseTask(session.worker_id, options_.lease_wait);
+        client_->LeaseTask(session, options_.lease_wait);
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (stopping_) break;
@@ -187,37 +194,43 @@ void Worker::Run() {
 
 void Worker::Report(const Session& session, const TaskSpec& task, const TaskResult& result) {
   for (int attempt = 1; attempt <= options_.max_report_attempts; ++attempt) {
-    absl::StatusOr<bool> accepted = client_->ReportResult(session.worker_id, task.task_id, result);
-    if (accepted.ok()) {
+    absl::Status reported = client_->ReportResult(session, task.task_id, result);
+    if (reported.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
-      if (*accepted) {
-        ++stats_.results_accepted;
-      } else {
-        ++stats_.results_rejected;
-        spdlog::warn("task {}: result not accepted (the lease had expired)", task.task_id);
-      }
+      ++stats_.results_accepted;
       ResetBackoff();
       return;
     }
-    const absl::StatusCode code = accepted.status().code();
+    const absl::StatusCode code = reported.code();
+    // The server answered and stored nothing: the lease ended or is
+    // another's (FAILED_PRECONDITION, PERMISSION_DENIED), the task is gone
+    // (NOT_FOUND), the result is not believable (INVALID_ARGUMENT), or the
+    // session is unknown (UNAUTHENTICATED). Sending it again changes none.
     const bool refused = code == absl::StatusCode::kNotFound ||
                          code == absl::StatusCode::kFailedPrecondition ||
                          code == absl::StatusCode::kPermissionDenied ||
                          code == absl::StatusCode::kInvalidArgument ||
                          code == absl::StatusCode::kUnauthenticated;
+    if (refused) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++stats_.results_rejected;
+      }
+      spdlog::warn("task {}: server refused the result: {}", task.task_id,
+                   std::string(reported.message()));
+      // Only an unknown session is this worker's to mend; a lost lease is
+      // the task's, and the session goes on.
+      if (code == absl::StatusCode::kUnauthenticated) DropSession(session.worker_id);
+      return;
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
       ++stats_.connection_errors;
     }
-    if (refused) {
-      spdlog::warn("task {}: server refused the result: {}", task.task_id,
-                   std::string(accepted.status().message()));
-      if (code != absl::StatusCode::kInvalidArgument) DropSession(session.worker_id);
-      break;
-    }
     const std::chrono::milliseconds wait = NextBackoff();
     spdlog::warn("task {}: report failed (attempt {}/{}): {}; retrying in {} ms", task.task_id,
-                 attempt, options_.max_report_attempts, std::string(accepted.status().message()), wait.count());
+                 attempt, options_.max_report_attempts, std::string(reported.message()),
+                 wait.count());
     if (!SleepFor(wait)) break;
   }
   std::lock_guard<std::mutex> lock(mu_);
@@ -235,7 +248,8 @@ void Worker::HeartbeatLoop() {
       continue;
     }
     const std::chrono::milliseconds interval(session_->heartbeat_interval_ms);
-    const std::string worker_id = session_->worker_id;
+    const Session session = *session_;
+    const std::string worker_id = session.worker_id;
     // Wait one interval; a new session (re-registration) restarts the wait.
     if (cv_.wait_for(lock, interval, [&] {
           return stopping_ || !session_ || session_->worker_id != worker_id;
@@ -245,22 +259,20 @@ void Worker::HeartbeatLoop() {
     std::vector<std::string> tasks;
     if (!current_task_id_.empty()) tasks.push_back(current_task_id_);
     lock.unlock();
-    absl::StatusOr<std::vector<std::string>> cancelled = client_->Heartbeat(worker_id, tasks);
+    absl::StatusOr<std::vector<std::string>> cancelled = client_->Heartbeat(session, tasks);
     lock.lock();
     if (!cancelled.ok()) {
       ++stats_.heartbeats_failed;
       ++failures_in_a_row;
-      const absl::StatusCode code = cancelled.status().code();
       // Every interval while the server is away would flood the log: the
       // 1st, 2nd, 4th, 8th... failure in a row.
       if ((failures_in_a_row & (failures_in_a_row - 1)) == 0) {
         spdlog::warn("heartbeat failed ({} in a row): {}", failures_in_a_row,
                      std::string(cancelled.status().message()));
       }
-      // The task loop notices an unreachable server by itself; a server that
-      // answers but does not know us any more means: register again.
-      if (code != absl::StatusCode::kUnavailable && code != absl::StatusCode::kCancelled &&
-          Classify(cancelled.status()) == CallFailure::kSessionLost && session_ &&
+      // A server that answers but does not know the session means:
+      // register again.
+      if (Classify(cancelled.status()) == CallFailure::kSessionLost && session_ &&
           session_->worker_id == worker_id) {
         session_.reset();
         stats_.worker_id.clear();

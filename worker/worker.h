@@ -2,11 +2,17 @@
 //
 //   register → [lease (long poll) → run → report]* ; heartbeats on a thread
 //
-// The worker never gives up on the server: a failed Register, a dropped
-// connection, a restarted server (which may no longer know this worker's id)
-// all lead to waiting with exponential backoff and registering again. A
-// result whose report fails is retried (same worker id, it is that id's
-// lease) until the server answers or says it no longer knows the worker.
+// The worker never gives up on the server: a failed Register or a dropped
+// connection lead to waiting with exponential backoff. Its session (the
+// token Register issued, sent with every call) survives a server restart, so
+// an unreachable server is waited for with the session kept; only a server
+// that answers that it does not know the session (UNAUTHENTICATED) or that
+// the call is not this worker's (PERMISSION_DENIED) makes the worker
+// register again, presenting its last session so that a server that still
+// knows it keeps the worker id and its leases. A result whose report fails
+// to arrive is retried (same session: it is that worker's lease) until the
+// server answers; a report the server refuses (lease ended or not ours,
+// timing below the floor, ...) is dropped, as the server stored nothing.
 //
 // A task the worker itself failed (TaskResult::worker_fault) is not reported:
 // its lease expires and the server hands it out again; the worker pauses,
@@ -53,7 +59,7 @@ struct WorkerStats {
   int64_t registrations = 0;
   int64_t tasks_leased = 0;
   int64_t results_accepted = 0;
-  int64_t results_rejected = 0;  // lease had expired
+  int64_t results_rejected = 0;  // refused by the server (lease ended, not ours, invalid)
   int64_t results_dropped = 0;   // could not be reported at all
   int64_t tasks_cancelled = 0;
   int64_t worker_faults = 0;  // tasks not reported: the worker failed, not the candidate
@@ -80,8 +86,9 @@ class Worker {
 
  private:
   enum class CallFailure { kRetry, kSessionLost };
-  // How the loop reacts to a failed RPC: re-register unless the failure is
-  // clearly transient on a live session (a long poll's deadline).
+  // How the loop reacts to a failed RPC: register again only when the
+  // server says the session is not (or no longer) this worker's; anything
+  // else (server down, deadline) is retried on the same session.
   CallFailure Classify(const absl::Status& status) const;
 
   bool EnsureSession();  // false: stopping
@@ -101,6 +108,8 @@ class Worker {
   std::condition_variable cv_;
   bool stopping_ = false;              // guarded by mu_
   std::optional<Session> session_;     // guarded by mu_
+  // The last session held, presented when registering again.
+  std::optional<Session> last_session_;  // guarded by mu_
   std::string current_task_id_;        // guarded by mu_
   std::atomic<bool>* current_cancel_ = nullptr;  // guarded by mu_
   WorkerStats stats_;                  // guarded by mu_

@@ -82,18 +82,16 @@ absl::Status Seed(kforge::Store& store, size_t source_bytes, size_t cubin_bytes)
   if (!wid.ok()) return wid.status();
   const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
                           std::chrono::system_clock::now().time_since_epoch()).count();
-  auto leased = store.LeaseTask(*wid, key.arch, false, now, 60000);
+  auto leased = store.LeaseTask(*wid, key.arch, false, now, 60000, kforge::PromotionLease::kAny);
   if (!leased.ok() || !leased->has_value()) return absl::InternalError("bench: lease failed");
-  const std::string cubin(cubin_bytes, '\x7f');
-  const std::string hash = fmt::format("{:064x}", cubin_bytes);
-  if (absl::Status s = store.PutCubin(hash, cubin); !s.ok()) return s;
-  kforge::EvaluationRecord e;
-  e.outcome = kforge::Outcome::kVerified;
-  e.timing = {812.4, 810.0, 815.0, 20};
-  e.cubin_hash = hash;
-  e.gpu_name = "NVIDIA H200";
-  kforge::BestRecord best;
-  auto ok = store.CompleteTask((*leased)->id, *wid, e, best);
+  kforge::TaskCompletion c;
+  c.cubin = std::string(cubin_bytes, '\x7f');
+  c.eval.outcome = kforge::Outcome::kVerified;
+  c.eval.timing = {812.4, 810.0, 815.0, 20};
+  c.eval.gpu_name = "NVIDIA H200";
+  c.eval.verified = kforge::BucketExtent(kforge::BucketOf(key));  // serves the whole bucket
+  c.new_best = kforge::BestRecord{};
+  auto ok = store.CompleteTask((*leased)->id, *wid, now, std::move(c));
   if (!ok.ok()) return ok.status();
   return absl::OkStatus();
 }

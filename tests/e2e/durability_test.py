@@ -36,12 +36,16 @@ def main():
     job = kernels.SubmitJob(pb.SubmitJobRequest(name="durability", shapes=[shape],
                                                 budget=pb.Budget(max_variants=6), seed=3),
                             metadata=kfe2e.client_md(), timeout=30)
-    w = workers.Register(pb.RegisterRequest(worker_name="scripted", gpu=pb.GpuInfo(arch="sm_90a")),
-                         metadata=kfe2e.worker_md()).worker_id
+    # A gated worker, so that its CONFIRM and RETIME results promote.
+    reg = workers.Register(pb.RegisterRequest(worker_name="scripted", gpu=pb.GpuInfo(arch="sm_90a"),
+                                              sanitizer_tools=["memcheck"]),
+                           metadata=kfe2e.worker_md())
+    w, session = reg.worker_id, reg.session_token
+    assert session, "Register issued no session"
 
     def lease(wait_ms=5000):
         r = workers.LeaseTask(pb.LeaseTaskRequest(worker_id=w, wait_ms=wait_ms),
-                              metadata=kfe2e.worker_md(), timeout=30)
+                              metadata=kfe2e.worker_md(session), timeout=30)
         return r.task if r.HasField("task") else None
 
     def report(task, us):
@@ -51,7 +55,7 @@ def main():
                                                        max_us=us + 50.5, samples=5),
                             compile=pb.CompileReport(cubin=b"cubin-" + task.variant.variant_id.encode()))
         return workers.ReportResult(pb.ReportResultRequest(worker_id=w, task_id=task.task_id, result=res),
-                                    metadata=kfe2e.worker_md(), timeout=30).accepted
+                                    metadata=kfe2e.worker_md(session), timeout=30).accepted
 
     done, done_evaluations = [], 0
     for i in range(3):
@@ -59,7 +63,8 @@ def main():
         assert t is not None, "no task to lease"
         assert report(t, 500.0 - 10 * i), "report refused"
         done.append(t.task_id)
-        # A faster result queues a re-timing task, which is leased first.
+        # A verified result queues a CONFIRM (no best yet) or a re-timing
+        # task (faster than the best), which is leased first.
         done_evaluations += t.kind == pb.TASK_KIND_EVALUATE
     held = lease()
     assert held is not None
@@ -88,8 +93,8 @@ def main():
     variants = kernels.ListVariants(pb.ListVariantsRequest(bucket=j.progress[0].bucket, page_size=100),
                                     metadata=kfe2e.client_md())
     assert sum(v.evaluations for v in variants.variants) >= 3, variants
-    # The worker keeps its id across the restart; the held lease expires and
-    # the task comes back.
+    # The worker keeps its session (and id) across the restart; the held
+    # lease expires and the task comes back.
     back = kfe2e.wait_until(lambda: lease(500), timeout=15)
     seen = set()
     while back is not None and back.task_id != held.task_id:

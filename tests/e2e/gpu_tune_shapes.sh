@@ -7,7 +7,10 @@
 # time to within 5% of the final best and evaluations used.
 #   [GATE=/usr/local/cuda/bin/compute-sanitizer] tests/e2e/gpu_tune_shapes.sh BUNDLE \
 #       [SHAPES=bench/shapes.json] [MAX_VARIANTS=4] [MAX_SECONDS=200]
-# GATE turns on the worker's sanitizer gate (--sanitizer-gate).
+# GATE turns on the worker's sanitizer gate (--sanitizer-gate); the worker
+# then registers as gated and its CONFIRM/RETIME results promote. Without
+# GATE the server is started with --allow-ungated-promotion, or nothing would
+# ever become a bucket's best.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 bundle="$(realpath "$1")"; shapes="${2:-bench/shapes.json}"
@@ -17,8 +20,9 @@ export LD_LIBRARY_PATH="$bundle/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export KFORGE_TOKEN=tune-client-token-0123456789 KFORGE_WORKER_TOKEN=tune-worker-token-0123456789
 addr=127.0.0.1:$((20000 + RANDOM % 20000))
 work=$(mktemp -d)
+ungated=(); [ -n "${GATE:-}" ] || ungated=(--allow-ungated-promotion)
 "$bundle/bin/kforge-server" --listen "$addr" --db "$work/kforge.db" --client-token "$KFORGE_TOKEN" \
-  --worker-token "$KFORGE_WORKER_TOKEN" > "$out/server.log" 2>&1 & server=$!
+  --worker-token "$KFORGE_WORKER_TOKEN" "${ungated[@]}" > "$out/server.log" 2>&1 & server=$!
 "$bundle/bin/kforge-worker" --server "$addr" --gpu 0 --cache-dir "$work/cache" \
   ${GATE:+--sanitizer-gate "$GATE"} > "$out/worker.log" 2>&1 & worker=$!
 kf() { "$bundle/bin/kforge" --server "$addr" "$@"; }

@@ -84,8 +84,13 @@ def client_md():
     return (("authorization", "Bearer " + CLIENT_TOKEN),)
 
 
-def worker_md():
-    return (("authorization", "Bearer " + WORKER_TOKEN),)
+def worker_md(session=None):
+    """A worker call's metadata; `session` is the token Register returned,
+    which every call after Register carries."""
+    md = (("authorization", "Bearer " + WORKER_TOKEN),)
+    if session:
+        md += (("x-kforge-session", session),)
+    return md
 
 
 def tempdir():

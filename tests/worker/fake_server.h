@@ -1,8 +1,10 @@
 // Test only: a minimal in-process kforge.v1.WorkerService, so the worker's
 // client, reconnect and heartbeat logic can be tested without the real
 // server. It keeps its state in memory (a restart forgets every worker, as a
-// server that lost its state would), checks the bearer token, hands out
-// queued tasks by long poll and records what the worker sent.
+// server that lost its state would, unless told to keep its sessions as the
+// real server does), checks the bearer token and, like the real server, the
+// session token on every call after Register, hands out queued tasks by long
+// poll and records what the worker sent.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -23,18 +25,43 @@ namespace kforge::worker::testing {
 
 namespace pb = ::kforge::v1;
 
+// Sessions (token -> worker id) and workers a previous instance issued, for
+// a restart that keeps its state.
+struct FakeServiceState {
+  std::map<std::string, std::string> sessions;
+  std::map<std::string, pb::RegisterRequest> workers;
+  int next_worker = 0;
+};
+
 class FakeWorkerService final : public pb::WorkerService::Service {
  public:
-  explicit FakeWorkerService(std::string token, int heartbeat_ms = 100)
-      : token_(std::move(token)), heartbeat_ms_(heartbeat_ms) {}
+  using State = FakeServiceState;
+
+  explicit FakeWorkerService(std::string token, int heartbeat_ms = 100, State state = {})
+      : token_(std::move(token)),
+        heartbeat_ms_(heartbeat_ms),
+        sessions_(std::move(state.sessions)),
+        workers_(std::move(state.workers)),
+        next_worker_(state.next_worker) {}
 
   grpc::Status Register(grpc::ServerContext* ctx, const pb::RegisterRequest* req,
                         pb::RegisterResponse* resp) override {
     if (!Authorized(ctx)) return {grpc::StatusCode::UNAUTHENTICATED, "bad token"};
     std::lock_guard<std::mutex> lock(mu_);
-    std::string id = "w" + std::to_string(++next_worker_);
+    ++registrations_;
+    const std::string presented = Session(ctx);
+    std::string id, session;
+    if (auto it = sessions_.find(presented); it != sessions_.end()) {
+      id = it->second;  // resumed
+      session = presented;
+    } else {
+      id = "w" + std::to_string(++next_worker_);
+      session = "session-of-" + id;
+      sessions_[session] = id;
+    }
     workers_[id] = *req;
     resp->set_worker_id(id);
+    resp->set_session_token(session);
     resp->set_heartbeat_interval_ms(heartbeat_ms_);
     resp->set_lease_ttl_ms(5000);
     cv_.notify_all();
@@ -45,7 +72,7 @@ class FakeWorkerService final : public pb::WorkerService::Service {
                          pb::HeartbeatResponse* resp) override {
     if (!Authorized(ctx)) return {grpc::StatusCode::UNAUTHENTICATED, "bad token"};
     std::lock_guard<std::mutex> lock(mu_);
-    if (!workers_.count(req->worker_id())) return {grpc::StatusCode::NOT_FOUND, "unknown worker"};
+    if (grpc::Status s = CheckSession(ctx, req->worker_id()); !s.ok()) return s;
     ++heartbeats_;
     for (const std::string& id : req->task_ids()) {
       ++renewals_[id];
@@ -59,7 +86,7 @@ class FakeWorkerService final : public pb::WorkerService::Service {
                          pb::LeaseTaskResponse* resp) override {
     if (!Authorized(ctx)) return {grpc::StatusCode::UNAUTHENTICATED, "bad token"};
     std::unique_lock<std::mutex> lock(mu_);
-    if (!workers_.count(req->worker_id())) return {grpc::StatusCode::NOT_FOUND, "unknown worker"};
+    if (grpc::Status s = CheckSession(ctx, req->worker_id()); !s.ok()) return s;
     const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(req->wait_ms());
     cv_.wait_until(lock, until, [&] { return !queue_.empty() || stopping_ || ctx->IsCancelled(); });
     if (queue_.empty()) return grpc::Status::OK;
@@ -73,7 +100,8 @@ class FakeWorkerService final : public pb::WorkerService::Service {
                             pb::ReportResultResponse* resp) override {
     if (!Authorized(ctx)) return {grpc::StatusCode::UNAUTHENTICATED, "bad token"};
     std::lock_guard<std::mutex> lock(mu_);
-    if (!workers_.count(req->worker_id())) return {grpc::StatusCode::NOT_FOUND, "unknown worker"};
+    if (grpc::Status s = CheckSession(ctx, req->worker_id()); !s.ok()) return s;
+    if (refuse_reports_) return {grpc::StatusCode::FAILED_PRECONDITION, "the lease ended"};
     reports_.push_back(*req);
     resp->set_accepted(true);
     cv_.notify_all();
@@ -88,6 +116,15 @@ class FakeWorkerService final : public pb::WorkerService::Service {
   void Cancel(const std::string& task_id) {
     std::lock_guard<std::mutex> lock(mu_);
     cancelled_.insert(task_id);
+  }
+  // Refuses every report as the real server refuses one without a live lease.
+  void RefuseReports(bool refuse) {
+    std::lock_guard<std::mutex> lock(mu_);
+    refuse_reports_ = refuse;
+  }
+  State state() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return State{sessions_, workers_, next_worker_};
   }
   // Wakes long polls so a server shutdown does not wait for them.
   void Stop() {
@@ -107,6 +144,8 @@ class FakeWorkerService final : public pb::WorkerService::Service {
   // after the fact.
   size_t reports_locked() const { return reports_.size(); }
   size_t workers_locked() const { return workers_.size(); }
+  int registrations_locked() const { return registrations_; }
+  int unauthenticated_calls_locked() const { return unauthenticated_calls_; }
   int heartbeats_locked() const { return heartbeats_; }
   int renewals_locked(const std::string& id) const {
     auto it = renewals_.find(id);
@@ -131,13 +170,34 @@ class FakeWorkerService final : public pb::WorkerService::Service {
     if (it == ctx->client_metadata().end()) return token_.empty();
     return std::string(it->second.data(), it->second.size()) == "Bearer " + token_;
   }
+  static std::string Session(grpc::ServerContext* ctx) {
+    auto it = ctx->client_metadata().find("x-kforge-session");
+    if (it == ctx->client_metadata().end()) return "";
+    return std::string(it->second.data(), it->second.size());
+  }
+  // The real server's rule: the session names the caller; a request for
+  // another worker is refused. Called under mu_.
+  grpc::Status CheckSession(grpc::ServerContext* ctx, const std::string& declared) {
+    auto it = sessions_.find(Session(ctx));
+    if (it == sessions_.end()) {
+      ++unauthenticated_calls_;
+      return {grpc::StatusCode::UNAUTHENTICATED, "unknown session"};
+    }
+    if (!declared.empty() && declared != it->second)
+      return {grpc::StatusCode::PERMISSION_DENIED, "not this session's worker"};
+    return grpc::Status::OK;
+  }
 
   const std::string token_;
   const int heartbeat_ms_;
   std::mutex mu_;
   std::condition_variable cv_;
-  int next_worker_ = 0;
+  std::map<std::string, std::string> sessions_;  // token -> worker id
   std::map<std::string, pb::RegisterRequest> workers_;
+  int next_worker_ = 0;
+  int registrations_ = 0;
+  int unauthenticated_calls_ = 0;
+  bool refuse_reports_ = false;
   std::deque<pb::Task> queue_;
   std::vector<std::string> leased_;
   std::vector<pb::ReportResultRequest> reports_;
@@ -148,7 +208,8 @@ class FakeWorkerService final : public pb::WorkerService::Service {
 };
 
 // A FakeWorkerService served on 127.0.0.1; Restart() replaces it with a fresh
-// one (no memory of workers) on the same port.
+// one (no memory of workers unless asked to keep its sessions) on the same
+// port.
 class FakeServer {
  public:
   explicit FakeServer(std::string token, int port = 0) : token_(std::move(token)), port_(port) {
@@ -156,8 +217,8 @@ class FakeServer {
   }
   ~FakeServer() { Shutdown(); }
 
-  void Start() {
-    service_ = std::make_unique<FakeWorkerService>(token_);
+  void Start(FakeWorkerService::State state = {}) {
+    service_ = std::make_unique<FakeWorkerService>(token_, 100, std::move(state));
     grpc::ServerBuilder builder;
     int selected = 0;
     builder.AddListeningPort("127.0.0.1:" + std::to_string(port_), grpc::InsecureServerCredentials(),
@@ -173,9 +234,13 @@ class FakeServer {
     server_->Wait();
     server_.reset();
   }
-  void Restart() {
+  // `keep_sessions`: the new instance knows the workers and sessions of the
+  // old one, as the real server (which stores them) does.
+  void Restart(bool keep_sessions = false) {
+    FakeWorkerService::State state;
+    if (keep_sessions && service_) state = service_->state();
     Shutdown();
-    Start();
+    Start(std::move(state));
   }
 
   bool running() const { return server_ != nullptr; }

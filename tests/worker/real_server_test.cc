@@ -7,7 +7,8 @@
 //   - a broken source ends COMPILE_ERROR with the NVRTC log;
 //   - heartbeats renew the lease of a compile that outlasts the lease TTL;
 //   - after the server is stopped and started again on the same port, the
-//     worker comes back by itself and serves the next task.
+//     worker comes back by itself on the session it had (sessions are
+//     stored) and serves the next task as the same worker.
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -375,10 +376,16 @@ TEST_F(RealServer, WorkerComesBackAfterTheServerRestartsOnTheSamePort) {
   ASSERT_TRUE(evals.ok());
   ASSERT_EQ(evals->size(), 1u);
   EXPECT_EQ(evals->front().outcome, Outcome::kCompileError);
-  // Still one worker: re-registering under the same name keeps the id.
+  // Still one worker, on its first session: it waited out the restart
+  // instead of registering again.
+  auto workers = store_->ListWorkers();
+  ASSERT_TRUE(workers.ok());
+  EXPECT_EQ(workers->size(), 1u);
   EXPECT_EQ(evals->front().worker_id, RegisteredWorker()->id);
+  EXPECT_FALSE(RegisteredWorker()->session_hash.empty());
   const std::string log = worker_->Log();
-  EXPECT_NE(log.find("registering again"), std::string::npos) << log;
+  EXPECT_EQ(log.find("registered as worker"), log.rfind("registered as worker")) << log;
+  EXPECT_EQ(log.find("registering again"), std::string::npos) << log;
 }
 
 }  // namespace

@@ -1,7 +1,9 @@
 // The worker against an in-process WorkerService (fake_server.h): register as
 // compile-only, lease COMPILE tasks, report compiled and compile_error
-// results (real NVRTC, no GPU needed), survive a server restart, heartbeat
-// the task in progress and stop a task the server cancels.
+// results (real NVRTC, no GPU needed), send its session with every call,
+// keep it through a server restart that keeps sessions and register again
+// after one that lost them, heartbeat the task in progress and stop a task
+// the server cancels.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -76,7 +78,8 @@ bool Eventually(Pred pred, std::chrono::milliseconds timeout = 30s) {
 class WorkerHarness {
  public:
   explicit WorkerHarness(const std::string& address, std::string token = kToken,
-                         TaskRunner* runner = nullptr)
+                         TaskRunner* runner = nullptr,
+                         std::vector<std::string> sanitizer_tools = {})
       : pool_(1, nullptr) {
     GrpcClientOptions co;
     co.target = address;
@@ -91,6 +94,7 @@ class WorkerHarness {
     wo.registration.worker_name = "test-worker";
     wo.registration.compile_only = true;
     wo.registration.gpu = ro.gpu;
+    wo.registration.sanitizer_tools = std::move(sanitizer_tools);
     wo.lease_wait = 300ms;
     wo.backoff_initial = 50ms;
     wo.backoff_max = 300ms;
@@ -122,6 +126,59 @@ TEST(WorkerLoop, RegistersAsCompileOnlyWithNvrtcVersion) {
   EXPECT_EQ(reg.worker_name(), "test-worker");
   EXPECT_EQ(reg.gpu().nvrtc_version(), gpu::NvrtcVersion());
   EXPECT_TRUE(reg.gpu().name().empty());
+  EXPECT_EQ(reg.sanitizer_tools_size(), 0);
+}
+
+// The server acts as the worker a call's session names: every call after
+// Register carries it (the fake refuses one that does not).
+TEST(WorkerLoop, SendsItsSessionWithEveryCallAndRegistersItsSanitizerTools) {
+  FakeServer server(kToken);
+  WorkerHarness h(server.address(), kToken, nullptr, {"memcheck", "racecheck"});
+  server.service().Enqueue(CompileTask("t1", kGoodSource));
+  ASSERT_TRUE(server.service().WaitFor([](auto& s) { return s.reports_locked() == 1; }));
+  ASSERT_TRUE(server.service().WaitFor([](auto& s) { return s.heartbeats_locked() >= 2; }, 10s));
+  auto workers = server.service().workers();
+  ASSERT_EQ(workers.size(), 1u);
+  const pb::RegisterRequest& reg = workers.begin()->second;
+  EXPECT_EQ(std::vector<std::string>(reg.sanitizer_tools().begin(), reg.sanitizer_tools().end()),
+            (std::vector<std::string>{"memcheck", "racecheck"}));
+  EXPECT_TRUE(server.service().WaitFor([](auto& s) { return s.unauthenticated_calls_locked() == 0; }));
+  EXPECT_EQ(h.worker().stats().registrations, 1);
+  EXPECT_EQ(server.service().reports()[0].worker_id(), "w1");
+}
+
+// Sessions outlive a server restart: the worker waits out the outage on
+// its session and goes on as the same worker, without registering again.
+TEST(WorkerLoop, KeepsItsSessionThroughAServerRestart) {
+  FakeServer server(kToken);
+  WorkerHarness h(server.address());
+  server.service().Enqueue(CompileTask("before", kGoodSource));
+  ASSERT_TRUE(server.service().WaitFor([](auto& s) { return s.reports_locked() == 1; }));
+  server.Restart(/*keep_sessions=*/true);
+  ASSERT_TRUE(server.running());
+  server.service().Enqueue(CompileTask("after", kGoodSource));
+  ASSERT_TRUE(server.service().WaitFor([](auto& s) { return s.reports_locked() == 1; }))
+      << "the worker did not come back after the restart";
+  EXPECT_EQ(server.service().reports()[0].task_id(), "after");
+  EXPECT_EQ(server.service().reports()[0].worker_id(), "w1");
+  EXPECT_EQ(h.worker().stats().registrations, 1);
+  EXPECT_TRUE(server.service().WaitFor([](auto& s) { return s.registrations_locked() == 0; }));
+}
+
+// A report the server refuses (its lease ended) stored nothing: the worker
+// drops it, keeps its session and serves the next task.
+TEST(WorkerLoop, ARefusedReportIsDroppedAndTheSessionKept) {
+  FakeServer server(kToken);
+  WorkerHarness h(server.address());
+  server.service().RefuseReports(true);
+  server.service().Enqueue(CompileTask("refused", kGoodSource));
+  ASSERT_TRUE(Eventually([&] { return h.worker().stats().results_rejected == 1; }));
+  server.service().RefuseReports(false);
+  server.service().Enqueue(CompileTask("next", kGoodSource));
+  ASSERT_TRUE(server.service().WaitFor([](auto& s) { return s.reports_locked() == 1; }));
+  EXPECT_EQ(server.service().reports()[0].task_id(), "next");
+  EXPECT_EQ(h.worker().stats().registrations, 1);
+  EXPECT_EQ(h.worker().stats().results_dropped, 0);
 }
 
 TEST(WorkerLoop, CompileTaskReportsCompiledWithCompileReport) {
@@ -273,6 +330,8 @@ class RecordingRunner final : public TaskRunner {
     r.outcome = Outcome::kVerified;
     r.timing = TimingStats{.median_us = 5, .min_us = 4, .max_us = 6, .samples = 10};
     r.incumbent_timing = TimingStats{.median_us = 7, .min_us = 6, .max_us = 8, .samples = 10};
+    r.verified = SizeExtent{.batch = 3, .max_len_q = 64, .max_len_k = 80, .total_q = 100,
+                            .total_k = 150};
     r.errors = ErrorStats{.max_abs_error = HUGE_VAL, .rel_l2_error = 0.001, .worst_output = "LSE",
                           .detail = "d"};
     r.compile.registers = 99;
@@ -347,6 +406,25 @@ TEST(WorkerLoop, TasksAndResultsCrossTheWireIntact) {
   EXPECT_EQ(r.gpu().name(), "G");
   EXPECT_EQ(r.reference_version(), "ref");
   EXPECT_EQ(r.message(), "m");
+  EXPECT_EQ(r.verified().batch(), 3);
+  EXPECT_EQ(r.verified().max_len_q(), 64);
+  EXPECT_EQ(r.verified().max_len_k(), 80);
+  EXPECT_EQ(r.verified().total_q(), 100);
+  EXPECT_EQ(r.verified().total_k(), 150);
+}
+
+TEST(WorkerLoop, AConfirmTaskReachesTheRunnerAsConfirm) {
+  FakeServer server(kToken);
+  RecordingRunner runner;
+  WorkerHarness h(server.address(), kToken, &runner);
+  pb::Task t = CompileTask("c", kGoodSource);
+  t.set_kind(pb::TASK_KIND_CONFIRM);
+  server.service().Enqueue(t);
+  ASSERT_TRUE(server.service().WaitFor([](auto& sv) { return sv.reports_locked() == 1; }));
+  std::lock_guard<std::mutex> lock(runner.mu);
+  ASSERT_TRUE(runner.seen.has_value());
+  EXPECT_EQ(runner.seen->kind, TaskKind::kConfirm);
+  EXPECT_FALSE(runner.seen->incumbent.has_value());
 }
 
 }  // namespace

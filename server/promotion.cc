@@ -1,0 +1,108 @@
+#include "server/promotion.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+namespace kforge::server {
+namespace {
+
+// Sizes both workers verified at: with a confirmation on another worker, no
+// single worker's claim widens where a kernel is served.
+SizeExtent Intersect(const SizeExtent& a, const SizeExtent& b) {
+  return SizeExtent{.batch = std::min(a.batch, b.batch),
+                    .max_len_q = std::min(a.max_len_q, b.max_len_q),
+                    .max_len_k = std::min(a.max_len_k, b.max_len_k),
+                    .total_q = std::min(a.total_q, b.total_q),
+                    .total_k = std::min(a.total_k, b.total_k)};
+}
+
+// The checks every promotion passes; fills `d` either way.
+void Promote(const PromotionInput& in, PromotionDecision& d) {
+  const EvaluationRecord& e = *in.eval;
+  if (!in.gated) {
+    d.note = fmt::format(
+        "not promoted: worker {} registered without the memcheck sanitizer gate (set "
+        "allow_ungated_promotion to promote ungated results)",
+        e.worker_id);
+    return;
+  }
+  if (e.cubin_hash.empty()) {
+    d.note = "not promoted: the report carries no cubin (a best serves the cubin its promoting "
+             "worker compiled and gated)";
+    return;
+  }
+  if (in.origin && !in.origin->cubin_hash.empty() && in.origin->cubin_hash != e.cubin_hash &&
+      in.origin_nvrtc_version == in.nvrtc_version && in.origin->arch == e.arch) {
+    d.note = fmt::format(
+        "not promoted: cubin differs from worker {}'s compile of the same source (same NVRTC {} "
+        "and arch {}{}): one of the two is not what it claims",
+        in.origin->worker_id, in.nvrtc_version.empty() ? "version" : in.nvrtc_version, e.arch,
+        in.origin->compile_options == e.compile_options ? ", same options" : ", options claimed "
+                                                                             "to differ");
+    return;
+  }
+  d.promote = true;
+  d.extent = e.verified;
+  if (in.origin && !in.origin->verified.empty()) d.extent = Intersect(d.extent, in.origin->verified);
+}
+
+void RetimeIfFaster(const PromotionInput& in, PromotionDecision& d) {
+  if (in.eval->timing.median_us < in.current->timing.median_us) {
+    d.follow_up = TaskKind::kRetime;
+    d.incumbent_variant_id = in.current->variant_id;
+  }
+}
+
+}  // namespace
+
+PromotionDecision DecidePromotion(const PromotionInput& in) {
+  PromotionDecision d;
+  const TaskRecord& task = *in.task;
+  if (in.eval->outcome != Outcome::kVerified || task.kind == TaskKind::kCompile) return d;
+  // The incumbent itself, re-measured: nothing to change.
+  if (in.current && in.current->variant_id == task.variant_id) return d;
+  switch (task.kind) {
+    case TaskKind::kEvaluate:
+      if (!in.current) {
+        d.follow_up = TaskKind::kConfirm;
+      } else {
+        RetimeIfFaster(in, d);
+      }
+      return d;
+    case TaskKind::kConfirm:
+      if (in.current) {
+        // Another candidate was promoted while this ran: compare fairly.
+        RetimeIfFaster(in, d);
+      } else {
+        Promote(in, d);
+      }
+      return d;
+    case TaskKind::kRetime: {
+      if (!in.current) {
+        Promote(in, d);  // a best that vanished: nothing to beat
+      } else if (in.current->variant_id != task.incumbent_variant_id) {
+        // The best changed while this ran: a fair comparison needs a new
+        // interleaved run against the new incumbent.
+        RetimeIfFaster(in, d);
+      } else {
+        const TimingRecord& inc = in.incumbent_timing;
+        const double spread = std::max(in.eval->timing.Spread(), inc.Spread());
+        if (inc.median_us - in.eval->timing.median_us > spread) {
+          Promote(in, d);
+        } else {
+          d.note = fmt::format(
+              "kept incumbent {}: {:.2f} us against its {:.2f} us is not faster by more than the "
+              "spread {:.2f} us",
+              task.incumbent_variant_id, in.eval->timing.median_us, inc.median_us, spread);
+        }
+      }
+      return d;
+    }
+    case TaskKind::kCompile:
+      return d;
+  }
+  return d;
+}
+
+}  // namespace kforge::server

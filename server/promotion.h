@@ -1,0 +1,64 @@
+// Promotion: how a verified result may change which kernel a bucket serves.
+//
+// A worker's report is a claim; what it may change depends on the task:
+//   EVALUATE  never promotes. With no best yet it asks for a CONFIRM of its
+//             candidate; faster than the best, for a RETIME against it.
+//   CONFIRM   the candidate verified and timed alone, after the sanitizer
+//             gates, on the worker the lease rule chose (another than the
+//             EVALUATE's when one is connected): promotes when the bucket
+//             still has no best; if a best came meanwhile, a faster
+//             candidate is re-timed against it.
+//   RETIME    candidate and incumbent interleaved in one process: promotes
+//             when the candidate wins by more than either spread
+//             (TimingRecord::Spread); against a best that changed
+//             meanwhile, a new RETIME.
+// A would-be promotion is refused, and recorded with the reason, when the
+// reporting worker does not gate (no "memcheck" among its sanitizer tools,
+// unless ungated promotion is allowed), when it sent no cubin (the served
+// cubin is the promoting report's own), or when its cubin differs from the
+// candidate's EVALUATE compile by a worker with the same NVRTC version and
+// arch: the same source compiles to the same bytes, so one of the two is not
+// what it claims. The versions compared are the ones the workers registered
+// with, and the compile options a report claims do not excuse a difference
+// (a worker build compiles a variant for an arch with the same options
+// everywhere); claims made per report could be varied to dodge the check.
+//
+// Thread-safe: a pure function.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "storage/store.h"
+
+namespace kforge::server {
+
+struct PromotionInput {
+  const TaskRecord* task = nullptr;       // the reported task
+  const EvaluationRecord* eval = nullptr;  // what is being recorded for it
+  TimingRecord incumbent_timing;          // RETIME: the incumbent's, same run
+  std::optional<BestRecord> current;      // the bucket's best now
+  // Promotion tasks: the candidate's EVALUATE, when still readable.
+  std::optional<EvaluationRecord> origin;
+  // The NVRTC versions the reporting worker and the EVALUATE's worker
+  // registered with.
+  std::string nvrtc_version;
+  std::string origin_nvrtc_version;
+  bool gated = false;  // the reporting worker gates, or ungated promotion is allowed
+};
+
+struct PromotionDecision {
+  bool promote = false;  // the evaluation being recorded becomes the best
+  SizeExtent extent;     // promote: the sizes the new best may be served for
+  // A promotion task to enqueue for the candidate: kConfirm or kRetime
+  // (against `incumbent_variant_id`).
+  std::optional<TaskKind> follow_up;
+  std::string incumbent_variant_id;
+  // Why a verified result changed nothing, for the evaluation's message;
+  // empty when there is nothing to say.
+  std::string note;
+};
+
+PromotionDecision DecidePromotion(const PromotionInput& in);
+
+}  // namespace kforge::server

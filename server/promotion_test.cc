@@ -1,0 +1,143 @@
+// The promotion policy alone (server_test runs it over gRPC): what each
+// kind of verified result may change.
+#include "server/promotion.h"
+
+#include <gtest/gtest.h>
+
+namespace kforge::server {
+namespace {
+
+TaskRecord Task(TaskKind kind, const std::string& variant = "v2",
+                const std::string& incumbent = "") {
+  TaskRecord t;
+  t.id = "t9";
+  t.kind = kind;
+  t.variant_id = variant;
+  t.incumbent_variant_id = incumbent;
+  t.arch = "sm_90a";
+  return t;
+}
+
+EvaluationRecord Verified(double us, const std::string& cubin = "c2") {
+  EvaluationRecord e;
+  e.outcome = Outcome::kVerified;
+  e.worker_id = "w2";
+  e.arch = "sm_90a";
+  e.timing = {us, us - 1, us + 1, 10, us - 0.5, us + 0.5};
+  e.cubin_hash = cubin;
+  e.verified = {.batch = 8, .max_len_q = 512, .max_len_k = 512, .total_q = 4096,
+                .total_k = 4096};
+  return e;
+}
+
+BestRecord Best(const std::string& variant, double us) {
+  BestRecord b;
+  b.variant_id = variant;
+  b.timing = {us, us - 1, us + 1, 10, us - 0.5, us + 0.5};
+  return b;
+}
+
+PromotionDecision Decide(const TaskRecord& task, const EvaluationRecord& eval,
+                         std::optional<BestRecord> current, bool gated = true,
+                         TimingRecord incumbent = {}) {
+  PromotionInput in;
+  in.task = &task;
+  in.eval = &eval;
+  in.current = std::move(current);
+  in.gated = gated;
+  in.incumbent_timing = incumbent;
+  return DecidePromotion(in);
+}
+
+TEST(Promotion, AnEvaluateNeverPromotesItAsksForAConfirmOrARetime) {
+  const EvaluationRecord e = Verified(50);
+  PromotionDecision first = Decide(Task(TaskKind::kEvaluate), e, std::nullopt);
+  EXPECT_FALSE(first.promote);
+  EXPECT_EQ(first.follow_up, TaskKind::kConfirm);
+  PromotionDecision faster = Decide(Task(TaskKind::kEvaluate), e, Best("v1", 100));
+  EXPECT_FALSE(faster.promote);
+  EXPECT_EQ(faster.follow_up, TaskKind::kRetime);
+  EXPECT_EQ(faster.incumbent_variant_id, "v1");
+  EXPECT_FALSE(Decide(Task(TaskKind::kEvaluate), e, Best("v1", 40)).follow_up);
+  EXPECT_FALSE(Decide(Task(TaskKind::kEvaluate), e, Best("v2", 100)).follow_up)
+      << "the incumbent itself";
+}
+
+TEST(Promotion, AConfirmPromotesOnlyWhileTheBucketHasNoBest) {
+  PromotionDecision d = Decide(Task(TaskKind::kConfirm), Verified(50), std::nullopt);
+  EXPECT_TRUE(d.promote);
+  EXPECT_EQ(d.extent.total_q, 4096);
+  // Another candidate was promoted meanwhile: a faster one is re-timed.
+  d = Decide(Task(TaskKind::kConfirm), Verified(50), Best("v1", 100));
+  EXPECT_FALSE(d.promote);
+  EXPECT_EQ(d.follow_up, TaskKind::kRetime);
+  d = Decide(Task(TaskKind::kConfirm), Verified(150), Best("v1", 100));
+  EXPECT_FALSE(d.promote);
+  EXPECT_FALSE(d.follow_up);
+}
+
+TEST(Promotion, ARetimeKeepsTheWinRuleAndFollowsAChangedBest) {
+  const TaskRecord retime = Task(TaskKind::kRetime, "v2", "v1");
+  TimingRecord inc{100, 99, 101, 10, 99.5, 100.5};
+  EXPECT_TRUE(Decide(retime, Verified(90), Best("v1", 100), true, inc).promote);
+  PromotionDecision noise = Decide(retime, Verified(99.5), Best("v1", 100), true, inc);
+  EXPECT_FALSE(noise.promote);
+  EXPECT_NE(noise.note.find("kept incumbent v1"), std::string::npos) << noise.note;
+  PromotionDecision moved = Decide(retime, Verified(90), Best("v3", 95), true, inc);
+  EXPECT_FALSE(moved.promote);
+  EXPECT_EQ(moved.follow_up, TaskKind::kRetime);
+  EXPECT_EQ(moved.incumbent_variant_id, "v3");
+}
+
+TEST(Promotion, APromotionNeedsAGateACubinAndAgreementWithTheEvaluatesCompile) {
+  const TaskRecord confirm = Task(TaskKind::kConfirm);
+  PromotionDecision ungated = Decide(confirm, Verified(50), std::nullopt, /*gated=*/false);
+  EXPECT_FALSE(ungated.promote);
+  EXPECT_NE(ungated.note.find("without the memcheck sanitizer gate"), std::string::npos);
+  PromotionDecision no_cubin = Decide(confirm, Verified(50, ""), std::nullopt);
+  EXPECT_FALSE(no_cubin.promote);
+  EXPECT_NE(no_cubin.note.find("no cubin"), std::string::npos);
+
+  PromotionInput in;
+  const EvaluationRecord e = Verified(50, "swapped");
+  in.task = &confirm;
+  in.eval = &e;
+  in.gated = true;
+  in.origin = Verified(60, "honest");
+  in.origin->worker_id = "w1";
+  in.nvrtc_version = in.origin_nvrtc_version = "13.0";
+  PromotionDecision swapped = DecidePromotion(in);
+  EXPECT_FALSE(swapped.promote);
+  EXPECT_NE(swapped.note.find("cubin differs from worker w1's compile"), std::string::npos)
+      << swapped.note;
+  in.origin_nvrtc_version = "12.8";  // other toolchains compile other bytes
+  EXPECT_TRUE(DecidePromotion(in).promote);
+}
+
+TEST(Promotion, TheNewBestsExtentIsWhatBothWorkersVerified) {
+  const TaskRecord confirm = Task(TaskKind::kConfirm);
+  PromotionInput in;
+  EvaluationRecord e = Verified(50);
+  in.task = &confirm;
+  in.eval = &e;
+  in.gated = true;
+  in.origin = Verified(60, "c2");
+  in.origin->verified = {.batch = 16, .max_len_q = 256, .max_len_k = 1024, .total_q = 4096,
+                         .total_k = 9000};
+  PromotionDecision d = DecidePromotion(in);
+  ASSERT_TRUE(d.promote);
+  EXPECT_EQ(d.extent, (SizeExtent{.batch = 8, .max_len_q = 256, .max_len_k = 512,
+                                  .total_q = 4096, .total_k = 4096}));
+}
+
+TEST(Promotion, OnlyVerifiedResultsCount) {
+  EvaluationRecord wrong = Verified(1);
+  wrong.outcome = Outcome::kWrong;
+  PromotionDecision d = Decide(Task(TaskKind::kConfirm), wrong, std::nullopt);
+  EXPECT_FALSE(d.promote);
+  EXPECT_FALSE(d.follow_up);
+  EXPECT_TRUE(d.note.empty());
+}
+
+}  // namespace
+}  // namespace kforge::server
