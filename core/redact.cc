@@ -23,7 +23,12 @@ bool CredentialName(std::string_view name) {
   return false;
 }
 
-bool ValueChar(char c) { return !std::isspace(static_cast<unsigned char>(c)) && c != '\0'; }
+// A value ends at white space or a control byte (an environment block's NUL
+// separators included), so redacting one entry leaves the next alone.
+bool ValueChar(char c) {
+  const unsigned char u = static_cast<unsigned char>(c);
+  return u > 0x20 && u != 0x7f;
+}
 
 // Replaces the value of NAME=value for credential names, and of "Bearer value".
 std::string RedactShapes(std::string_view in) {
@@ -70,12 +75,13 @@ std::string Redact(std::string_view text, std::span<const std::string> secrets) 
       at += kRedacted.size();
     }
   }
+  s = RedactShapes(s);
   for (char& c : s) {
     const unsigned char u = static_cast<unsigned char>(c);
     if (u < 0x20 && c != '\n' && c != '\t' && c != '\r') c = '?';
     if (u == 0x7f) c = '?';
   }
-  return RedactShapes(s);
+  return s;
 }
 
 std::string ClipMiddle(std::string_view text, size_t max_bytes) {

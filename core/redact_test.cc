@@ -34,6 +34,8 @@ TEST(Redact, AnEnvironmentBlockReadAsTextLosesItsSecrets) {
   EXPECT_EQ(out.find("abcdefgh1234"), std::string::npos) << out;
   EXPECT_EQ(out.find("zzz"), std::string::npos) << out;
   EXPECT_EQ(out.find('\0'), std::string::npos);
+  // Each entry's value alone is replaced: the next entry survives.
+  EXPECT_NE(out.find("X_API_KEY=[redacted]"), std::string::npos) << out;
 }
 
 TEST(Redact, LeavesOrdinaryCompileLogsAlone) {

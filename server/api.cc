@@ -601,7 +601,7 @@ absl::Status KforgeApi::GiveUp(const TaskRecord& task, const WorkerInfo& worker)
       "candidate; their logs say why)",
       task.attempts - 1);
   spdlog::warn("task {} of job {}: {}", task.id, task.job_id, e.message);
-  return DecideAndComplete(task, worker, TimingRecord{}, std::move(e), "");
+  return DecideAndComplete(task, worker, TimingRecord{}, false, std::move(e), "");
 }
 
 absl::Status KforgeApi::ReportResult(const std::string& caller,
@@ -636,7 +636,12 @@ absl::Status KforgeApi::ReportResult(const std::string& caller,
     };
     if (absl::Status s = below_floor("result.timing.median_us", r.timing().median_us()); !s.ok())
       return s;
-    if (task->kind == TaskKind::kRetime) {
+    const bool incumbent_failed = r.incumbent_outcome() == v1::EVAL_OUTCOME_WRONG ||
+                                  r.incumbent_outcome() == v1::EVAL_OUTCOME_CRASHED ||
+                                  r.incumbent_outcome() == v1::EVAL_OUTCOME_TIMEOUT;
+    if (r.incumbent_outcome() != v1::EVAL_OUTCOME_UNSPECIFIED && !incumbent_failed)
+      return Invalid("result.incumbent_outcome", "is WRONG, CRASHED, TIMEOUT or unset");
+    if (task->kind == TaskKind::kRetime && !incumbent_failed) {
       if (absl::Status s = CheckTiming("result.incumbent_timing", r.incumbent_timing()); !s.ok())
         return s;
       if (absl::Status s = below_floor("result.incumbent_timing.median_us",
@@ -694,7 +699,16 @@ absl::Status KforgeApi::ReportResult(const std::string& caller,
   }
   if (!r.compile().cubin().empty()) e.cubin_hash = Sha256Hex(r.compile().cubin());
   TimingRecord incumbent;
-  if (task->kind == TaskKind::kRetime && e.outcome == Outcome::kVerified) {
+  const bool incumbent_failed = task->kind == TaskKind::kRetime &&
+                                e.outcome == Outcome::kVerified &&
+                                r.incumbent_outcome() != v1::EVAL_OUTCOME_UNSPECIFIED;
+  if (incumbent_failed) {
+    e.message = ClipMiddle(fmt::format("retime vs {}: the incumbent failed the same checks ({}){}{}",
+                                       task->incumbent_variant_id,
+                                       v1::EvalOutcome_Name(r.incumbent_outcome()),
+                                       e.message.empty() ? "" : "; ", e.message),
+                           kMaxMessageBytes);
+  } else if (task->kind == TaskKind::kRetime && e.outcome == Outcome::kVerified) {
     incumbent = TimingFromProto(r.incumbent_timing());
     e.message = ClipMiddle(fmt::format("retime vs {}: incumbent {:.2f} us (spread {:.2f}){}{}",
                                        task->incumbent_variant_id, incumbent.median_us,
@@ -703,8 +717,8 @@ absl::Status KforgeApi::ReportResult(const std::string& caller,
                            kMaxMessageBytes);
   }
 
-  if (absl::Status s = DecideAndComplete(*task, *worker, incumbent, std::move(e),
-                                         r.compile().cubin());
+  if (absl::Status s = DecideAndComplete(*task, *worker, incumbent, incumbent_failed,
+                                         std::move(e), r.compile().cubin());
       !s.ok())
     return s;
   resp->set_accepted(true);
@@ -712,13 +726,14 @@ absl::Status KforgeApi::ReportResult(const std::string& caller,
 }
 
 absl::Status KforgeApi::DecideAndComplete(const TaskRecord& task, const WorkerInfo& worker,
-                                          TimingRecord incumbent_timing, EvaluationRecord eval,
-                                          std::string cubin) {
+                                          TimingRecord incumbent_timing, bool incumbent_failed,
+                                          EvaluationRecord eval, std::string cubin) {
   std::unique_lock lock(best_mu_);
   PromotionInput in;
   in.task = &task;
   in.eval = &eval;
   in.incumbent_timing = incumbent_timing;
+  in.incumbent_failed = incumbent_failed;
   in.gated = worker.gated || options_.allow_ungated_promotion;
   if (auto b = store_->GetBest(task.bucket, task.arch); b.ok()) {
     in.current = *std::move(b);

@@ -148,8 +148,8 @@ class KforgeApi {
   // Decides what the result changes (server/promotion.h) and records it
   // with its follow-ups in one CompleteTask.
   absl::Status DecideAndComplete(const TaskRecord& task, const WorkerInfo& worker,
-                                 TimingRecord incumbent_timing, EvaluationRecord eval,
-                                 std::string cubin);
+                                 TimingRecord incumbent_timing, bool incumbent_failed,
+                                 EvaluationRecord eval, std::string cubin);
   // Records a task that exhausted max_task_attempts as crashed; `worker`
   // holds its current lease.
   absl::Status GiveUp(const TaskRecord& task, const WorkerInfo& worker);

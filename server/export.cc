@@ -6,8 +6,6 @@
 
 namespace kforge::server {
 
-SizeExtent ServedExtent(const Bucket& bucket) { return BucketExtent(bucket); }
-
 absl::Status ExportKernels(const KernelCache& cache, const v1::ExportKernelsRequest& req,
                            const std::function<bool(const v1::ExportedKernel&)>& write) {
   if (!req.arch().empty()) {
@@ -30,7 +28,9 @@ absl::Status ExportKernels(const KernelCache& cache, const v1::ExportKernelsRequ
     *out.mutable_kernel() = *best.kernel;
     out.mutable_kernel()->set_tuned(true);
     out.mutable_kernel()->set_requested_bucket(out.bucket());
-    const SizeExtent e = ServedExtent(best.bucket);
+    // A pack is served offline: the sizes the server itself would serve the
+    // kernel for, not its whole bucket.
+    const SizeExtent& e = best.verified;
     auto* x = out.mutable_extent();
     x->set_batch(e.batch);
     x->set_max_len_q(e.max_len_q);

@@ -17,10 +17,6 @@
 
 namespace kforge::server {
 
-// The sizes GetKernel serves a bucket's best for: every key of the bucket
-// (an exact bucket hit is served whatever the key's sizes within it).
-SizeExtent ServedExtent(const Bucket& bucket);
-
 // Writes one ExportedKernel per best matching `req` (arch and op filters), in
 // bucket-id order; stops early (CANCELLED) when `write` returns false.
 // INVALID_ARGUMENT for a malformed arch or op.

@@ -222,7 +222,7 @@ std::vector<KernelCache::BestEntry> KernelCache::Bests() const {
   std::shared_lock lock(mu_);
   std::vector<BestEntry> out;
   out.reserve(best_.size());
-  for (const auto& [id, e] : best_) out.push_back(BestEntry{e.bucket, e.kernel});
+  for (const auto& [id, e] : best_) out.push_back(BestEntry{e.bucket, e.kernel, e.verified});
   return out;
 }
 

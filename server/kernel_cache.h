@@ -87,6 +87,7 @@ class KernelCache {
   struct BestEntry {
     Bucket bucket;
     std::shared_ptr<const v1::Kernel> kernel;
+    SizeExtent verified;  // the sizes it may be served for
   };
   // Every loaded best, in bucket-id order: a snapshot (ExportKernels).
   std::vector<BestEntry> Bests() const;

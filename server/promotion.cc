@@ -85,6 +85,10 @@ PromotionDecision DecidePromotion(const PromotionInput& in) {
         // The best changed while this ran: a fair comparison needs a new
         // interleaved run against the new incumbent.
         RetimeIfFaster(in, d);
+      } else if (in.incumbent_failed) {
+        // The served kernel failed what the candidate passed: correctness
+        // first, whatever the timings.
+        Promote(in, d);
       } else {
         const TimingRecord& inc = in.incumbent_timing;
         const double spread = std::max(in.eval->timing.Spread(), inc.Spread());

@@ -10,7 +10,8 @@
 //             candidate is re-timed against it.
 //   RETIME    candidate and incumbent interleaved in one process: promotes
 //             when the candidate wins by more than either spread
-//             (TimingRecord::Spread); against a best that changed
+//             (TimingRecord::Spread), or when the incumbent failed the
+//             checks the candidate passed; against a best that changed
 //             meanwhile, a new RETIME.
 // A would-be promotion is refused, and recorded with the reason, when the
 // reporting worker does not gate (no "memcheck" among its sanitizer tools,
@@ -37,6 +38,9 @@ struct PromotionInput {
   const TaskRecord* task = nullptr;       // the reported task
   const EvaluationRecord* eval = nullptr;  // what is being recorded for it
   TimingRecord incumbent_timing;          // RETIME: the incumbent's, same run
+  // RETIME: the incumbent failed the same promotion-strength checks the
+  // candidate passed: it is not correct, and the candidate replaces it.
+  bool incumbent_failed = false;
   std::optional<BestRecord> current;      // the bucket's best now
   // Promotion tasks: the candidate's EVALUATE, when still readable.
   std::optional<EvaluationRecord> origin;

@@ -89,6 +89,22 @@ TEST(Promotion, ARetimeKeepsTheWinRuleAndFollowsAChangedBest) {
   EXPECT_EQ(moved.incumbent_variant_id, "v3");
 }
 
+// Stronger checks can find the served kernel wrong: a candidate that passed
+// them replaces it, slower or not; still only through a gated worker.
+TEST(Promotion, ARetimeWhoseIncumbentFailedTheSameChecksPromotes) {
+  const TaskRecord retime = Task(TaskKind::kRetime, "v2", "v1");
+  PromotionInput in;
+  in.task = &retime;
+  const EvaluationRecord slower = Verified(150);
+  in.eval = &slower;
+  in.current = Best("v1", 100);
+  in.gated = true;
+  in.incumbent_failed = true;
+  EXPECT_TRUE(DecidePromotion(in).promote);
+  in.gated = false;
+  EXPECT_FALSE(DecidePromotion(in).promote);
+}
+
 TEST(Promotion, APromotionNeedsAGateACubinAndAgreementWithTheEvaluatesCompile) {
   const TaskRecord confirm = Task(TaskKind::kConfirm);
   PromotionDecision ungated = Decide(confirm, Verified(50), std::nullopt, /*gated=*/false);

@@ -1568,7 +1568,8 @@ TEST_F(ClaimsTest, ABestIsNotServedPastItsVerifiedExtent) {
   EXPECT_TRUE(Tuned(MakeShape(4, 1024, 3000), &served));
   EXPECT_EQ(served, t->variant().variant_id());
   EXPECT_FALSE(Tuned(MakeShape(4, 1024, 4000), &served)) << "served past its verified total";
-  EXPECT_EQ(served, "") << "the seed serves it";
+  EXPECT_NE(served, t->variant().variant_id()) << "the seed serves it";
+  EXPECT_EQ(served.rfind("s-", 0), 0u) << "seeds have content ids: " << served;
   EXPECT_FALSE(Tuned(MakeShape(3, 1024, 3001), &served));
   auto best = store_->GetBest(BucketOf(KeyOf(MakeShape())).Id(), "sm_90a");
   ASSERT_TRUE(best.ok());

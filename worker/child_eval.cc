@@ -103,6 +103,10 @@ absl::StatusOr<ChildReport> EvaluateInChild(const ChildRequest& request,
   ChildReport out = ToReport(r->candidate);
   if (r->incumbent.outcome == Outcome::kVerified) {
     out.incumbent_timing = ToTiming(r->incumbent.timing);
+  } else if (r->candidate.outcome == Outcome::kVerified &&
+             (r->incumbent.outcome == Outcome::kWrong || r->incumbent.outcome == Outcome::kCrashed ||
+              r->incumbent.outcome == Outcome::kTimeout)) {
+    out.incumbent_failed = r->incumbent.outcome;
   }
   if (r->candidate.outcome == Outcome::kVerified) {
     out.message = r->incumbent.outcome != Outcome::kVerified

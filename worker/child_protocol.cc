@@ -215,6 +215,7 @@ std::string ResultEventJson(const ChildReport& r) {
                      {"total_k", r.verified->total_k}};
   }
   if (!r.operator_note.empty()) j["operator_note"] = r.operator_note;
+  if (r.incumbent_failed) j["incumbent_failed"] = std::string(OutcomeName(*r.incumbent_failed));
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
@@ -270,6 +271,11 @@ absl::StatusOr<ChildEvent> ParseChildEvent(std::string_view line) {
                                 .total_k = it->at("total_k").get<int64_t>()};
       }
       r.operator_note = j.value("operator_note", "");
+      if (auto it = j.find("incumbent_failed"); it != j.end() && it->is_string()) {
+        std::optional<Outcome> f = ParseOutcome(it->get<std::string>());
+        if (!f) return absl::InvalidArgumentError("unknown incumbent_failed outcome");
+        r.incumbent_failed = f;
+      }
       return e;
     }
     return absl::InvalidArgumentError(fmt::format("unknown event '{}'", event));

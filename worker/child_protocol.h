@@ -76,6 +76,7 @@ struct ChildReport {
   std::optional<TimingStats> timing;
   std::optional<TimingStats> incumbent_timing;
   std::optional<SizeExtent> verified;  // kVerified: the sizes it was checked at
+  std::optional<Outcome> incumbent_failed;  // kRetime: see TaskResult
   // Which problem and launch failed: the worker logs it, never reports it.
   std::string operator_note;
 };

@@ -79,6 +79,7 @@ void ToProto(const TaskResult& r, pb::EvalResult* out) {
   }
   if (r.timing) ToProto(*r.timing, out->mutable_timing());
   if (r.incumbent_timing) ToProto(*r.incumbent_timing, out->mutable_incumbent_timing());
+  if (r.incumbent_failed) out->set_incumbent_outcome(ToProto(*r.incumbent_failed));
   if (r.verified) {
     pb::SizeExtent* e = out->mutable_verified();
     e->set_batch(r.verified->batch);

@@ -120,6 +120,9 @@ struct TaskResult {
   std::optional<ErrorStats> errors;
   std::optional<TimingStats> timing;
   std::optional<TimingStats> incumbent_timing;  // RETIME only
+  // RETIME: set when the incumbent failed the same run's checks (kWrong,
+  // kCrashed, kTimeout) while the candidate passed; no incumbent timing then.
+  std::optional<Outcome> incumbent_failed;
   // EVALUATE / RETIME / CONFIRM: the largest sizes the candidate was verified
   // at (core/shape.h); a kernel is never served past them.
   std::optional<SizeExtent> verified;

@@ -86,7 +86,8 @@ void Sanitize(TaskKind kind, TaskResult& r) {
     r.incumbent_timing.reset();
     return;
   }
-  if (!ValidTiming(r.timing) || (kind == TaskKind::kRetime && !ValidTiming(r.incumbent_timing))) {
+  const bool incumbent_ok = ValidTiming(r.incumbent_timing) || r.incumbent_failed.has_value();
+  if (!ValidTiming(r.timing) || (kind == TaskKind::kRetime && !incumbent_ok)) {
     r.outcome = Outcome::kCrashed;
     r.message = fmt::format("evaluator child reported verified without valid timing ({})",
                             r.message);
@@ -278,6 +279,7 @@ std::optional<TaskResult> LocalTaskRunner::RunUnchecked(const TaskSpec& task,
   result.errors = run->report.errors;
   result.timing = run->report.timing;
   result.incumbent_timing = run->report.incumbent_timing;
+  result.incumbent_failed = run->report.incumbent_failed;
   result.verified = run->report.verified;
   if (!run->report.operator_note.empty()) {
     spdlog::info("task {}: {}: {}", task.task_id, OutcomeName(run->report.outcome),

@@ -55,10 +55,8 @@ inline StoredBest PutBest(Store& store, const ShapeKey& key, const std::string& 
   w.arch = key.arch;
   auto worker = store.UpsertWorker(w);
   EXPECT_TRUE(worker.ok()) << worker.status();
-  auto leased = store.LeaseTask(*worker, key.arch, false, 1, 600000);
+  auto leased = store.LeaseTask(*worker, key.arch, false, 1, 600000, PromotionLease::kAny);
   EXPECT_TRUE(leased.ok() && leased->has_value());
-  const std::string cubin_hash = Sha256Hex(cubin);
-  EXPECT_TRUE(store.PutCubin(cubin_hash, cubin).ok());
   EvaluationRecord e;
   e.outcome = Outcome::kVerified;
   e.gpu_name = "NVIDIA H200";
@@ -70,9 +68,13 @@ inline StoredBest PutBest(Store& store, const ShapeKey& key, const std::string& 
   e.timing.p25_us = median_us - 2;
   e.timing.p75_us = median_us + 2;
   e.timing.samples = 20;
-  e.cubin_hash = cubin_hash;
-  auto done = store.CompleteTask(tasks->front(), *worker, e, BestRecord{});
-  EXPECT_TRUE(done.ok() && *done) << done.status();
+  // The best is served for its whole bucket, as a promotion would record.
+  BestRecord best;
+  best.verified = BucketExtent(BucketOf(key));
+  e.verified = best.verified;
+  TaskCompletion completion{.eval = e, .cubin = cubin, .new_best = best, .follow_ups = {}};
+  auto done = store.CompleteTask(tasks->front(), *worker, 2, std::move(completion));
+  EXPECT_TRUE(done.ok()) << done.status();
   return {*variant_id, bucket};
 }
 
