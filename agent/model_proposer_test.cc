@@ -341,7 +341,7 @@ INSTANTIATE_TEST_SUITE_P(
         BrokenCase{"host include", [] { return Fenced(With("#include <stdio.h>\n")); }, "stdio.h"},
         BrokenCase{"host std", [] { return Fenced(With("", "__device__ std::vector<int> v;\n")); }, "std::"},
         BrokenCase{"system call", [] { return Fenced(With("", "__device__ void f() { system(\"rm -rf /\"); }\n")); },
-                   "system()"},
+                   "\"system\""},
         BrokenCase{"__host__", [] { return Fenced(With("", "__host__ void g() {}\n")); }, "__host__"},
         BrokenCase{"oversized", [] { return Fenced(With("", "// " + std::string(70 * 1024, 'z') + "\n")); },
                    "exceeds the limit of 65536"},
