@@ -168,6 +168,7 @@ absl::StatusOr<CompileResult> Compile(const CompileRequest& request) {
       timed_out.options += o;
     }
     timed_out.log = CompileTimeoutLog(request.time_limit);
+    timed_out.transient = true;
     return timed_out;
   }
   absl::StatusOr<CompileResult> result = std::move(shared->result);
@@ -182,10 +183,6 @@ absl::StatusOr<CompileResult> CompileBlocking(const CompileRequest& request) {
 
 std::string CompileTimeoutLog(std::chrono::milliseconds limit) {
   return fmt::format("compile exceeded {} s", static_cast<double>(limit.count()) / 1000.0);
-}
-
-bool IsCompileTimeout(const CompileResult& r) {
-  return !r.ok && r.log.rfind("compile exceeded ", 0) == 0;
 }
 
 std::string CompileResultToJson(const CompileResult& r) {

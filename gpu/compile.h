@@ -35,7 +35,7 @@ struct CompileRequest {
   std::vector<std::string> extra_options;  // after the base options
   std::string name = "kernel.cu";          // program name in the log
   // NVRTC cannot be interrupted: a compile that overruns this is reported as
-  // a compile error ("compile exceeded N s") and its thread is abandoned
+  // a transient compile error ("compile exceeded N s") and its thread is abandoned
   // (detached; it finishes or not in the background and its result is
   // dropped). Workers that see many of these should be restarted.
   std::chrono::milliseconds time_limit{60000};
@@ -60,6 +60,9 @@ struct CompileResult {
   std::string nvrtc_version;
   double compile_ms = 0;
   bool from_cache = false;  // set by CompileCache
+  // Another run may end differently (the compile overran its time limit, or
+  // the process compiling it died): such a result is never cached.
+  bool transient = false;
   // Per entry point, in log order; the maxima over them are in `total`.
   // From the ptxas -v log; when the log has none (some NVRTC builds omit it),
   // from the cubin's ELF sections, which know no spill figures.
@@ -90,9 +93,7 @@ using Compiler = std::function<absl::StatusOr<CompileResult>(const CompileReques
 std::string CompileResultToJson(const CompileResult& result);
 absl::StatusOr<CompileResult> CompileResultFromJson(std::string_view json);
 
-// True for the result Compile() makes when a compile overran its time limit.
-bool IsCompileTimeout(const CompileResult& result);
-// That result's log, for `limit`.
+// The log of the (transient) result of a compile that overran `limit`.
 std::string CompileTimeoutLog(std::chrono::milliseconds limit);
 
 // Parses the ptxas -v part of an NVRTC log. Lines it does not know are

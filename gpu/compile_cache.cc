@@ -71,7 +71,7 @@ std::optional<CompileResult> CompileCache::Lookup(const std::string& key) {
 }
 
 void CompileCache::Insert(const std::string& key, const CompileResult& result) {
-  if (IsCompileTimeout(result)) return;
+  if (result.transient) return;
   CompileResult stored = result;
   stored.from_cache = false;
   {

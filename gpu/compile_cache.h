@@ -2,8 +2,9 @@
 //
 // The key is the sha256 of (source, exact option string, NVRTC version,
 // arch): a change to any of them is a different program. Compile errors are
-// cached too (they are as deterministic as cubins); compiles that ran past
-// their time limit are not, since another run may finish.
+// cached too (they are as deterministic as cubins); transient results
+// (a compile past its time limit, a compile child that died) are not, since
+// another run may end differently.
 //
 // Thread-safe: both classes may be used from any number of threads.
 #pragma once

@@ -83,6 +83,10 @@ TEST(Compile, OverrunningTheTimeLimitIsACompileError) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_FALSE(r->ok);
   EXPECT_NE(r->log.find("compile exceeded"), std::string::npos) << r->log;
+  EXPECT_TRUE(r->transient);
+  CompileCache cache;
+  cache.Insert(CompileKey(req), *r);
+  EXPECT_FALSE(cache.Lookup(CompileKey(req)).has_value()) << "a timeout is not cached";
   // Let the abandoned compile finish before the process exits.
   std::this_thread::sleep_for(std::chrono::seconds(2));
 }

@@ -25,6 +25,7 @@
 #include "gpu/compile_cache.h"
 #include "gpu/gpu.h"
 #include "worker/child.h"
+#include "worker/compile_child.h"
 #include "worker/rpc_client.h"
 #include "worker/sandbox.h"
 #include "worker/task_runner.h"
@@ -68,10 +69,12 @@ int main(int argc, char** argv) {
   double eval_absolute_limit_s = 600;
   double eval_reference_factor = 50;
   std::vector<std::string> nvrtc_options;
+  std::vector<std::string> child_env;
   std::string sanitizer_gate;
   std::string log_level = "info";
-  // Hidden: the sandboxed evaluator child.
+  // Hidden: the sandboxed children (evaluator, compiler).
   bool eval_child = false;
+  bool compile_child = false;
   std::string request_dir;
   int result_fd = kChildResultFd;
   std::string self_test;  // test only: see child.h
@@ -91,6 +94,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--lease-wait-ms", lease_wait_ms, "long-poll wait for a task")->capture_default_str();
   app.add_option("--nvrtc-option", nvrtc_options, "extra NVRTC option before each variant's own (repeatable)");
+  app.add_option("--child-env", child_env,
+                 "environment variable the compile and evaluator children keep, beyond PATH, "
+                 "LD_LIBRARY_PATH, CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER and TMPDIR (repeatable)");
   app.add_option("--eval-setup-limit-s", eval_setup_limit_s,
                  "watchdog: seconds until the reference must have run")
       ->capture_default_str();
@@ -108,12 +114,14 @@ int main(int argc, char** argv) {
                  "passes its checks under memcheck (e.g. /usr/local/cuda/bin/compute-sanitizer)");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error")->capture_default_str();
   app.add_flag("--eval-child", eval_child)->group("");
+  app.add_flag("--compile-child", compile_child)->group("");
   app.add_option("--request-dir", request_dir)->group("");
   app.add_option("--result-fd", result_fd)->group("");
   app.add_option("--self-test", self_test)->group("");
   CLI11_PARSE(app, argc, argv);
 
   spdlog::set_level(spdlog::level::from_str(log_level));
+  if (compile_child) return RunCompileChild(STDIN_FILENO, result_fd);
   if (eval_child) {
     spdlog::set_pattern("[eval-child %P] %v");
     if (request_dir.empty()) {
@@ -135,6 +143,8 @@ int main(int argc, char** argv) {
   if (token.empty()) {
     if (const char* t = std::getenv("KFORGE_WORKER_TOKEN")) token = t;
   }
+  std::vector<std::string> secrets;
+  if (!token.empty()) secrets.push_back(token);
   if (name.empty()) name = DefaultName(gpu_ordinal);
   const std::filesystem::path cache =
       cache_dir.empty() ? DefaultCacheDir() : std::filesystem::path(cache_dir);
@@ -191,8 +201,35 @@ int main(int argc, char** argv) {
     registration.gpu.arch = compile_arch;
   }
 
+  for (const std::string& n : child_env) {
+    if (absl::Status s = CheckChildEnvName(n); !s.ok()) {
+      spdlog::error("{}", std::string(s.message()));
+      return 2;
+    }
+  }
+
+  // Candidate sources are compiled in children that hold no secret; the
+  // cache stays here. A child that cannot run at all would make every task a
+  // worker fault, so find out now.
+  CompileChildOptions cco;
+  cco.child_env = child_env;
+  cco.secrets = secrets;
+  const CompileChild compiler(cco);
+  {
+    kforge::gpu::CompileRequest probe;
+    probe.source = "extern \"C\" __global__ void kf_probe() {}\n";
+    probe.arch = registration.gpu.arch.empty() ? compile_arch : registration.gpu.arch;
+    probe.name = "probe.cu";
+    absl::StatusOr<kforge::gpu::CompileResult> r = compiler.Compile(probe);
+    if (!r.ok() || !r->ok) {
+      spdlog::error("the compile child does not work here: {}",
+                    r.ok() ? r->log : std::string(r.status().message()));
+      return 2;
+    }
+    spdlog::info("compile child ready ({:.0f} ms for an empty kernel)", r->compile_ms);
+  }
   kforge::gpu::CompileCache compile_cache(cache / "cubins");
-  kforge::gpu::CompilePool compile_pool(compile_threads, &compile_cache);
+  kforge::gpu::CompilePool compile_pool(compile_threads, &compile_cache, compiler.AsCompiler());
 
   std::unique_ptr<Sandbox> sandbox, gate;
   if (!registration.compile_only) {
@@ -203,6 +240,7 @@ int main(int argc, char** argv) {
     so.min_run_limit = ms(eval_min_limit_s);
     so.absolute_limit = ms(eval_absolute_limit_s);
     so.reference_factor = eval_reference_factor;
+    so.child_env = child_env;
     sandbox = std::make_unique<Sandbox>(so);
     if (!sanitizer_gate.empty()) {
       // memcheck slows every kernel (the reference too, so the watchdog's
@@ -236,6 +274,7 @@ int main(int argc, char** argv) {
   ro.compile_only = registration.compile_only;
   ro.gpu_ordinal = gpu_ordinal;
   ro.extra_compile_options = nvrtc_options;
+  ro.secrets = secrets;
   ro.compile_cache_dir = (cache / "cubins").string();
   ro.sanitizer_gate = gate.get();
   LocalTaskRunner runner(&compile_pool, sandbox.get(), ro);
