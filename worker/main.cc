@@ -2,7 +2,7 @@
 // tasks, compiles them with NVRTC, verifies and times them in a sandboxed
 // child (this same binary, `--eval-child`), and reports the results.
 //
-//   kforge-worker --server HOST:PORT [--token T | $KFORGE_WORKER_TOKEN]
+//   kforge-worker --server HOST:PORT [--token-file PATH | --token T | $KFORGE_WORKER_TOKEN]
 //                 [--gpu N] [--name NAME] [--cache-dir DIR] [--compile-threads N]
 //
 // Without a CUDA driver it serves compile-only tasks.
@@ -20,6 +20,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "core/secrets.h"
 #include "core/shape.h"
 #include "gpu/compile.h"
 #include "gpu/compile_cache.h"
@@ -57,6 +58,7 @@ int main(int argc, char** argv) {
   CLI::App app{"kforge-worker: compiles, verifies and times kernel variants for a kforge server"};
   std::string server = "127.0.0.1:50051";
   std::string token;
+  std::string token_file;
   int gpu_ordinal = 0;
   std::string name;
   std::string cache_dir;
@@ -80,7 +82,11 @@ int main(int argc, char** argv) {
   std::string self_test;  // test only: see child.h
 
   app.add_option("--server", server, "kforge server address (host:port)")->capture_default_str();
-  app.add_option("--token", token, "worker token (default: $KFORGE_WORKER_TOKEN)");
+  auto* token_opt = app.add_option(
+      "--token", token,
+      "worker token (default: $KFORGE_WORKER_TOKEN); prefer --token-file, which no /proc file shows");
+  app.add_option("--token-file", token_file, "file whose first line is the worker token")
+      ->excludes(token_opt);
   app.add_option("--gpu", gpu_ordinal, "CUDA device ordinal")->capture_default_str();
   app.add_option("--name", name, "worker name shown by the server (default: HOST-gpuN)");
   app.add_option("--cache-dir", cache_dir,
@@ -140,11 +146,30 @@ int main(int argc, char** argv) {
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
-  if (token.empty()) {
-    if (const char* t = std::getenv("KFORGE_WORKER_TOKEN")) token = t;
-  }
+  // The token, and every other kforge credential this process was handed,
+  // leave argv and the environment now, before any thread or child starts.
+  std::string env_token;
   std::vector<std::string> secrets;
+  for (auto& [name, value] : kforge::TakeSecretEnvironment(kforge::IsKforgeTokenVariable)) {
+    if (name == "KFORGE_WORKER_TOKEN") env_token = value;
+    if (!value.empty()) secrets.push_back(value);
+  }
+  if (!token_file.empty()) {
+    absl::StatusOr<std::string> t = kforge::ReadTokenFile(token_file);
+    if (!t.ok()) {
+      spdlog::error("--token-file: {}", std::string(t.status().message()));
+      return 2;
+    }
+    token = *t;
+  } else if (token.empty()) {
+    token = env_token;
+  }
   if (!token.empty()) secrets.push_back(token);
+  for (const std::string& s : secrets) kforge::ScrubFromProcessMemory(argc, argv, s);
+  if (absl::Status s = kforge::MakeUndumpable(); !s.ok()) {
+    spdlog::warn("{}: the worker's memory is readable by processes of its user",
+                 std::string(s.message()));
+  }
   if (name.empty()) name = DefaultName(gpu_ordinal);
   const std::filesystem::path cache =
       cache_dir.empty() ? DefaultCacheDir() : std::filesystem::path(cache_dir);
