@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdlib>
 #include <deque>
 #include <set>
 #include <type_traits>
@@ -13,6 +14,7 @@
 #include <spdlog/spdlog.h>
 
 #include "core/hash.h"
+#include "core/redact.h"
 #include "kernels/catalog.h"
 #include "kernels/check.h"
 #include "kernels/manifest.h"
@@ -103,10 +105,20 @@ std::string DescribeOrigin(const Candidate& c) {
   return c.origin.empty() ? "unknown origin" : c.origin;
 }
 
+// The secrets this proposer holds (the endpoint's key), for Redact.
+std::vector<std::string> OwnSecrets(const ModelOptions& o) {
+  std::vector<std::string> secrets;
+  if (!o.client.api_key.empty()) secrets.push_back(o.client.api_key);
+  if (!o.client.api_key_env.empty()) {
+    if (const char* env = std::getenv(o.client.api_key_env.c_str()); env && *env) secrets.push_back(env);
+  }
+  return secrets;
+}
+
 class ModelProposer final : public Proposer {
  public:
   ModelProposer(std::unique_ptr<ChatClient> client, ModelOptions options)
-      : client_(std::move(client)), options_(std::move(options)) {}
+      : client_(std::move(client)), options_(std::move(options)), secrets_(OwnSecrets(options_)) {}
 
   absl::StatusOr<std::vector<Candidate>> Propose(const ProposalContext& ctx, int n) override {
     std::vector<Candidate> out;
@@ -209,8 +221,15 @@ class ModelProposer final : public Proposer {
     std::string origin;
   };
 
+  // Feedback is text that came back from a worker (compile logs, crash
+  // messages) or from the model: it is redacted and capped before it is
+  // kept, so no prompt can carry a credential a hostile kernel made NVRTC
+  // print, whatever the worker and server did before.
   void Note(Outcome o, std::string message, std::string answer, const Candidate& c = {}) {
-    notes_.push_back(RecentResult{o, std::move(message), std::move(answer), c.origin.empty() ? "" : DescribeOrigin(c)});
+    const size_t cap = std::max<size_t>(options_.feedback_excerpt_bytes, 64);
+    notes_.push_back(RecentResult{o, ClipMiddle(Redact(message, secrets_), cap),
+                                  ClipMiddle(Redact(answer, secrets_), cap),
+                                  c.origin.empty() ? "" : DescribeOrigin(c)});
     while (notes_.size() > static_cast<size_t>(std::max(1, options_.max_feedback))) notes_.pop_front();
   }
 
@@ -272,7 +291,7 @@ class ModelProposer final : public Proposer {
       for (const RecentResult& note : notes_) {
         feedback += fmt::format("- {}{}: {}\n", OutcomeName(note.outcome),
                                 note.origin.empty() ? "" : fmt::format(" ({})", note.origin),
-                                Truncate(note.message, options_.feedback_excerpt_bytes));
+                                ClipMiddle(note.message, options_.feedback_excerpt_bytes));
         if (!note.answer.empty())
           feedback += fmt::format("  the refused answer began: {}\n", Truncate(note.answer, 300));
       }
@@ -307,6 +326,7 @@ class ModelProposer final : public Proposer {
 
   std::unique_ptr<ChatClient> client_;
   const ModelOptions options_;
+  const std::vector<std::string> secrets_;  // redacted from all feedback
   std::set<std::string> hashes_;  // sources proposed or seen
   std::deque<RecentResult> notes_;       // recent results and refusals, oldest first
   // Tokens of refused answers not yet attached to a returned candidate.
