@@ -1,6 +1,9 @@
 #include "worker/compile_child.h"
 
+#include <linux/landlock.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -90,6 +93,7 @@ class CompileWatcher final : public ChildWatcher {
       json j = json::parse(std::string_view(data_).substr(0, nl), nullptr, false);
       if (j.is_object() && j.value("event", "") == "compiling") {
         compiling_ = true;
+        sealed_ = j.value("sealed", false);
         data_.erase(0, nl + 1);
       } else {
         malformed_ = true;
@@ -100,6 +104,7 @@ class CompileWatcher final : public ChildWatcher {
   bool KillNow() const override { return oversized_ || malformed_; }
 
   bool compiling() const { return compiling_; }
+  bool sealed() const { return sealed_; }
   bool oversized() const { return oversized_; }
   bool malformed() const { return malformed_; }
   const std::string& answer() const { return data_; }  // after the compiling line
@@ -109,6 +114,7 @@ class CompileWatcher final : public ChildWatcher {
   const size_t max_bytes_;
   std::string data_;
   bool compiling_ = false;
+  bool sealed_ = false;
   bool oversized_ = false;
   bool malformed_ = false;
 };
@@ -146,6 +152,28 @@ std::string LastLine(std::string_view text) {
   return std::string(line.substr(0, 300));
 }
 
+// From here on this process may open no file at all (Landlock, with every
+// filesystem access handled and none allowed; already open descriptors keep
+// working). False where the kernel has no Landlock.
+bool SealFilesystem() {
+  const long abi = syscall(SYS_landlock_create_ruleset, nullptr, 0, LANDLOCK_CREATE_RULESET_VERSION);
+  if (abi < 1) return false;
+  landlock_ruleset_attr attr{};
+  attr.handled_access_fs =
+      LANDLOCK_ACCESS_FS_EXECUTE | LANDLOCK_ACCESS_FS_WRITE_FILE | LANDLOCK_ACCESS_FS_READ_FILE |
+      LANDLOCK_ACCESS_FS_READ_DIR | LANDLOCK_ACCESS_FS_REMOVE_DIR | LANDLOCK_ACCESS_FS_REMOVE_FILE |
+      LANDLOCK_ACCESS_FS_MAKE_CHAR | LANDLOCK_ACCESS_FS_MAKE_DIR | LANDLOCK_ACCESS_FS_MAKE_REG |
+      LANDLOCK_ACCESS_FS_MAKE_SOCK | LANDLOCK_ACCESS_FS_MAKE_FIFO | LANDLOCK_ACCESS_FS_MAKE_BLOCK |
+      LANDLOCK_ACCESS_FS_MAKE_SYM;
+  if (abi >= 2) attr.handled_access_fs |= LANDLOCK_ACCESS_FS_REFER;
+  const int ruleset = static_cast<int>(syscall(SYS_landlock_create_ruleset, &attr, sizeof attr, 0));
+  if (ruleset < 0) return false;
+  const bool sealed = prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 &&
+                      syscall(SYS_landlock_restrict_self, ruleset, 0) == 0;
+  close(ruleset);
+  return sealed;
+}
+
 }  // namespace
 
 CompileChild::CompileChild(CompileChildOptions options) : options_(std::move(options)) {}
@@ -161,6 +189,7 @@ absl::StatusOr<gpu::CompileResult> CompileChild::Compile(const gpu::CompileReque
   command.argv.push_back(options_.executable);
   command.argv.insert(command.argv.end(), options_.child_args.begin(), options_.child_args.end());
   command.argv.push_back(fmt::format("--result-fd={}", kChildResultFd));
+  if (!options_.seal_filesystem) command.argv.push_back("--compile-child-unsealed");
   command.env = ChildEnvironment(options_.child_env);
   command.stdin_fd = *request_fd;
   // A relative path in an include then resolves against "/", not the
@@ -176,6 +205,7 @@ absl::StatusOr<gpu::CompileResult> CompileChild::Compile(const gpu::CompileReque
     return ClipMiddle(Redact(text, options_.secrets), options_.max_log_bytes);
   };
   if (exit->launch_failed) return absl::InternalError("compile child: " + exit->launch_error);
+  if (watcher.compiling()) sealed_.store(watcher.sealed() ? 1 : 0);
   if (!watcher.compiling()) {
     // No candidate-specific work had started: the worker's fault.
     const std::string why = exit->deadline_passed
@@ -224,7 +254,13 @@ absl::StatusOr<gpu::CompileResult> CompileChild::Compile(const gpu::CompileReque
   return result;
 }
 
-int RunCompileChild(int request_fd, int result_fd) {
+std::optional<bool> CompileChild::sealed() const {
+  const int s = sealed_.load();
+  if (s < 0) return std::nullopt;
+  return s == 1;
+}
+
+int RunCompileChild(int request_fd, int result_fd, bool seal) {
   std::string text;
   char buf[65536];
   while (text.size() <= kMaxRequestBytes) {
@@ -238,7 +274,19 @@ int RunCompileChild(int request_fd, int result_fd) {
     fmt::print(stderr, "compile child: {}\n", std::string(request.status().message()));
     return 2;
   }
-  if (!WriteAll(result_fd, "{\"event\":\"compiling\"}\n")) return 4;
+  // NVRTC loads what it needs (its builtins library, libcuda when there is
+  // one, the time zone) on its first compile: an empty one, before the
+  // process is sealed. After that it needs no file, and the candidate's
+  // source gets none, whatever path it names.
+  gpu::CompileRequest warm_up;
+  warm_up.source = "extern \"C\" __global__ void kf_warm_up() {}\n";
+  warm_up.arch = request->arch;
+  warm_up.extra_options = request->extra_options;  // whatever they make NVRTC load, too
+  warm_up.name = "warm_up.cu";
+  (void)gpu::CompileBlocking(warm_up);
+  const bool sealed = seal && SealFilesystem();
+  if (!WriteAll(result_fd, fmt::format("{{\"event\":\"compiling\",\"sealed\":{}}}\n", sealed)))
+    return 4;
   absl::StatusOr<gpu::CompileResult> r = gpu::CompileBlocking(*request);
   if (!r.ok()) {
     const std::string line = json{{"event", "error"}, {"message", std::string(r.status().message())}}

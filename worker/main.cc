@@ -77,6 +77,7 @@ int main(int argc, char** argv) {
   // Hidden: the sandboxed children (evaluator, compiler).
   bool eval_child = false;
   bool compile_child = false;
+  bool compile_child_unsealed = false;  // test only: see compile_child.h
   std::string request_dir;
   int result_fd = kChildResultFd;
   std::string self_test;  // test only: see child.h
@@ -121,13 +122,14 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error")->capture_default_str();
   app.add_flag("--eval-child", eval_child)->group("");
   app.add_flag("--compile-child", compile_child)->group("");
+  app.add_flag("--compile-child-unsealed", compile_child_unsealed)->group("");
   app.add_option("--request-dir", request_dir)->group("");
   app.add_option("--result-fd", result_fd)->group("");
   app.add_option("--self-test", self_test)->group("");
   CLI11_PARSE(app, argc, argv);
 
   spdlog::set_level(spdlog::level::from_str(log_level));
-  if (compile_child) return RunCompileChild(STDIN_FILENO, result_fd);
+  if (compile_child) return RunCompileChild(STDIN_FILENO, result_fd, !compile_child_unsealed);
   if (eval_child) {
     spdlog::set_pattern("[eval-child %P] %v");
     if (request_dir.empty()) {
@@ -251,7 +253,15 @@ int main(int argc, char** argv) {
                     r.ok() ? r->log : std::string(r.status().message()));
       return 2;
     }
-    spdlog::info("compile child ready ({:.0f} ms for an empty kernel)", r->compile_ms);
+    if (compiler.sealed().value_or(false)) {
+      spdlog::info("compile child ready ({:.0f} ms for an empty kernel); it can open no file",
+                   r->compile_ms);
+    } else {
+      spdlog::warn("compile child ready ({:.0f} ms for an empty kernel), but this kernel has no "
+                   "Landlock: it could open files, and only the source check and redaction "
+                   "keep them out of logs",
+                   r->compile_ms);
+    }
   }
   kforge::gpu::CompileCache compile_cache(cache / "cubins");
   kforge::gpu::CompilePool compile_pool(compile_threads, &compile_cache, compiler.AsCompiler());

@@ -5,6 +5,8 @@
 #include "worker/compile_child.h"
 
 #include <gtest/gtest.h>
+#include <linux/landlock.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -104,38 +106,71 @@ TEST_F(CompileChildTest, ACompileErrorComesBackWithItsLog) {
   EXPECT_FALSE(r->transient);
 }
 
+bool HaveLandlock() {
+  return syscall(SYS_landlock_create_ruleset, nullptr, 0, LANDLOCK_CREATE_RULESET_VERSION) >= 1;
+}
+
 TEST_F(CompileChildTest, IncludingTheEnvironmentShowsNoToken) {
   // The check in front of NVRTC would refuse this source; here the child is
-  // the last line. Its environment is allowlisted, so even without any
-  // redaction (no secrets given) the token is nowhere.
+  // the last line. Even unsealed, and with no redaction (no secrets given),
+  // its allowlisted environment holds no token.
   setenv("KFORGE_WORKER_TOKEN", kToken, 1);
   setenv("KFORGE_CLIENT_TOKEN", kToken, 1);
   setenv("SOME_CLOUD_SECRET", kToken, 1);
-  absl::StatusOr<gpu::CompileResult> r =
-      CompileChild(Options()).Compile(Request(std::string("#include </proc/self/environ>\n") + kKernel));
+  for (bool seal : {false, true}) {
+    CompileChildOptions o = Options();
+    o.seal_filesystem = seal;
+    const CompileChild child(o);
+    absl::StatusOr<gpu::CompileResult> r =
+        child.Compile(Request(std::string("#include </proc/self/environ>\n") + kKernel));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_FALSE(r->ok);
+    EXPECT_EQ(Everything(*r).find(kToken), std::string::npos) << r->log;
+    if (!seal) {
+      // It did read the child's (allowlisted) environment: the attack is real.
+      EXPECT_NE(r->log.find("PATH"), std::string::npos) << r->log;
+    } else if (HaveLandlock()) {
+      EXPECT_EQ(child.sealed(), true);
+      EXPECT_NE(r->log.find("cannot open source file"), std::string::npos) << r->log;
+      EXPECT_EQ(r->log.find("PATH"), std::string::npos) << r->log;
+    }
+  }
   unsetenv("KFORGE_WORKER_TOKEN");
   unsetenv("KFORGE_CLIENT_TOKEN");
   unsetenv("SOME_CLOUD_SECRET");
-  ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_FALSE(r->ok);
-  EXPECT_EQ(Everything(*r).find(kToken), std::string::npos) << r->log;
-  // It did read the child's (allowlisted) environment: the attack is real.
-  EXPECT_NE(r->log.find("PATH"), std::string::npos) << r->log;
 }
 
 TEST_F(CompileChildTest, WhateverTheLogSaysIsRedacted) {
-  // A token the child can still read (a token file): the log is redacted
-  // with the worker's secrets before it leaves CompileChild.
+  // A token the child can still read (a token file) where it is not sealed:
+  // the log is redacted with the worker's secrets before it leaves.
   const std::filesystem::path token_file = dir_ / "token";
   { std::ofstream(token_file) << "int " << kToken << " = 1;\n"; }
   CompileChildOptions o = Options();
   o.secrets = {kToken};
+  o.seal_filesystem = false;
   absl::StatusOr<gpu::CompileResult> r = CompileChild(o).Compile(
       Request("#include \"" + token_file.string() + "\"\nbroken " + std::string(kToken) + "\n"));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_FALSE(r->ok);
   EXPECT_EQ(Everything(*r).find(kToken), std::string::npos) << r->log;
   EXPECT_NE(r->log.find("[redacted]"), std::string::npos) << r->log;
+}
+
+TEST_F(CompileChildTest, ASealedChildOpensNoFileAtAll) {
+  if (!HaveLandlock()) GTEST_SKIP() << "no Landlock in this kernel: the child cannot be sealed";
+  const CompileChild child(Options());
+  for (const char* path : {"/dev/null", "/etc/passwd", "/proc/self/cmdline"}) {
+    absl::StatusOr<gpu::CompileResult> r =
+        child.Compile(Request(std::string("#include \"") + path + "\"\n" + kKernel));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_FALSE(r->ok) << path;
+    EXPECT_NE(r->log.find("cannot open source file"), std::string::npos) << r->log;
+  }
+  EXPECT_EQ(child.sealed(), true);
+  // And what needs no file still compiles to the in-process cubin.
+  absl::StatusOr<gpu::CompileResult> ok = child.Compile(Request(kKernel));
+  ASSERT_TRUE(ok.ok() && ok->ok);
+  EXPECT_EQ(ok->cubin, gpu::Compile(Request(kKernel))->cubin);
 }
 
 TEST_F(CompileChildTest, OverrunningTheTimeLimitIsATransientCompileError) {
