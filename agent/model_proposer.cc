@@ -36,6 +36,19 @@ std::string Truncate(const std::string& s, size_t max) {
   return s.substr(0, max) + fmt::format("\n... [{} more bytes cut]", s.size() - max);
 }
 
+// CRLF line endings as LF: the source check rejects carriage returns (NVRTC
+// reads a backslash before "\r\n" as a splice but a lone "\r" as nothing),
+// and a model's answer may come with Windows line endings.
+std::string UnixLines(std::string s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '\r' && i + 1 < s.size() && s[i + 1] == '\n') continue;
+    out.push_back(s[i]);
+  }
+  return out;
+}
+
 std::string Lower(std::string s) {
   for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return s;
@@ -349,7 +362,8 @@ absl::StatusOr<ExtractedKernel> ExtractKernel(const ChatResponse& answer) {
     if (!args.contains("manifest"))
       return absl::InvalidArgumentError(fmt::format("{}: no \"manifest\" argument", kToolName));
     const json& m = args["manifest"];
-    return ExtractedKernel{args["source"].get<std::string>(), m.is_string() ? m.get<std::string>() : m.dump()};
+    return ExtractedKernel{UnixLines(args["source"].get<std::string>()),
+                           m.is_string() ? m.get<std::string>() : m.dump()};
   }
   bool unterminated = false;
   std::vector<Block> blocks = FencedBlocks(answer.content, unterminated);
@@ -376,7 +390,7 @@ absl::StatusOr<ExtractedKernel> ExtractKernel(const ChatResponse& answer) {
         : std::string("the answer has no ```cuda code block (and no submit_kernel call)"));
   }
   if (!manifest) return absl::InvalidArgumentError("the answer has no ```json manifest block");
-  return ExtractedKernel{code->text, manifest->text};
+  return ExtractedKernel{UnixLines(code->text), manifest->text};
 }
 
 absl::Status ValidateKernel(const ExtractedKernel& kernel, const ShapeKey& shape, size_t max_source_bytes) {

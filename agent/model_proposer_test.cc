@@ -160,6 +160,21 @@ TEST(ModelProposer, ShowsTheCurrentBestAndRecentFailures) {
   EXPECT_THAT(user, HasSubstr("relative L2 error 0.25"));
 }
 
+TEST(ModelProposer, WindowsLineEndingsBecomeUnixOnes) {
+  ChatResponse answer;
+  std::string fenced = Fenced(GoodKernel(5));
+  std::string crlf;
+  for (char c : fenced) {
+    if (c == '\n') crlf += '\r';
+    crlf += c;
+  }
+  answer.content = crlf;
+  absl::StatusOr<ExtractedKernel> k = ExtractKernel(answer);
+  ASSERT_TRUE(k.ok()) << k.status();
+  EXPECT_EQ(k->source.find('\r'), std::string::npos);
+  EXPECT_TRUE(ValidateKernel(*k, Ctx().shape, 64 * 1024).ok());
+}
+
 TEST(ModelProposer, FeedbackIsRedactedAndCappedBeforeItReachesAPrompt) {
   // A compile log that carried a file a hostile kernel included: tokens,
   // the endpoint's own key, control bytes.
