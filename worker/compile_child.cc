@@ -155,8 +155,12 @@ std::string LastLine(std::string_view text) {
 // From here on this process may open no file at all (Landlock, with every
 // filesystem access handled and none allowed; already open descriptors keep
 // working). False where the kernel has no Landlock.
+long LandlockAbi() {
+  return syscall(SYS_landlock_create_ruleset, nullptr, 0, LANDLOCK_CREATE_RULESET_VERSION);
+}
+
 bool SealFilesystem() {
-  const long abi = syscall(SYS_landlock_create_ruleset, nullptr, 0, LANDLOCK_CREATE_RULESET_VERSION);
+  const long abi = LandlockAbi();
   if (abi < 1) return false;
   landlock_ruleset_attr attr{};
   attr.handled_access_fs =
@@ -277,14 +281,18 @@ int RunCompileChild(int request_fd, int result_fd, bool seal) {
   // NVRTC loads what it needs (its builtins library, libcuda when there is
   // one, the time zone) on its first compile: an empty one, before the
   // process is sealed. After that it needs no file, and the candidate's
-  // source gets none, whatever path it names.
-  gpu::CompileRequest warm_up;
-  warm_up.source = "extern \"C\" __global__ void kf_warm_up() {}\n";
-  warm_up.arch = request->arch;
-  warm_up.extra_options = request->extra_options;  // whatever they make NVRTC load, too
-  warm_up.name = "warm_up.cu";
-  (void)gpu::CompileBlocking(warm_up);
-  const bool sealed = seal && SealFilesystem();
+  // source gets none, whatever path it names. (The first compile of a
+  // process pays NVRTC's start-up either way, so the empty one costs little.)
+  bool sealed = false;
+  if (seal && LandlockAbi() >= 1) {
+    gpu::CompileRequest warm_up;
+    warm_up.source = "extern \"C\" __global__ void kf_warm_up() {}\n";
+    warm_up.arch = request->arch;
+    warm_up.extra_options = request->extra_options;  // whatever they make NVRTC load, too
+    warm_up.name = "warm_up.cu";
+    (void)gpu::CompileBlocking(warm_up);
+    sealed = SealFilesystem();
+  }
   if (!WriteAll(result_fd, fmt::format("{{\"event\":\"compiling\",\"sealed\":{}}}\n", sealed)))
     return 4;
   absl::StatusOr<gpu::CompileResult> r = gpu::CompileBlocking(*request);
