@@ -184,6 +184,10 @@ std::optional<TaskResult> LocalTaskRunner::RunUnchecked(const TaskSpec& task,
   // not take that on trust: a source or option that could make NVRTC read a
   // file never reaches NVRTC.
   auto refused = [](const VariantSpec& v) -> absl::Status {
+    if (v.source.size() > kMaxVariantSourceBytes) {
+      return absl::InvalidArgumentError(fmt::format("source: {} bytes exceeds the limit of {}",
+                                                    v.source.size(), kMaxVariantSourceBytes));
+    }
     if (absl::Status s = CheckSource(v.source); !s.ok()) return s;
     return CheckCompileOptions(v.compile_options);
   };

@@ -251,6 +251,13 @@ TEST_F(TaskRunnerTest, ASourceTheCheckRefusesIsACompileErrorAndNeverCompiled) {
   }
 }
 
+TEST_F(TaskRunnerTest, AnOversizedSourceIsRefused) {
+  std::optional<TaskResult> r = Run("verified", Evaluate(kGood + std::string(300 * 1024, ' ')));
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->outcome, Outcome::kCompileError);
+  EXPECT_NE(r->message.find("exceeds the limit"), std::string::npos) << r->message;
+}
+
 TEST_F(TaskRunnerTest, VariantCompileOptionsOutsideTheAllowlistAreRefused) {
   for (const char* options : {"-I/etc", "-include /proc/self/environ", "--pre-include=/x",
                               "-arch=sm_80", "--no-such-option"}) {
