@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <optional>
 
 #include <fmt/format.h>
@@ -95,6 +96,7 @@ struct LaunchError {
 
   execve(argv[0], argv, envp);
   fail(4);
+  _exit(127);  // not reached: fail() exits
 }
 
 std::string DescribeLaunchError(const LaunchError& e, const std::string& program) {
@@ -160,19 +162,33 @@ std::string ChildExit::Ending() const {
   return fmt::format("ended with wait status {}", wstatus);
 }
 
-absl::StatusOr<ChildExit> RunChild(const ChildCommand& command, ChildWatcher& watcher,
-                                   size_t output_tail_bytes, const std::atomic<bool>* cancel) {
-  if (command.argv.empty()) return absl::InvalidArgumentError("child: no program");
+namespace {
+
+// A started child and the parent's ends of its pipes.
+struct Started {
+  pid_t pid = -1;
+  std::unique_ptr<Fd> result_r, out_r;
+  ChildClock::time_point start;
+  bool launch_failed = false;
+  std::string launch_error;
+};
+
+// Step 1: pipes, fork, exec; then waits until the exec happened or the
+// child said why it could not get there.
+absl::StatusOr<Started> Start(const ChildCommand& command) {
   int fds[2];
   auto make_pipe = [&](const char* what) -> absl::Status {
     if (pipe2(fds, O_CLOEXEC) == 0) return absl::OkStatus();
     return absl::InternalError(fmt::format("child: {} pipe: {}", what, std::strerror(errno)));
   };
-  if (absl::Status s = make_pipe("result"); !s.ok()) return s;
-  Fd result_r(fds[0]), result_w(fds[1]);
-  if (absl::Status s = make_pipe("output"); !s.ok()) return s;
-  Fd out_r(fds[0]), out_w(fds[1]);
-  if (absl::Status s = make_pipe("launch"); !s.ok()) return s;
+  Started s;
+  if (absl::Status st = make_pipe("result"); !st.ok()) return st;
+  s.result_r = std::make_unique<Fd>(fds[0]);
+  Fd result_w(fds[1]);
+  if (absl::Status st = make_pipe("output"); !st.ok()) return st;
+  s.out_r = std::make_unique<Fd>(fds[0]);
+  Fd out_w(fds[1]);
+  if (absl::Status st = make_pipe("launch"); !st.ok()) return st;
   Fd error_r(fds[0]), error_w(fds[1]);
 
   // Everything the child needs is built before fork: after it, only
@@ -187,40 +203,44 @@ absl::StatusOr<ChildExit> RunChild(const ChildCommand& command, ChildWatcher& wa
   const char* working_dir = command.working_dir.empty() ? nullptr : command.working_dir.c_str();
 
   const pid_t parent = getpid();
-  const ChildClock::time_point start = ChildClock::now();
-  const pid_t pid = fork();
-  if (pid < 0) return absl::InternalError(fmt::format("child: fork: {}", std::strerror(errno)));
-  if (pid == 0) {
+  s.start = ChildClock::now();
+  s.pid = fork();
+  if (s.pid < 0) return absl::InternalError(fmt::format("child: fork: {}", std::strerror(errno)));
+  if (s.pid == 0) {
     ExecChild(argv.data(), envp.data(), command.stdin_fd, result_w.get(), out_w.get(),
               error_w.get(), working_dir, parent);
   }
-  result_w.Reset();
-  out_w.Reset();
-  error_w.Reset();
-
-  ChildExit exit;
-  // Blocks until the exec (EOF: the program runs) or the child's report of
-  // why it could not get there.
+  error_w.Reset();  // the child's copy is closed by its exec
   LaunchError launch{};
   ssize_t got;
   do {
     got = read(error_r.get(), &launch, sizeof launch);
   } while (got < 0 && errno == EINTR);
   if (got == static_cast<ssize_t>(sizeof launch)) {
-    exit.launch_failed = true;
-    exit.launch_error = DescribeLaunchError(launch, command.argv[0]);
+    s.launch_failed = true;
+    s.launch_error = DescribeLaunchError(launch, command.argv[0]);
   }
-  error_r.Reset();
+  return s;
+}
 
-  fcntl(result_r.get(), F_SETFL, O_NONBLOCK);
-  fcntl(out_r.get(), F_SETFL, O_NONBLOCK);
+// Step 2: the watchdog. Feeds the watcher, keeps the output's tail, kills
+// the child's process group when cancelled, asked to or past the deadline,
+// and returns once the child is reaped and its pipes are drained.
+absl::StatusOr<ChildExit> Watch(Started& s, ChildWatcher& watcher, size_t output_tail_bytes,
+                                const std::atomic<bool>* cancel) {
+  ChildExit exit;
+  exit.launch_failed = s.launch_failed;
+  exit.launch_error = s.launch_error;
+  const int result_fd = s.result_r->get(), out_fd = s.out_r->get();
+  fcntl(result_fd, F_SETFL, O_NONBLOCK);
+  fcntl(out_fd, F_SETFL, O_NONBLOCK);
   bool result_eof = false, out_eof = false, exited = false;
   std::optional<ChildClock::time_point> exited_at;
   std::string tail;
   auto kill_child = [&] {
     if (!exited && !exit.killed) {
-      ::kill(-pid, SIGKILL);  // its process group, should it have spawned any
-      ::kill(pid, SIGKILL);
+      ::kill(-s.pid, SIGKILL);  // its process group, should it have spawned any
+      ::kill(s.pid, SIGKILL);
       exit.killed = true;
     }
   };
@@ -232,12 +252,11 @@ absl::StatusOr<ChildExit> RunChild(const ChildCommand& command, ChildWatcher& wa
 
   char chunk[65536];
   while (true) {
-    if (!exited) {
-      if (waitpid(pid, &exit.wstatus, WNOHANG) == pid) {
-        exited = true;
-        exited_at = ChildClock::now();
-      }
+    if (!exited && waitpid(s.pid, &exit.wstatus, WNOHANG) == s.pid) {
+      exited = true;
+      exited_at = ChildClock::now();
     }
+    // A grandchild holding a pipe open gets one second after the child exits.
     if (exited && ((result_eof && out_eof) || MsSince(*exited_at) > 1000)) break;
     if (!exited && !exit.killed) {
       if (cancel != nullptr && cancel->load()) {
@@ -252,44 +271,54 @@ absl::StatusOr<ChildExit> RunChild(const ChildCommand& command, ChildWatcher& wa
       }
     }
 
-    pollfd fds_to_poll[2];
+    pollfd fds[2];
     int n = 0, result_idx = -1, out_idx = -1;
     if (!result_eof) {
-      fds_to_poll[n] = {result_r.get(), POLLIN, 0};
+      fds[n] = {result_fd, POLLIN, 0};
       result_idx = n++;
     }
     if (!out_eof) {
-      fds_to_poll[n] = {out_r.get(), POLLIN, 0};
+      fds[n] = {out_fd, POLLIN, 0};
       out_idx = n++;
     }
     if (n == 0) {  // pipes closed, child not reaped yet
       usleep(2000);
       continue;
     }
-    const int ready = poll(fds_to_poll, n, 20);
+    const int ready = poll(fds, n, 20);
     if (ready < 0 && errno != EINTR) {
       const int err = errno;
       kill_child();
-      waitpid(pid, &exit.wstatus, 0);
+      waitpid(s.pid, &exit.wstatus, 0);
       return absl::InternalError(fmt::format("child: poll: {}", std::strerror(err)));
     }
     if (ready <= 0) continue;
     constexpr short kReadable = POLLIN | POLLHUP | POLLERR;
-    if (result_idx >= 0 && (fds_to_poll[result_idx].revents & kReadable)) {
-      if (!Drain(result_r.get(), chunk, sizeof chunk, to_watcher)) {
-        result_eof = true;
-        watcher.OnResultEnd();
-      }
+    if (result_idx >= 0 && (fds[result_idx].revents & kReadable) &&
+        !Drain(result_fd, chunk, sizeof chunk, to_watcher)) {
+      result_eof = true;
+      watcher.OnResultEnd();
     }
-    if (out_idx >= 0 && (fds_to_poll[out_idx].revents & kReadable)) {
-      if (!Drain(out_r.get(), chunk, sizeof chunk, keep_tail)) out_eof = true;
+    if (out_idx >= 0 && (fds[out_idx].revents & kReadable) &&
+        !Drain(out_fd, chunk, sizeof chunk, keep_tail)) {
+      out_eof = true;
     }
   }
-  if (!exited) waitpid(pid, &exit.wstatus, 0);
-  exit.wall_ms = MsSince(start);
+  if (!exited) waitpid(s.pid, &exit.wstatus, 0);
+  exit.wall_ms = MsSince(s.start);
   if (tail.size() > output_tail_bytes) tail.erase(0, tail.size() - output_tail_bytes);
   exit.output_tail = std::move(tail);
   return exit;
+}
+
+}  // namespace
+
+absl::StatusOr<ChildExit> RunChild(const ChildCommand& command, ChildWatcher& watcher,
+                                   size_t output_tail_bytes, const std::atomic<bool>* cancel) {
+  if (command.argv.empty()) return absl::InvalidArgumentError("child: no program");
+  absl::StatusOr<Started> started = Start(command);
+  if (!started.ok()) return started.status();
+  return Watch(*started, watcher, output_tail_bytes, cancel);
 }
 
 std::string SignalName(int sig) {
