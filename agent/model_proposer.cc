@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdlib>
 #include <deque>
 #include <set>
 #include <type_traits>
@@ -13,6 +14,7 @@
 #include <spdlog/spdlog.h>
 
 #include "core/hash.h"
+#include "core/redact.h"
 #include "kernels/catalog.h"
 #include "kernels/check.h"
 #include "kernels/manifest.h"
@@ -32,6 +34,19 @@ constexpr char kToolName[] = "submit_kernel";
 std::string Truncate(const std::string& s, size_t max) {
   if (s.size() <= max) return s;
   return s.substr(0, max) + fmt::format("\n... [{} more bytes cut]", s.size() - max);
+}
+
+// CRLF line endings as LF: the source check rejects carriage returns (NVRTC
+// reads a backslash before "\r\n" as a splice but a lone "\r" as nothing),
+// and a model's answer may come with Windows line endings.
+std::string UnixLines(std::string s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '\r' && i + 1 < s.size() && s[i + 1] == '\n') continue;
+    out.push_back(s[i]);
+  }
+  return out;
 }
 
 std::string Lower(std::string s) {
@@ -103,10 +118,20 @@ std::string DescribeOrigin(const Candidate& c) {
   return c.origin.empty() ? "unknown origin" : c.origin;
 }
 
+// The secrets this proposer holds (the endpoint's key), for Redact.
+std::vector<std::string> OwnSecrets(const ModelOptions& o) {
+  std::vector<std::string> secrets;
+  if (!o.client.api_key.empty()) secrets.push_back(o.client.api_key);
+  if (!o.client.api_key_env.empty()) {
+    if (const char* env = std::getenv(o.client.api_key_env.c_str()); env && *env) secrets.push_back(env);
+  }
+  return secrets;
+}
+
 class ModelProposer final : public Proposer {
  public:
   ModelProposer(std::unique_ptr<ChatClient> client, ModelOptions options)
-      : client_(std::move(client)), options_(std::move(options)) {}
+      : client_(std::move(client)), options_(std::move(options)), secrets_(OwnSecrets(options_)) {}
 
   absl::StatusOr<std::vector<Candidate>> Propose(const ProposalContext& ctx, int n) override {
     std::vector<Candidate> out;
@@ -209,8 +234,15 @@ class ModelProposer final : public Proposer {
     std::string origin;
   };
 
+  // Feedback is text that came back from a worker (compile logs, crash
+  // messages) or from the model: it is redacted and capped before it is
+  // kept, so no prompt can carry a credential a hostile kernel made NVRTC
+  // print, whatever the worker and server did before.
   void Note(Outcome o, std::string message, std::string answer, const Candidate& c = {}) {
-    notes_.push_back(RecentResult{o, std::move(message), std::move(answer), c.origin.empty() ? "" : DescribeOrigin(c)});
+    const size_t cap = std::max<size_t>(options_.feedback_excerpt_bytes, 64);
+    notes_.push_back(RecentResult{o, ClipMiddle(Redact(message, secrets_), cap),
+                                  ClipMiddle(Redact(answer, secrets_), cap),
+                                  c.origin.empty() ? "" : DescribeOrigin(c)});
     while (notes_.size() > static_cast<size_t>(std::max(1, options_.max_feedback))) notes_.pop_front();
   }
 
@@ -272,7 +304,7 @@ class ModelProposer final : public Proposer {
       for (const RecentResult& note : notes_) {
         feedback += fmt::format("- {}{}: {}\n", OutcomeName(note.outcome),
                                 note.origin.empty() ? "" : fmt::format(" ({})", note.origin),
-                                Truncate(note.message, options_.feedback_excerpt_bytes));
+                                ClipMiddle(note.message, options_.feedback_excerpt_bytes));
         if (!note.answer.empty())
           feedback += fmt::format("  the refused answer began: {}\n", Truncate(note.answer, 300));
       }
@@ -307,6 +339,7 @@ class ModelProposer final : public Proposer {
 
   std::unique_ptr<ChatClient> client_;
   const ModelOptions options_;
+  const std::vector<std::string> secrets_;  // redacted from all feedback
   std::set<std::string> hashes_;  // sources proposed or seen
   std::deque<RecentResult> notes_;       // recent results and refusals, oldest first
   // Tokens of refused answers not yet attached to a returned candidate.
@@ -329,7 +362,8 @@ absl::StatusOr<ExtractedKernel> ExtractKernel(const ChatResponse& answer) {
     if (!args.contains("manifest"))
       return absl::InvalidArgumentError(fmt::format("{}: no \"manifest\" argument", kToolName));
     const json& m = args["manifest"];
-    return ExtractedKernel{args["source"].get<std::string>(), m.is_string() ? m.get<std::string>() : m.dump()};
+    return ExtractedKernel{UnixLines(args["source"].get<std::string>()),
+                           m.is_string() ? m.get<std::string>() : m.dump()};
   }
   bool unterminated = false;
   std::vector<Block> blocks = FencedBlocks(answer.content, unterminated);
@@ -356,7 +390,7 @@ absl::StatusOr<ExtractedKernel> ExtractKernel(const ChatResponse& answer) {
         : std::string("the answer has no ```cuda code block (and no submit_kernel call)"));
   }
   if (!manifest) return absl::InvalidArgumentError("the answer has no ```json manifest block");
-  return ExtractedKernel{code->text, manifest->text};
+  return ExtractedKernel{UnixLines(code->text), manifest->text};
 }
 
 absl::Status ValidateKernel(const ExtractedKernel& kernel, const ShapeKey& shape, size_t max_source_bytes) {

@@ -160,6 +160,50 @@ TEST(ModelProposer, ShowsTheCurrentBestAndRecentFailures) {
   EXPECT_THAT(user, HasSubstr("relative L2 error 0.25"));
 }
 
+TEST(ModelProposer, WindowsLineEndingsBecomeUnixOnes) {
+  ChatResponse answer;
+  std::string fenced = Fenced(GoodKernel(5));
+  std::string crlf;
+  for (char c : fenced) {
+    if (c == '\n') crlf += '\r';
+    crlf += c;
+  }
+  answer.content = crlf;
+  absl::StatusOr<ExtractedKernel> k = ExtractKernel(answer);
+  ASSERT_TRUE(k.ok()) << k.status();
+  EXPECT_EQ(k->source.find('\r'), std::string::npos);
+  EXPECT_TRUE(ValidateKernel(*k, Ctx().shape, 64 * 1024).ok());
+}
+
+TEST(ModelProposer, FeedbackIsRedactedAndCappedBeforeItReachesAPrompt) {
+  // A compile log that carried a file a hostile kernel included: tokens,
+  // the endpoint's own key, control bytes.
+  FakeOpenAIServer server;
+  server.Then(FakeOpenAIServer::Answer(Fenced(GoodKernel(4))));
+  ModelOptions o = Options(server);
+  o.client.api_key = "sk-the-endpoint-key-0123456789";
+  o.feedback_excerpt_bytes = 600;
+  auto p = Make(o);
+  Feedback leaked;
+  leaked.outcome = Outcome::kCompileError;
+  leaked.message = std::string("kernel.cu(1): error: PATH=/usr/bin") + '\0' +
+                   "KFORGE_CLIENT_TOKEN=c1ient-t0ken-value-abc" + '\0' +
+                   "KFORGE_WORKER_TOKEN=w0rker-t0ken-value-def " +
+                   "Authorization: Bearer b3arer-value-ghi and sk-the-endpoint-key-0123456789 " +
+                   std::string(20000, 'y') + " tail of the log";
+  p->Observe(leaked);
+  auto got = p->Propose(Ctx(), 1);
+  ASSERT_TRUE(got.ok()) << got.status();
+  const std::string user = UserMessage(server, 0);
+  for (const char* secret : {"c1ient-t0ken-value-abc", "w0rker-t0ken-value-def", "b3arer-value-ghi",
+                             "sk-the-endpoint-key-0123456789"}) {
+    EXPECT_THAT(user, Not(HasSubstr(secret)));
+  }
+  EXPECT_THAT(user, HasSubstr("[redacted]"));
+  EXPECT_THAT(user, HasSubstr("tail of the log"));  // head and tail are kept
+  EXPECT_THAT(user, Not(HasSubstr(std::string(1000, 'y'))));
+}
+
 TEST(ModelProposer, ARefusedAnswerBecomesFeedbackAndItsTokensAreCounted) {
   FakeOpenAIServer server;
   server.Then(FakeOpenAIServer::Answer("Sorry, I cannot write that kernel.", 400, 10));
@@ -341,7 +385,7 @@ INSTANTIATE_TEST_SUITE_P(
         BrokenCase{"host include", [] { return Fenced(With("#include <stdio.h>\n")); }, "stdio.h"},
         BrokenCase{"host std", [] { return Fenced(With("", "__device__ std::vector<int> v;\n")); }, "std::"},
         BrokenCase{"system call", [] { return Fenced(With("", "__device__ void f() { system(\"rm -rf /\"); }\n")); },
-                   "system()"},
+                   "\"system\""},
         BrokenCase{"__host__", [] { return Fenced(With("", "__host__ void g() {}\n")); }, "__host__"},
         BrokenCase{"oversized", [] { return Fenced(With("", "// " + std::string(70 * 1024, 'z') + "\n")); },
                    "exceeds the limit of 65536"},

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "fmt/format.h"
+#include "nlohmann/json.hpp"
 
 namespace kforge::embedded {
 extern const char kAttnParamsHeader[];
@@ -50,7 +51,8 @@ std::string Trim(std::string_view s) {
 
 std::string Nvrtc(nvrtcResult r) { return nvrtcGetErrorString(r); }
 
-// The compile itself, run on its own thread so a deadline can be enforced.
+// The compile itself (Compile() runs it on its own thread so a deadline can
+// be enforced).
 absl::StatusOr<CompileResult> CompileNow(const CompileRequest& request,
                                          const std::vector<std::string>& options) {
   CompileResult result;
@@ -129,7 +131,7 @@ std::string NvrtcVersion() {
 
 std::vector<std::string> CompileOptions(const CompileRequest& request) {
   std::vector<std::string> options = {fmt::format("-arch={}", request.arch), "-default-device",
-                                      "--std=c++17", "--ptxas-options=-v"};
+                                      "--std=c++17", "--ptxas-options=-v", "-no-source-include"};
   options.insert(options.end(), request.extra_options.begin(), request.extra_options.end());
   return options;
 }
@@ -165,14 +167,75 @@ absl::StatusOr<CompileResult> Compile(const CompileRequest& request) {
       if (!timed_out.options.empty()) timed_out.options += ' ';
       timed_out.options += o;
     }
-    timed_out.log = fmt::format("compile exceeded {} s",
-                                static_cast<double>(request.time_limit.count()) / 1000.0);
+    timed_out.log = CompileTimeoutLog(request.time_limit);
+    timed_out.transient = true;
     return timed_out;
   }
   absl::StatusOr<CompileResult> result = std::move(shared->result);
   lock.unlock();
   worker.join();
   return result;
+}
+
+absl::StatusOr<CompileResult> CompileBlocking(const CompileRequest& request) {
+  return CompileNow(request, CompileOptions(request));
+}
+
+std::string CompileTimeoutLog(std::chrono::milliseconds limit) {
+  return fmt::format("compile exceeded {} s", static_cast<double>(limit.count()) / 1000.0);
+}
+
+std::string CompileResultToJson(const CompileResult& r) {
+  nlohmann::json functions = nlohmann::json::array();
+  for (const auto& f : r.functions) {
+    functions.push_back({{"function", f.function},
+                         {"registers", f.registers},
+                         {"spill_stores_bytes", f.spill_stores_bytes},
+                         {"spill_loads_bytes", f.spill_loads_bytes},
+                         {"stack_frame_bytes", f.stack_frame_bytes},
+                         {"static_smem_bytes", f.static_smem_bytes}});
+  }
+  nlohmann::json j = {{"ok", r.ok},
+                      {"log", r.log},
+                      {"options", r.options},
+                      {"arch", r.arch},
+                      {"nvrtc_version", r.nvrtc_version},
+                      {"compile_ms", r.compile_ms},
+                      {"resources_from_log", r.resources_from_log},
+                      {"functions", functions}};
+  // A log is whatever NVRTC printed, not necessarily UTF-8: bad bytes become
+  // U+FFFD rather than an exception.
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+absl::StatusOr<CompileResult> CompileResultFromJson(std::string_view text) {
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError("compile result: not a JSON object");
+  }
+  CompileResult r;
+  try {
+    r.ok = j.at("ok").get<bool>();
+    r.log = j.at("log").get<std::string>();
+    r.options = j.at("options").get<std::string>();
+    r.arch = j.at("arch").get<std::string>();
+    r.nvrtc_version = j.at("nvrtc_version").get<std::string>();
+    r.compile_ms = j.at("compile_ms").get<double>();
+    r.resources_from_log = j.value("resources_from_log", false);
+    for (const auto& f : j.at("functions")) {
+      r.functions.push_back(FunctionResources{
+          .function = f.at("function").get<std::string>(),
+          .registers = f.at("registers").get<int>(),
+          .spill_stores_bytes = f.at("spill_stores_bytes").get<int>(),
+          .spill_loads_bytes = f.at("spill_loads_bytes").get<int>(),
+          .stack_frame_bytes = f.at("stack_frame_bytes").get<int>(),
+          .static_smem_bytes = f.at("static_smem_bytes").get<int>()});
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(fmt::format("compile result: {}", e.what()));
+  }
+  r.total = MaxResources(r.functions);
+  return r;
 }
 
 std::vector<FunctionResources> ParsePtxasLog(std::string_view log) {

@@ -7,15 +7,22 @@
 //
 // Every compile gets the same base options, in this order, followed by the
 // request's extra options:
-//   -arch=<arch> -default-device --std=c++17 --ptxas-options=-v
+//   -arch=<arch> -default-device --std=c++17 --ptxas-options=-v -no-source-include
 // and the kforge contract header as an in-memory header, so sources include
-// it as `#include "kforge/attn_params.h"` without any file on disk.
+// it as `#include "kforge/attn_params.h"` without any file on disk. NVRTC is
+// given no include path, and -no-source-include stops it from searching the
+// directory of the source (the current one, for a name without a folder).
+// That alone does not stop an absolute path: candidate sources are checked
+// first (kernels/source_check.h) and compiled in a child that holds no
+// secret (worker/compile_child.h).
 //
 // Thread-safe: Compile() may run on any number of threads at once.
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -28,7 +35,7 @@ struct CompileRequest {
   std::vector<std::string> extra_options;  // after the base options
   std::string name = "kernel.cu";          // program name in the log
   // NVRTC cannot be interrupted: a compile that overruns this is reported as
-  // a compile error ("compile exceeded N s") and its thread is abandoned
+  // a transient compile error ("compile exceeded N s") and its thread is abandoned
   // (detached; it finishes or not in the background and its result is
   // dropped). Workers that see many of these should be restarted.
   std::chrono::milliseconds time_limit{60000};
@@ -53,6 +60,9 @@ struct CompileResult {
   std::string nvrtc_version;
   double compile_ms = 0;
   bool from_cache = false;  // set by CompileCache
+  // Another run may end differently (the compile overran its time limit, or
+  // the process compiling it died): such a result is never cached.
+  bool transient = false;
   // Per entry point, in log order; the maxima over them are in `total`.
   // From the ptxas -v log; when the log has none (some NVRTC builds omit it),
   // from the cubin's ELF sections, which know no spill figures.
@@ -68,6 +78,23 @@ std::string NvrtcVersion();
 std::vector<std::string> CompileOptions(const CompileRequest& request);
 
 absl::StatusOr<CompileResult> Compile(const CompileRequest& request);
+
+// Compile() on the calling thread without its deadline: for a process whose
+// parent enforces the time limit by killing it (worker/compile_child.h).
+absl::StatusOr<CompileResult> CompileBlocking(const CompileRequest& request);
+
+// Something that compiles: Compile() in this process, or a compile in a
+// child process. Must be callable from several threads at once.
+using Compiler = std::function<absl::StatusOr<CompileResult>(const CompileRequest&)>;
+
+// A result without its cubin as one JSON object (the compile cache's .json
+// files, the compile child's report), and back. Resources are kept per
+// function; `total` is recomputed.
+std::string CompileResultToJson(const CompileResult& result);
+absl::StatusOr<CompileResult> CompileResultFromJson(std::string_view json);
+
+// The log of the (transient) result of a compile that overran `limit`.
+std::string CompileTimeoutLog(std::chrono::milliseconds limit);
 
 // Parses the ptxas -v part of an NVRTC log. Lines it does not know are
 // ignored; cmem figures are not recorded.

@@ -6,7 +6,6 @@
 #include <sstream>
 
 #include "fmt/format.h"
-#include "nlohmann/json.hpp"
 
 namespace kforge::embedded {
 extern const char kAttnParamsHeader[];
@@ -31,52 +30,6 @@ std::string Sha256Hex(const std::vector<std::string_view>& fields) {
   std::string hex;
   for (unsigned int i = 0; i < len; ++i) hex += fmt::format("{:02x}", digest[i]);
   return hex;
-}
-
-nlohmann::json ToJson(const CompileResult& r) {
-  nlohmann::json functions = nlohmann::json::array();
-  for (const auto& f : r.functions) {
-    functions.push_back({{"function", f.function},
-                         {"registers", f.registers},
-                         {"spill_stores_bytes", f.spill_stores_bytes},
-                         {"spill_loads_bytes", f.spill_loads_bytes},
-                         {"stack_frame_bytes", f.stack_frame_bytes},
-                         {"static_smem_bytes", f.static_smem_bytes}});
-  }
-  return {{"ok", r.ok},
-          {"log", r.log},
-          {"options", r.options},
-          {"arch", r.arch},
-          {"nvrtc_version", r.nvrtc_version},
-          {"compile_ms", r.compile_ms},
-          {"resources_from_log", r.resources_from_log},
-          {"functions", functions}};
-}
-
-CompileResult FromJson(const nlohmann::json& j) {
-  CompileResult r;
-  r.ok = j.at("ok").get<bool>();
-  r.log = j.at("log").get<std::string>();
-  r.options = j.at("options").get<std::string>();
-  r.arch = j.at("arch").get<std::string>();
-  r.nvrtc_version = j.at("nvrtc_version").get<std::string>();
-  r.compile_ms = j.at("compile_ms").get<double>();
-  r.resources_from_log = j.value("resources_from_log", false);
-  for (const auto& f : j.at("functions")) {
-    r.functions.push_back(FunctionResources{
-        .function = f.at("function").get<std::string>(),
-        .registers = f.at("registers").get<int>(),
-        .spill_stores_bytes = f.at("spill_stores_bytes").get<int>(),
-        .spill_loads_bytes = f.at("spill_loads_bytes").get<int>(),
-        .stack_frame_bytes = f.at("stack_frame_bytes").get<int>(),
-        .static_smem_bytes = f.at("static_smem_bytes").get<int>()});
-  }
-  r.total = MaxResources(r.functions);
-  return r;
-}
-
-bool IsTimeout(const CompileResult& r) {
-  return !r.ok && r.log.rfind("compile exceeded ", 0) == 0;
 }
 
 }  // namespace
@@ -118,7 +71,7 @@ std::optional<CompileResult> CompileCache::Lookup(const std::string& key) {
 }
 
 void CompileCache::Insert(const std::string& key, const CompileResult& result) {
-  if (IsTimeout(result)) return;
+  if (result.transient) return;
   CompileResult stored = result;
   stored.from_cache = false;
   {
@@ -129,9 +82,14 @@ void CompileCache::Insert(const std::string& key, const CompileResult& result) {
 }
 
 absl::StatusOr<CompileResult> CompileCache::GetOrCompile(const CompileRequest& request) {
+  return GetOrCompile(request, Compile);
+}
+
+absl::StatusOr<CompileResult> CompileCache::GetOrCompile(const CompileRequest& request,
+                                                         const Compiler& compiler) {
   const std::string key = CompileKey(request);
   if (std::optional<CompileResult> hit = Lookup(key)) return *std::move(hit);
-  absl::StatusOr<CompileResult> result = Compile(request);
+  absl::StatusOr<CompileResult> result = compiler(request);
   if (result.ok()) Insert(key, *result);
   return result;
 }
@@ -150,14 +108,11 @@ std::optional<CompileResult> CompileCache::ReadDisk(const std::string& key) {
   if (dir_.empty()) return std::nullopt;
   std::ifstream meta(dir_ / (key + ".json"));
   if (!meta) return std::nullopt;
-  nlohmann::json j = nlohmann::json::parse(meta, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return std::nullopt;
-  CompileResult r;
-  try {
-    r = FromJson(j);
-  } catch (const nlohmann::json::exception&) {
-    return std::nullopt;  // a damaged entry is a miss
-  }
+  std::ostringstream text;
+  text << meta.rdbuf();
+  absl::StatusOr<CompileResult> parsed = CompileResultFromJson(text.str());
+  if (!parsed.ok()) return std::nullopt;  // a damaged entry is a miss
+  CompileResult r = *std::move(parsed);
   if (r.ok) {
     std::ifstream bin(dir_ / (key + ".cubin"), std::ios::binary);
     if (!bin) return std::nullopt;
@@ -186,12 +141,13 @@ void CompileCache::WriteDisk(const std::string& key, const CompileResult& result
     std::filesystem::rename(tmp, dir_ / name, ec);
   };
   if (result.ok) write(key + ".cubin", result.cubin);
-  write(key + ".json", ToJson(result).dump());
+  write(key + ".json", CompileResultToJson(result));
 }
 
 // ----------------------------------------------------------- CompilePool ---
 
-CompilePool::CompilePool(int threads, CompileCache* cache) : cache_(cache) {
+CompilePool::CompilePool(int threads, CompileCache* cache, Compiler compiler)
+    : cache_(cache), compiler_(compiler ? std::move(compiler) : Compiler(Compile)) {
   for (int i = 0; i < std::max(1, threads); ++i) threads_.emplace_back([this] { Loop(); });
 }
 
@@ -207,7 +163,7 @@ CompilePool::~CompilePool() {
 std::future<absl::StatusOr<CompileResult>> CompilePool::Submit(CompileRequest request) {
   auto task = std::make_shared<std::packaged_task<absl::StatusOr<CompileResult>()>>(
       [this, request = std::move(request)] {
-        return cache_ != nullptr ? cache_->GetOrCompile(request) : Compile(request);
+        return cache_ != nullptr ? cache_->GetOrCompile(request, compiler_) : compiler_(request);
       });
   auto future = task->get_future();
   {

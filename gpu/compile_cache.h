@@ -2,8 +2,9 @@
 //
 // The key is the sha256 of (source, exact option string, NVRTC version,
 // arch): a change to any of them is a different program. Compile errors are
-// cached too (they are as deterministic as cubins); compiles that ran past
-// their time limit are not, since another run may finish.
+// cached too (they are as deterministic as cubins); transient results
+// (a compile past its time limit, a compile child that died) are not, since
+// another run may end differently.
 //
 // Thread-safe: both classes may be used from any number of threads.
 #pragma once
@@ -37,8 +38,10 @@ class CompileCache {
   std::optional<CompileResult> Lookup(const std::string& key);
   void Insert(const std::string& key, const CompileResult& result);
 
-  // Lookup, else Compile + Insert. A hit has from_cache = true.
+  // Lookup, else Compile (or `compiler`) + Insert. A hit has from_cache = true.
   absl::StatusOr<CompileResult> GetOrCompile(const CompileRequest& request);
+  absl::StatusOr<CompileResult> GetOrCompile(const CompileRequest& request,
+                                             const Compiler& compiler);
 
   size_t memory_hits() const;
   size_t disk_hits() const;
@@ -57,8 +60,10 @@ class CompileCache {
 // N threads that compile requests (through `cache` when given).
 class CompilePool {
  public:
-  // `cache` may be null; it must outlive the pool.
-  CompilePool(int threads, CompileCache* cache);
+  // `cache` may be null; it must outlive the pool. `compiler` runs the
+  // compiles the cache misses; empty: Compile() in this process (trusted
+  // sources only: the worker compiles candidates in a child).
+  CompilePool(int threads, CompileCache* cache, Compiler compiler = {});
   ~CompilePool();  // finishes queued work, then joins
   CompilePool(const CompilePool&) = delete;
   CompilePool& operator=(const CompilePool&) = delete;
@@ -69,6 +74,7 @@ class CompilePool {
   void Loop();
 
   CompileCache* const cache_;
+  const Compiler compiler_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> queue_;  // GUARDED_BY(mu_)

@@ -3,7 +3,11 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <atomic>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "fmt/format.h"
@@ -79,6 +83,10 @@ TEST(Compile, OverrunningTheTimeLimitIsACompileError) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_FALSE(r->ok);
   EXPECT_NE(r->log.find("compile exceeded"), std::string::npos) << r->log;
+  EXPECT_TRUE(r->transient);
+  CompileCache cache;
+  cache.Insert(CompileKey(req), *r);
+  EXPECT_FALSE(cache.Lookup(CompileKey(req)).has_value()) << "a timeout is not cached";
   // Let the abandoned compile finish before the process exits.
   std::this_thread::sleep_for(std::chrono::seconds(2));
 }
@@ -237,6 +245,72 @@ TEST(CompilePool, CompilesRequestsConcurrently) {
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_TRUE(r->ok) << r->log;
   }
+}
+
+}  // namespace
+}  // namespace kforge::gpu
+
+namespace kforge::gpu {
+namespace {
+
+TEST(Compile, NothingIsSearchedNextToTheSource) {
+  EXPECT_NE(Compile(Small("sm_90a"))->options.find("-no-source-include"), std::string::npos);
+  // A file beside the working directory is not found by a relative include.
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / fmt::format("kforge-nsi-{}", getpid());
+  std::filesystem::create_directories(dir);
+  { std::ofstream(dir / "beside.h") << "#define BESIDE 1\n"; }
+  const std::filesystem::path cwd = std::filesystem::current_path();
+  std::filesystem::current_path(dir);
+  CompileRequest req = Small("sm_90a");
+  req.source = "#include \"beside.h\"\n" + req.source;
+  absl::StatusOr<CompileResult> r = Compile(req);
+  std::filesystem::current_path(cwd);
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->ok);
+  EXPECT_NE(r->log.find("beside.h"), std::string::npos) << r->log;
+}
+
+TEST(Compile, ABlockingCompileGivesTheSameResult) {
+  absl::StatusOr<CompileResult> a = Compile(Small("sm_90a"));
+  absl::StatusOr<CompileResult> b = CompileBlocking(Small("sm_90a"));
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->cubin, b->cubin);
+  EXPECT_EQ(a->options, b->options);
+}
+
+TEST(CompileResultJson, RoundTripsEverythingButTheCubin) {
+  absl::StatusOr<CompileResult> r = Compile(Small("sm_80"));
+  ASSERT_TRUE(r.ok());
+  r->log += "\xff\xfe not UTF-8";
+  absl::StatusOr<CompileResult> back = CompileResultFromJson(CompileResultToJson(*r));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->ok, r->ok);
+  EXPECT_EQ(back->options, r->options);
+  EXPECT_EQ(back->arch, "sm_80");
+  EXPECT_EQ(back->nvrtc_version, r->nvrtc_version);
+  EXPECT_EQ(back->functions.size(), r->functions.size());
+  EXPECT_EQ(back->total.registers, r->total.registers);
+  EXPECT_TRUE(back->cubin.empty());
+  EXPECT_NE(back->log.find("not UTF-8"), std::string::npos);
+  EXPECT_FALSE(CompileResultFromJson("[]").ok());
+  EXPECT_FALSE(CompileResultFromJson("{\"ok\": true}").ok());
+}
+
+TEST(CompilePool, UsesTheCompilerItIsGiven) {
+  std::atomic<int> calls{0};
+  CompilePool pool(2, nullptr, [&](const CompileRequest& req) -> absl::StatusOr<CompileResult> {
+    ++calls;
+    CompileResult r;
+    r.ok = false;
+    r.log = "from the fake: " + req.name;
+    return r;
+  });
+  absl::StatusOr<CompileResult> r = pool.Submit(Small("sm_90a")).get();
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->log, "from the fake: small.cu");
+  EXPECT_EQ(calls.load(), 1);
 }
 
 }  // namespace

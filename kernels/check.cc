@@ -1,7 +1,7 @@
 #include "kernels/check.h"
 
 #include <algorithm>
-#include <regex>
+#include <cctype>
 #include <string>
 
 #include <fmt/format.h>
@@ -16,24 +16,78 @@ bool Contains(const std::vector<T>& v, const T& x) {
   return std::find(v.begin(), v.end(), x) != v.end();
 }
 
-// Strips // and /* */ comments so markers in comments do not count.
-std::string StripComments(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '/' && i + 1 < s.size() && s[i + 1] == '/') {
-      while (i < s.size() && s[i] != '\n') ++i;
-      out.push_back('\n');
-    } else if (s[i] == '/' && i + 1 < s.size() && s[i + 1] == '*') {
-      i += 2;
-      while (i + 1 < s.size() && !(s[i] == '*' && s[i + 1] == '/')) ++i;
-      ++i;
-      out.push_back(' ');
-    } else {
-      out.push_back(s[i]);
+bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
+
+// Why the name or value of a -D option may not be used, or "".
+std::string MacroProblem(std::string_view def) {
+  const size_t eq = def.find('=');
+  const std::string_view name = def.substr(0, eq);
+  const std::string_view value = eq == std::string_view::npos ? "" : def.substr(eq + 1);
+  auto ident_start = [](char c) { return std::isalpha(static_cast<unsigned char>(c)) || c == '_'; };
+  auto ident_char = [&](char c) { return ident_start(c) || std::isdigit(static_cast<unsigned char>(c)); };
+  if (name.empty() || !ident_start(name[0]) || !std::all_of(name.begin(), name.end(), ident_char))
+    return "the macro name must be an identifier";
+  if (name.starts_with("__") || (name.size() > 1 && name[0] == '_' && std::isupper(static_cast<unsigned char>(name[1]))))
+    return "reserved macro names (__x, _X) are not allowed";
+  if (value.size() > 64) return "the value is longer than 64 characters";
+  std::string_view v = value;
+  if (!v.empty() && (v[0] == '-' || v[0] == '+')) v.remove_prefix(1);
+  if (!std::all_of(v.begin(), v.end(), [&](char c) { return ident_char(c) || c == '.'; }))
+    return "the value must be a number or an identifier";
+  // Every identifier the option brings in passes the source check's rules.
+  for (std::string_view part : {name, v}) {
+    for (size_t i = 0; i < part.size();) {
+      if (!ident_start(part[i]) || (i > 0 && ident_char(part[i - 1]))) {
+        ++i;
+        continue;
+      }
+      size_t j = i;
+      while (j < part.size() && ident_char(part[j])) ++j;
+      const std::string_view id = part.substr(i, j - i);
+      if (std::string why = ForbiddenIdentifier(id); !why.empty()) return why;
+      if (id == "std") return "\"std\" is not allowed (host standard library)";
+      i = j;
     }
   }
-  return out;
+  return "";
+}
+
+// Why one option is not allowed, or "" when it is.
+std::string OptionProblem(std::string_view o) {
+  // One spelling for the checks below: NVRTC takes both -x and --x.
+  std::string_view bare = o;
+  if (bare.starts_with("--")) bare.remove_prefix(2);
+  else if (bare.starts_with("-")) bare.remove_prefix(1);
+  else return "not an option";
+  static constexpr std::string_view kFlags[] = {"use_fast_math", "extra-device-vectorization",
+                                                "lineinfo", "generate-line-info", "restrict"};
+  for (std::string_view f : kFlags)
+    if (bare == f) return "";
+  for (std::string_view b : {"fmad=", "ftz=", "prec-div=", "prec-sqrt="}) {
+    if (bare.starts_with(b)) {
+      const std::string_view v = bare.substr(b.size());
+      return v == "true" || v == "false" ? "" : "the value must be true or false";
+    }
+  }
+  if (bare.starts_with("maxrregcount=")) {
+    const std::string_view v = bare.substr(13);
+    int n = 0;
+    const bool digits = !v.empty() && v.size() <= 3 &&
+                        std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (digits) n = std::stoi(std::string(v));
+    return digits && n >= 1 && n <= 255 ? "" : "the value must be a register count in 1..255";
+  }
+  if (o.starts_with("-D") && !o.starts_with("--")) return MacroProblem(o.substr(2));
+  if (bare.starts_with("define-macro=")) return MacroProblem(bare.substr(13));
+  if (o.starts_with("-I") || bare.starts_with("include-path")) return "include paths read files";
+  if (bare.starts_with("include") || bare.starts_with("pre-include"))
+    return "pre-included headers read files";
+  if (bare.starts_with("arch") || bare.starts_with("gpu-architecture"))
+    return "the worker picks the target architecture";
+  if (bare.starts_with("rdc") || bare.starts_with("relocatable-device-code") || bare == "dc")
+    return "relocatable device code is not allowed (nothing is linked)";
+  return "unknown option (allowed: -use_fast_math, --fmad=, --ftz=, --prec-div=, --prec-sqrt=, "
+         "-maxrregcount=N, --extra-device-vectorization, -lineinfo, -restrict, -DNAME[=VALUE])";
 }
 
 }  // namespace
@@ -44,36 +98,10 @@ absl::Status CheckVariant(std::string_view source, const Manifest& m, std::strin
     return Reject(fmt::format("source: {} bytes exceeds the limit of {}", source.size(),
                               kMaxVariantSourceBytes));
   }
-  const std::string code = StripComments(source);
-  static const std::regex kInclude(R"(#\s*include\s*[<"]([^>"]+)[>"])");
-  for (auto it = std::sregex_iterator(code.begin(), code.end(), kInclude);
-       it != std::sregex_iterator(); ++it) {
-    if ((*it)[1].str() != "kforge/attn_params.h") {
-      return Reject(fmt::format("source: #include <{}> is not allowed (only \"kforge/attn_params.h\")",
-                                (*it)[1].str()));
-    }
-  }
-  static const std::regex kHostMarkers(
-      R"(\bint\s+main\s*\(|\bcuda(Malloc|Free|Memcpy|LaunchKernel|DeviceSynchronize|StreamCreate)\w*\s*\(|\bcu(MemAlloc|LaunchKernel|CtxCreate)\w*\s*\(|\bprintf\s*\(|\b__host__\b|\bmalloc\s*\(|\bfree\s*\(|\bexit\s*\(|\bnew\s+|\bdelete\b|\btrap;|__trap\s*\()");
-  std::smatch hit;
-  if (std::regex_search(code, hit, kHostMarkers)) {
-    return Reject(fmt::format("source: forbidden construct \"{}\" (host code, printf, allocation "
-                              "or trap)", hit.str()));
-  }
-  // The host standard library (std::, but not libcu++'s cuda::std::) and
-  // calls that reach the operating system have no place in device code.
-  static const std::regex kHostStd(R"((^|[^\w])std::)");
-  static const std::regex kLibcuxx(R"(\bcuda::std::)");
-  static const std::regex kHostCalls(
-      R"(\b(system|popen|fopen|fork|execl|execv|execve|execvp|dlopen|getenv|socket)\s*\()");
-  if (std::regex_search(code, hit, kHostCalls)) {
-    return Reject(fmt::format("source: calls {}() (host code is not allowed)", hit[1].str()));
-  }
-  if (std::regex_search(std::regex_replace(code, kLibcuxx, "cuda::"), kHostStd)) {
-    return Reject("source: uses the host standard library (std::); device code only");
-  }
-  const std::regex kEntry("extern\\s+\"C\"\\s+__global__[^;{]*\\b" + m.entry_point + "\\s*\\(");
-  if (!std::regex_search(code, kEntry)) {
+  absl::StatusOr<std::vector<SourceToken>> tokens = LexSource(source);
+  if (!tokens.ok()) return tokens.status();
+  if (absl::Status s = CheckSourceTokens(*tokens); !s.ok()) return s;
+  if (!DefinesEntryPoint(*tokens, m.entry_point)) {
     return Reject(fmt::format("source: no `extern \"C\" __global__ void {}(` definition",
                               m.entry_point));
   }
@@ -115,6 +143,29 @@ absl::Status CheckVariant(std::string_view source, const Manifest& m, std::strin
   if (m.grid == GridPolicy::kPerTile && (shape.batch > 65535 || shape.heads > 65535)) {
     return Reject(fmt::format("grid: batch {} exceeds the per_tile grid's limit of 65535",
                               shape.batch));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kforge
+
+namespace kforge {
+
+absl::Status CheckCompileOptions(std::string_view options) {
+  size_t i = 0;
+  while (i < options.size()) {
+    while (i < options.size() && IsSpace(options[i])) ++i;
+    size_t j = i;
+    while (j < options.size() && !IsSpace(options[j])) ++j;
+    if (j > i) {
+      const std::string_view o = options.substr(i, j - i);
+      if (std::string why = OptionProblem(o); !why.empty()) {
+        return Reject(fmt::format("compile options: {} is not allowed: {}",
+                                  o.size() > 80 ? std::string(o.substr(0, 80)) + "..." : std::string(o),
+                                  why));
+      }
+    }
+    i = j;
   }
   return absl::OkStatus();
 }

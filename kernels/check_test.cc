@@ -88,7 +88,7 @@ TEST(CheckTest, RejectsSourceProblems) {
   s = std::string(kSource) + "__device__ void f() { printf(\"x\"); }\n";
   ExpectRejected(CheckVariant(s, Good(), "sm_90a", Shape("sm_90a")), "printf");
   s = std::string(kSource) + "__device__ void f() { system(\"rm -rf /\"); }\n";
-  ExpectRejected(CheckVariant(s, Good(), "sm_90a", Shape("sm_90a")), "system()");
+  ExpectRejected(CheckVariant(s, Good(), "sm_90a", Shape("sm_90a")), "\"system\"");
   s = std::string(kSource) + "__device__ std::vector<int> v;\n";
   ExpectRejected(CheckVariant(s, Good(), "sm_90a", Shape("sm_90a")), "std::");
   s = std::string(kSource) + "__device__ ::std::size_t n;\n";
@@ -115,5 +115,66 @@ TEST(CheckTest, AcceptsLaunchBoundsOnTheEntryPoint) {
       "    kf_attn_fwd(const __grid_constant__ KfAttnParams p) {}\n";
   EXPECT_TRUE(CheckVariant(s, Good(), "sm_90a", Shape("sm_90a")).ok());
 }
+}  // namespace
+}  // namespace kforge
+
+namespace kforge {
+namespace {
+
+TEST(CheckTest, RejectsIncludeTricksBeforeAnythingIsCompiled) {
+  // The full list is in source_check_test.cc; CheckVariant runs those rules.
+  const std::string s = std::string("%:include </proc/self/environ>\n") + kSource;
+  ExpectRejected(CheckVariant(s, Good(), "sm_90a", Shape("sm_90a")), "/proc/self/environ");
+}
+
+TEST(CheckCompileOptionsTest, AcceptsCodeGenerationFlags) {
+  for (const char* o : {"", "-use_fast_math", "--use_fast_math", "--fmad=false", "-ftz=true",
+                        "--prec-div=false", "--prec-sqrt=true", "-maxrregcount=128",
+                        "--maxrregcount=255", "--extra-device-vectorization", "-lineinfo",
+                        "--generate-line-info", "-restrict", "-DKF_TEST_OPTION=1", "-DFAST",
+                        "-DX=-1.5f", "--define-macro=MODE=fast",
+                        "-DKF_TEST_OPTION=1  -lineinfo\t-use_fast_math"}) {
+    absl::Status s = CheckCompileOptions(o);
+    EXPECT_TRUE(s.ok()) << o << ": " << s.message();
+  }
+}
+
+TEST(CheckCompileOptionsTest, RejectsIncludePathsAndPreIncludes) {
+  ExpectRejected(CheckCompileOptions("-I/x"), "include paths");
+  ExpectRejected(CheckCompileOptions("-I"), "include paths");
+  ExpectRejected(CheckCompileOptions("--include-path=/x"), "include paths");
+  ExpectRejected(CheckCompileOptions("-use_fast_math -include /proc/self/environ"), "-include");
+  ExpectRejected(CheckCompileOptions("--pre-include=/proc/self/environ"), "pre-included");
+  ExpectRejected(CheckCompileOptions("-include=/proc/self/environ"), "pre-included");
+}
+
+TEST(CheckCompileOptionsTest, RejectsTargetLinkingAndUnknownOptions) {
+  ExpectRejected(CheckCompileOptions("-arch=sm_80"), "target");
+  ExpectRejected(CheckCompileOptions("--gpu-architecture=compute_90"), "target");
+  ExpectRejected(CheckCompileOptions("-rdc=true"), "relocatable");
+  ExpectRejected(CheckCompileOptions("--relocatable-device-code=true"), "relocatable");
+  ExpectRejected(CheckCompileOptions("--ptxas-options=-v"), "unknown option");
+  ExpectRejected(CheckCompileOptions("-G"), "unknown option");
+  ExpectRejected(CheckCompileOptions("--std=c++20"), "unknown option");
+  ExpectRejected(CheckCompileOptions("/proc/self/environ"), "not an option");
+  ExpectRejected(CheckCompileOptions("--fmad=maybe"), "true or false");
+  ExpectRejected(CheckCompileOptions("-maxrregcount=0"), "register count");
+  ExpectRejected(CheckCompileOptions("-maxrregcount=99999"), "register count");
+}
+
+TEST(CheckCompileOptionsTest, MacrosPassTheSourceChecksIdentifierRules) {
+  ExpectRejected(CheckCompileOptions("-DP=printf"), "printf");
+  ExpectRejected(CheckCompileOptions("-DH=__has_include"), "__has_include");
+  ExpectRejected(CheckCompileOptions("-DX=_Pragma"), "_Pragma");
+  ExpectRejected(CheckCompileOptions("-Dmain=kf"), "main");
+  ExpectRejected(CheckCompileOptions("-DN=std"), "std");
+  ExpectRejected(CheckCompileOptions("-D__CUDA_ARCH__=900"), "reserved");
+  ExpectRejected(CheckCompileOptions("-D_X"), "reserved");
+  ExpectRejected(CheckCompileOptions("-DF=</proc/self/environ>"), "number or an identifier");
+  ExpectRejected(CheckCompileOptions("-DF=\"x\""), "number or an identifier");
+  ExpectRejected(CheckCompileOptions("-D"), "identifier");
+  ExpectRejected(CheckCompileOptions("-D1X"), "identifier");
+}
+
 }  // namespace
 }  // namespace kforge

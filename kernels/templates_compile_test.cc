@@ -86,6 +86,11 @@ TEST_P(TemplatesCompile, EveryValidKnobCombinationCompiles) {
       for (const auto& knobs : AllCombinations(t)) {
         auto v = Instantiate(t.name, knobs, d);
         if (!v.ok()) continue;  // impossible combinations are rejected with a reason
+        // The source rules hold for every setting; only the manifest's
+        // limits (below) may exclude one.
+        absl::Status source_ok = CheckSource(v->source);
+        ASSERT_TRUE(source_ok.ok()) << t.name << " " << Describe(v->knobs, d) << ": "
+                                    << source_ok.message();
         if (!CheckVariant(v->source, v->manifest, arch, ShapeKey{.head_dim = d, .heads = 4,
                                                                  .kv_heads = 4, .arch = arch,
                                                                  .batch = 1})

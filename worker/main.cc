@@ -2,7 +2,7 @@
 // tasks, compiles them with NVRTC, verifies and times them in a sandboxed
 // child (this same binary, `--eval-child`), and reports the results.
 //
-//   kforge-worker --server HOST:PORT [--token T | $KFORGE_WORKER_TOKEN]
+//   kforge-worker --server HOST:PORT [--token-file PATH | --token T | $KFORGE_WORKER_TOKEN]
 //                 [--gpu N] [--name NAME] [--cache-dir DIR] [--compile-threads N]
 //
 // Without a CUDA driver it serves compile-only tasks.
@@ -21,11 +21,13 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "core/secrets.h"
 #include "core/shape.h"
 #include "gpu/compile.h"
 #include "gpu/compile_cache.h"
 #include "gpu/gpu.h"
 #include "worker/child.h"
+#include "worker/compile_child.h"
 #include "worker/rpc_client.h"
 #include "worker/sandbox.h"
 #include "worker/task_runner.h"
@@ -83,6 +85,7 @@ int main(int argc, char** argv) {
   CLI::App app{"kforge-worker: compiles, verifies and times kernel variants for a kforge server"};
   std::string server = "127.0.0.1:50051";
   std::string token;
+  std::string token_file;
   int gpu_ordinal = 0;
   std::string name;
   std::string cache_dir;
@@ -95,19 +98,26 @@ int main(int argc, char** argv) {
   double eval_absolute_limit_s = 600;
   double eval_reference_factor = 50;
   std::vector<std::string> nvrtc_options;
+  std::vector<std::string> child_env;
   std::string sanitizer_gate;
   std::string sanitizer;
   std::vector<std::string> sanitizer_tools(std::begin(kSanitizerTools), std::end(kSanitizerTools));
   bool no_sanitizer_gate = false;
   std::string log_level = "info";
-  // Hidden: the sandboxed evaluator child.
+  // Hidden: the sandboxed children (evaluator, compiler).
   bool eval_child = false;
+  bool compile_child = false;
+  bool compile_child_unsealed = false;  // test only: see compile_child.h
   std::string request_dir;
   int result_fd = kChildResultFd;
   std::string self_test;  // test only: see child.h
 
   app.add_option("--server", server, "kforge server address (host:port)")->capture_default_str();
-  app.add_option("--token", token, "worker token (default: $KFORGE_WORKER_TOKEN)");
+  auto* token_opt = app.add_option(
+      "--token", token,
+      "worker token (default: $KFORGE_WORKER_TOKEN); prefer --token-file, which no /proc file shows");
+  app.add_option("--token-file", token_file, "file whose first line is the worker token")
+      ->excludes(token_opt);
   app.add_option("--gpu", gpu_ordinal, "CUDA device ordinal")->capture_default_str();
   app.add_option("--name", name, "worker name shown by the server (default: HOST-gpuN)");
   app.add_option("--cache-dir", cache_dir,
@@ -121,6 +131,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--lease-wait-ms", lease_wait_ms, "long-poll wait for a task")->capture_default_str();
   app.add_option("--nvrtc-option", nvrtc_options, "extra NVRTC option before each variant's own (repeatable)");
+  app.add_option("--child-env", child_env,
+                 "environment variable the compile and evaluator children keep, beyond PATH, "
+                 "LD_LIBRARY_PATH, CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER and TMPDIR (repeatable)");
   app.add_option("--eval-setup-limit-s", eval_setup_limit_s,
                  "watchdog: seconds until the reference must have run")
       ->capture_default_str();
@@ -149,12 +162,15 @@ int main(int argc, char** argv) {
                "unless it allows ungated promotion)");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error")->capture_default_str();
   app.add_flag("--eval-child", eval_child)->group("");
+  app.add_flag("--compile-child", compile_child)->group("");
+  app.add_flag("--compile-child-unsealed", compile_child_unsealed)->group("");
   app.add_option("--request-dir", request_dir)->group("");
   app.add_option("--result-fd", result_fd)->group("");
   app.add_option("--self-test", self_test)->group("");
   CLI11_PARSE(app, argc, argv);
 
   spdlog::set_level(spdlog::level::from_str(log_level));
+  if (compile_child) return RunCompileChild(STDIN_FILENO, result_fd, !compile_child_unsealed);
   if (eval_child) {
     spdlog::set_pattern("[eval-child %P] %v");
     if (request_dir.empty()) {
@@ -173,8 +189,29 @@ int main(int argc, char** argv) {
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
-  if (token.empty()) {
-    if (const char* t = std::getenv("KFORGE_WORKER_TOKEN")) token = t;
+  // The token, and every other kforge credential this process was handed,
+  // leave argv and the environment now, before any thread or child starts.
+  std::string env_token;
+  std::vector<std::string> secrets;
+  for (auto& [name, value] : kforge::TakeSecretEnvironment(kforge::IsKforgeTokenVariable)) {
+    if (name == "KFORGE_WORKER_TOKEN") env_token = value;
+    if (!value.empty()) secrets.push_back(value);
+  }
+  if (!token_file.empty()) {
+    absl::StatusOr<std::string> t = kforge::ReadTokenFile(token_file);
+    if (!t.ok()) {
+      spdlog::error("--token-file: {}", std::string(t.status().message()));
+      return 2;
+    }
+    token = *t;
+  } else if (token.empty()) {
+    token = env_token;
+  }
+  if (!token.empty()) secrets.push_back(token);
+  for (const std::string& s : secrets) kforge::ScrubFromProcessMemory(argc, argv, s);
+  if (absl::Status s = kforge::MakeUndumpable(); !s.ok()) {
+    spdlog::warn("{}: the worker's memory is readable by processes of its user",
+                 std::string(s.message()));
   }
   if (name.empty()) name = DefaultName(gpu_ordinal);
   const std::filesystem::path cache =
@@ -232,8 +269,43 @@ int main(int argc, char** argv) {
     registration.gpu.arch = compile_arch;
   }
 
+  for (const std::string& n : child_env) {
+    if (absl::Status s = CheckChildEnvName(n); !s.ok()) {
+      spdlog::error("{}", std::string(s.message()));
+      return 2;
+    }
+  }
+
+  // Candidate sources are compiled in children that hold no secret; the
+  // cache stays here. A child that cannot run at all would make every task a
+  // worker fault, so find out now.
+  CompileChildOptions cco;
+  cco.child_env = child_env;
+  cco.secrets = secrets;
+  const CompileChild compiler(cco);
+  {
+    kforge::gpu::CompileRequest probe;
+    probe.source = "extern \"C\" __global__ void kf_probe() {}\n";
+    probe.arch = registration.gpu.arch.empty() ? compile_arch : registration.gpu.arch;
+    probe.name = "probe.cu";
+    absl::StatusOr<kforge::gpu::CompileResult> r = compiler.Compile(probe);
+    if (!r.ok() || !r->ok) {
+      spdlog::error("the compile child does not work here: {}",
+                    r.ok() ? r->log : std::string(r.status().message()));
+      return 2;
+    }
+    if (compiler.sealed().value_or(false)) {
+      spdlog::info("compile child ready ({:.0f} ms for an empty kernel); it can open no file",
+                   r->compile_ms);
+    } else {
+      spdlog::warn("compile child ready ({:.0f} ms for an empty kernel), but this kernel has no "
+                   "Landlock: it could open files, and only the source check and redaction "
+                   "keep them out of logs",
+                   r->compile_ms);
+    }
+  }
   kforge::gpu::CompileCache compile_cache(cache / "cubins");
-  kforge::gpu::CompilePool compile_pool(compile_threads, &compile_cache);
+  kforge::gpu::CompilePool compile_pool(compile_threads, &compile_cache, compiler.AsCompiler());
 
   std::unique_ptr<Sandbox> sandbox;
   RunnerOptions ro;
@@ -245,6 +317,7 @@ int main(int argc, char** argv) {
     so.min_run_limit = ms(eval_min_limit_s);
     so.absolute_limit = ms(eval_absolute_limit_s);
     so.reference_factor = eval_reference_factor;
+    so.child_env = child_env;
     sandbox = std::make_unique<Sandbox>(so);
     const std::string path = no_sanitizer_gate          ? ""
                              : !sanitizer_gate.empty() ? sanitizer_gate
@@ -275,6 +348,7 @@ int main(int argc, char** argv) {
   ro.compile_only = registration.compile_only;
   ro.gpu_ordinal = gpu_ordinal;
   ro.extra_compile_options = nvrtc_options;
+  ro.secrets = secrets;
   ro.compile_cache_dir = (cache / "cubins").string();
   LocalTaskRunner runner(&compile_pool, sandbox.get(), ro);
 

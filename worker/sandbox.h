@@ -8,7 +8,9 @@
 // the child only computes and the parent decides what is reported.
 //
 // The child is this worker's own binary re-executed with a hidden subcommand
-// (child_protocol.h has the protocol). The watchdog has three limits:
+// (child_protocol.h has the protocol), started and watched by RunChild()
+// (child_process.h: allowlisted environment, no inherited fds, own process
+// group). The watchdog has three limits:
 //   - setup_limit: from start until the child reports the reference's time;
 //   - then max(min_run_limit, reference_factor * reference_ms * launches);
 //   - absolute_limit over the whole run, whatever the child reports.
@@ -29,6 +31,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "worker/child_process.h"
 #include "worker/child_protocol.h"
 
 namespace kforge::worker {
@@ -43,7 +46,11 @@ struct SandboxOptions {
   // wrapper... executable child_args... (with /proc/self/exe resolved to the
   // worker's real path, which the wrapper could not see). The wrapper must
   // pass file descriptor 3 on to the child; its exit code becomes the run's.
+  // It gets the same allowlisted environment as the child.
   std::vector<std::string> wrapper;
+  // Environment variables the child keeps beyond kChildEnvAllowlist
+  // (child_process.h); the worker's --child-env.
+  std::vector<std::string> child_env;
   // Request directories are created (and removed) under this folder.
   std::filesystem::path scratch_dir = std::filesystem::temp_directory_path();
 
@@ -87,10 +94,10 @@ class Sandbox {
   const SandboxOptions& options() const { return options_; }
 
  private:
+  // wrapper..., the executable, child_args..., and the request arguments.
+  absl::StatusOr<std::vector<std::string>> Argv(const std::string& request_dir) const;
+
   const SandboxOptions options_;
 };
-
-// Human-readable signal name: "SIGSEGV".
-std::string SignalName(int sig);
 
 }  // namespace kforge::worker

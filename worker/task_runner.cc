@@ -5,15 +5,18 @@
 #include <cmath>
 #include <algorithm>
 #include <future>
+#include <span>
 #include <utility>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "core/redact.h"
 #include "gpu/compile.h"
 #include "gpu/compile_cache.h"
 #include "kernels/catalog.h"
+#include "kernels/check.h"
 #include "worker/sandbox.h"
 
 namespace kforge::worker {
@@ -47,19 +50,11 @@ std::string FirstErrorLine(const std::string& log) {
   return line;
 }
 
-// Keeps the head and tail of a long text: compile logs can be huge (one
-// warning per unrolled line) and a report must stay far below gRPC's 4 MB.
-std::string ClipMiddle(std::string text, size_t max_bytes) {
-  if (text.size() <= max_bytes) return text;
-  const size_t half = max_bytes / 2;
-  std::string out = text.substr(0, half);
-  out += fmt::format("\n... [{} bytes cut] ...\n", text.size() - 2 * half);
-  out += text.substr(text.size() - half);
-  return out;
-}
-
+// Compile logs can be huge (one warning per unrolled line) and a report must
+// stay far below gRPC's 4 MB.
 constexpr size_t kMaxLogBytes = 64 * 1024;
 constexpr size_t kMaxMessageBytes = 4 * 1024;
+constexpr size_t kMaxShortBytes = 256;
 
 bool ValidTiming(const std::optional<TimingStats>& t) {
   return t && std::isfinite(t->median_us) && std::isfinite(t->min_us) &&
@@ -70,14 +65,21 @@ bool ValidTiming(const std::optional<TimingStats>& t) {
                              t->median_us <= t->p75_us && t->p75_us <= t->max_us));
 }
 
-// What the child reported, made fit to store: NaN error metrics (an output
-// that is NaN somewhere) become +inf, since NaN never compares as bad; a
-// "verified" without believable timing is not trusted.
-void Sanitize(TaskKind kind, TaskResult& r) {
-  r.compile.log = ClipMiddle(std::move(r.compile.log), kMaxLogBytes);
-  r.message = ClipMiddle(std::move(r.message), kMaxMessageBytes);
+// What the children and NVRTC reported, made fit to store. Every text that
+// came from them is redacted (the worker's own tokens and anything shaped
+// like a credential: a candidate may have made NVRTC print a file) and then
+// capped; redaction comes first so a cut cannot leave half a secret. NaN
+// error metrics (an output that is NaN somewhere) become +inf, since NaN
+// never compares as bad; a "verified" without believable timing is not
+// trusted.
+void Sanitize(TaskKind kind, std::span<const std::string> secrets, TaskResult& r) {
+  auto clean = [&](std::string& text, size_t cap) { text = ClipMiddle(Redact(text, secrets), cap); };
+  clean(r.compile.log, kMaxLogBytes);
+  clean(r.message, kMaxMessageBytes);
+  clean(r.reference_version, kMaxShortBytes);
   if (r.errors) {
-    r.errors->detail = ClipMiddle(std::move(r.errors->detail), kMaxMessageBytes);
+    clean(r.errors->detail, kMaxMessageBytes);
+    clean(r.errors->worst_output, kMaxShortBytes);
     if (std::isnan(r.errors->max_abs_error)) r.errors->max_abs_error = HUGE_VAL;
     if (std::isnan(r.errors->rel_l2_error)) r.errors->rel_l2_error = HUGE_VAL;
   }
@@ -123,7 +125,7 @@ std::string LocalTaskRunner::TargetArch(const TaskSpec& task) const {
 std::optional<TaskResult> LocalTaskRunner::Run(const TaskSpec& task,
                                                const std::atomic<bool>& cancel) {
   std::optional<TaskResult> result = RunUnchecked(task, cancel);
-  if (result) Sanitize(task.kind, *result);
+  if (result) Sanitize(task.kind, options_.secrets, *result);
   return result;
 }
 
@@ -181,6 +183,32 @@ std::optional<TaskResult> LocalTaskRunner::RunUnchecked(const TaskSpec& task,
     result.outcome = Outcome::kCompileError;
     result.message = "no target architecture: the task's shape names none and this worker has no GPU";
     return result;
+  }
+  // The server checked the variant when it was proposed, but a worker does
+  // not take that on trust: a source or option that could make NVRTC read a
+  // file never reaches NVRTC.
+  auto refused = [](const VariantSpec& v) -> absl::Status {
+    if (v.source.size() > kMaxVariantSourceBytes) {
+      return absl::InvalidArgumentError(fmt::format("source: {} bytes exceeds the limit of {}",
+                                                    v.source.size(), kMaxVariantSourceBytes));
+    }
+    if (absl::Status s = CheckSource(v.source); !s.ok()) return s;
+    return CheckCompileOptions(v.compile_options);
+  };
+  if (absl::Status s = refused(task.variant); !s.ok()) {
+    result.outcome = Outcome::kCompileError;
+    result.message = std::string(s.message());
+    result.compile.log = result.message;
+    return result;
+  }
+  if (task.kind == TaskKind::kRetime && task.incumbent) {
+    if (absl::Status s = refused(*task.incumbent); !s.ok()) {
+      result.outcome = Outcome::kCompileError;
+      result.message =
+          fmt::format("incumbent {} is refused: {}", task.incumbent->variant_id,
+                      std::string(s.message()));
+      return result;
+    }
   }
 
   auto candidate_future = submit(task.variant, task.variant.variant_id + ".cu");
@@ -269,9 +297,12 @@ std::optional<TaskResult> LocalTaskRunner::RunUnchecked(const TaskSpec& task,
   if (run->cancelled) return std::nullopt;
   if (run->protocol_error || run->report.outcome == Outcome::kCrashed ||
       run->report.outcome == Outcome::kTimeout) {
-    spdlog::info("task {}: {} after {:.0f} ms: {}{}", task.task_id,
-                 OutcomeName(run->report.outcome), run->wall_ms, run->report.message,
-                 run->stderr_tail.empty() ? "" : "\n  child output tail: " + run->stderr_tail);
+    spdlog::info("task {}: {} after {:.0f} ms: {}", task.task_id, OutcomeName(run->report.outcome),
+                 run->wall_ms,
+                 Redact(run->report.message + (run->stderr_tail.empty()
+                                                   ? ""
+                                                   : "\n  child output tail: " + run->stderr_tail),
+                        options_.secrets));
   }
   result.outcome = run->report.outcome;
   result.message = run->report.message;
@@ -349,7 +380,7 @@ std::optional<TaskResult> LocalTaskRunner::RunGates(const TaskSpec& task,
       failed->worker_fault = run->infrastructure_failure;
       failed->message = fmt::format("compute-sanitizer {} gate: {}{}", g.tool, run->report.message,
                                     run->stderr_tail.empty() ? "" : "\n" + run->stderr_tail);
-      spdlog::info("task {}: {}{}", task.task_id, failed->message,
+      spdlog::info("task {}: {}{}", task.task_id, Redact(failed->message, options_.secrets),
                    run->report.operator_note.empty() ? "" : " (" + run->report.operator_note + ")");
       continue;
     }

@@ -9,7 +9,10 @@
 //              verifies both at promotion strength and times them
 //              interleaved → the same outcomes, plus incumbent timing
 //
-// Every failure of the candidate is a result. The runner returns nullopt
+// Every variant first passes the static source and option checks
+// (kernels/check.h; a refusal is a kCompileError); the compiles themselves
+// run on the pool, which the worker gives a compiler that works in a child
+// (compile_child.h). Every failure of the candidate is a result. The runner returns nullopt
 // only when the task was cancelled (the server no longer wants a result).
 // Failures of the worker itself (NVRTC broken, the child failing before any
 // candidate code ran, a compile-only worker asked to run a kernel) come back
@@ -44,8 +47,13 @@ struct RunnerOptions {
   GpuDescription gpu;   // copied into every result; gpu.arch is the target
   bool compile_only = false;
   int gpu_ordinal = 0;  // passed to the child
-  // NVRTC options added before each variant's own (e.g. include paths).
+  // NVRTC options added before each variant's own, from the operator
+  // (--nvrtc-option): trusted, unlike a variant's own, which must pass
+  // CheckCompileOptions (kernels/check.h).
   std::vector<std::string> extra_compile_options;
+  // The worker's secrets (its tokens): redacted from every text a result
+  // carries that came from a child or NVRTC, before anything is reported.
+  std::vector<std::string> secrets;
   // Handed to the evaluator child for the reference's compile (see
   // ChildRequest::compile_cache_dir). Empty: none.
   std::string compile_cache_dir;

@@ -17,6 +17,7 @@
 #include "gpu/compile.h"
 #include "gpu/compile_cache.h"
 #include "tests/worker/worker_bin.h"
+#include "worker/compile_child.h"
 #include "worker/sandbox.h"
 
 namespace kforge::worker {
@@ -58,6 +59,7 @@ class TaskRunnerTest : public ::testing::Test {
     gate_options.child_args = {"--eval-child", "--self-test=verified"};
     gate_options.wrapper = {gate_script};
     RunnerOptions ro;
+    ro.secrets = secrets_;
     if (!gate_script.empty()) {
       ro.sanitizer = gate_script;
       ro.sanitizer_tools = std::move(tools);
@@ -85,6 +87,7 @@ class TaskRunnerTest : public ::testing::Test {
 
   gpu::CompilePool pool_;
   std::filesystem::path scratch_;
+  std::vector<std::string> secrets_;
 };
 
 TEST_F(TaskRunnerTest, EvaluateCompilesThenReportsWhatTheChildMeasured) {
@@ -295,6 +298,106 @@ TEST_F(TaskRunnerTest, VariantCompileOptionsArePassedToNvrtc) {
   EXPECT_EQ(r->outcome, Outcome::kCompiled) << r->compile.log;
   EXPECT_NE(r->compile.options.find("-DKF_TEST_OPTION=1"), std::string::npos) << r->compile.options;
   EXPECT_NE(r->compile.options.find("-lineinfo"), std::string::npos);
+}
+
+TEST_F(TaskRunnerTest, ASourceTheCheckRefusesIsACompileErrorAndNeverCompiled) {
+  for (const char* source :
+       {"%:include </proc/self/environ>\n", "#define F </proc/self/environ>\n#include F\n",
+        "#inc\\\nlude </proc/self/environ>\n"}) {
+    TaskSpec t = Evaluate(std::string(source) + kGood);
+    std::optional<TaskResult> r = Run("verified", t);
+    ASSERT_TRUE(r.has_value());
+    EXPECT_EQ(r->outcome, Outcome::kCompileError) << r->message;
+    EXPECT_NE(r->message.find("source: line"), std::string::npos) << r->message;
+    EXPECT_TRUE(r->compile.options.empty()) << "NVRTC never saw it";
+    EXPECT_FALSE(r->worker_fault);
+  }
+}
+
+TEST_F(TaskRunnerTest, AnOversizedSourceIsRefused) {
+  std::optional<TaskResult> r = Run("verified", Evaluate(kGood + std::string(300 * 1024, ' ')));
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->outcome, Outcome::kCompileError);
+  EXPECT_NE(r->message.find("exceeds the limit"), std::string::npos) << r->message;
+}
+
+TEST_F(TaskRunnerTest, VariantCompileOptionsOutsideTheAllowlistAreRefused) {
+  for (const char* options : {"-I/etc", "-include /proc/self/environ", "--pre-include=/x",
+                              "-arch=sm_80", "--no-such-option"}) {
+    TaskSpec t = Evaluate();
+    t.kind = TaskKind::kCompile;
+    t.variant.compile_options = options;
+    std::optional<TaskResult> r = Run("verified", t);
+    ASSERT_TRUE(r.has_value());
+    EXPECT_EQ(r->outcome, Outcome::kCompileError) << options;
+    EXPECT_NE(r->message.find("compile options"), std::string::npos) << r->message;
+    EXPECT_TRUE(r->compile.options.empty()) << options;
+  }
+}
+
+TEST_F(TaskRunnerTest, AnIncumbentTheCheckRefusesIsNotCompiled) {
+  TaskSpec t = Evaluate();
+  t.kind = TaskKind::kRetime;
+  t.incumbent = VariantSpec{"v0", std::string("%:include </x>\n") + kGood, "{}", ""};
+  std::optional<TaskResult> r = Run("retime", t);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->outcome, Outcome::kCompileError);
+  EXPECT_NE(r->message.find("incumbent v0 is refused"), std::string::npos) << r->message;
+}
+
+TEST_F(TaskRunnerTest, TheWorkersSecretsAreRedactedFromLogsAndMessages) {
+  // NVRTC quotes the offending line, secret and all.
+  secrets_ = {"kfsecrettoken0123456789"};
+  TaskSpec t = Evaluate(R"(#include "kforge/attn_params.h"
+extern "C" __global__ void kf_attn_fwd(const __grid_constant__ KfAttnParams p) { kfsecrettoken0123456789; }
+)");
+  std::optional<TaskResult> r = Run("verified", t);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->outcome, Outcome::kCompileError);
+  EXPECT_EQ(r->compile.log.find("kfsecrettoken0123456789"), std::string::npos) << r->compile.log;
+  EXPECT_EQ(r->message.find("kfsecrettoken0123456789"), std::string::npos) << r->message;
+  EXPECT_NE(r->compile.log.find("[redacted]"), std::string::npos) << r->compile.log;
+}
+
+TEST_F(TaskRunnerTest, HugeLogsAreCapped) {
+  // One warning per line: far more log than a report may carry.
+  std::string source = R"(#include "kforge/attn_params.h"
+extern "C" __global__ void kf_attn_fwd(const __grid_constant__ KfAttnParams p) {
+)";
+  for (int i = 0; i < 4000; ++i) source += "  int unused_variable_number_" + std::to_string(i) + ";\n";
+  source += "  oops\n}\n";
+  std::optional<TaskResult> r = Run("verified", Evaluate(source));
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->outcome, Outcome::kCompileError);
+  EXPECT_LE(r->compile.log.size(), 64 * 1024 + 64);
+  EXPECT_NE(r->compile.log.find("bytes cut"), std::string::npos);
+  EXPECT_LE(r->message.size(), 4 * 1024 + 64);
+}
+
+TEST_F(TaskRunnerTest, EvaluateThroughTheCompileChild) {
+  // The worker's real arrangement: misses compile in `kforge-worker
+  // --compile-child`, the evaluation in the eval child.
+  CompileChildOptions cco;
+  cco.executable = testing::WorkerBinary();
+  const CompileChild child(cco);
+  gpu::CompilePool pool(1, nullptr, child.AsCompiler());
+  SandboxOptions so;
+  so.executable = testing::WorkerBinary();
+  so.child_args = {"--eval-child", "--self-test=verified"};
+  so.scratch_dir = scratch_;
+  Sandbox sandbox(so);
+  RunnerOptions ro;
+  ro.gpu.arch = "sm_90a";
+  LocalTaskRunner runner(&pool, &sandbox, ro);
+  std::atomic<bool> no_cancel{false};
+  std::optional<TaskResult> r = runner.Run(Evaluate(), no_cancel);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->outcome, Outcome::kVerified) << r->message;
+  EXPECT_FALSE(r->compile.cubin.empty());
+  std::optional<TaskResult> broken = runner.Run(Evaluate(kBroken), no_cancel);
+  ASSERT_TRUE(broken.has_value());
+  EXPECT_EQ(broken->outcome, Outcome::kCompileError);
+  EXPECT_NE(broken->compile.log.find("oops"), std::string::npos) << broken->compile.log;
 }
 
 }  // namespace
