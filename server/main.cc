@@ -9,6 +9,7 @@
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
+#include "core/secrets.h"
 #include "server/components.h"
 #include "server/config.h"
 #include "server/server.h"
@@ -60,7 +61,15 @@ int main(int argc, char** argv) {
   if (absl::Status s = kforge::server::ValidateConfig(cfg); !s.ok()) {
     std::fprintf(stderr, "kforge-server: %s\n", std::string(s.message()).c_str());
     return 2;
+  }  // The tokens live in this process's memory now: take them out of what
+  // /proc/<pid>/cmdline and environ show, and out of reach of other
+  // processes of this user.
+  for (const auto* list : {&cfg.server.client_tokens, &cfg.server.worker_tokens}) {
+    for (const std::string& t : *list) kforge::ScrubFromProcessMemory(argc, argv, t);
   }
+  if (absl::Status s = kforge::MakeUndumpable(); !s.ok())
+    spdlog::warn("kforge-server: {}", std::string(s.message()));
+
   if (cfg.server.insecure_no_auth)
     spdlog::warn("authentication is OFF (--insecure-no-auth): anyone who can reach {} can use it",
                  cfg.server.listen_address);

@@ -124,9 +124,11 @@ class EvalWatcher final : public ChildWatcher {
                  options_.reference_factor * reference_ms * launches);
     const auto budget = std::chrono::milliseconds(static_cast<int64_t>(std::min(budget_ms, 1e12)));
     deadline_ = std::min(Clock::now() + budget, absolute_deadline_);
-    limit_reason_ = fmt::format("run limit {} (max of {} and {} x reference {:.3f} ms x {} launches)",
+    // The limit, not how it was derived: the launch count is part of the
+    // drawn schedule, and the message is feedback to a proposer.
+    limit_reason_ = fmt::format("run limit {} (at least {}, else {} x the reference's time per launch)",
                                 Seconds(budget), Seconds(options_.min_run_limit),
-                                options_.reference_factor, reference_ms, launches);
+                                options_.reference_factor);
     if (deadline_ == absolute_deadline_) {
       limit_reason_ = fmt::format("absolute limit {}", Seconds(options_.absolute_limit));
     }
