@@ -14,13 +14,17 @@ namespace kforge::eval {
 
 // Versioned with the reference (reference::kReferenceVersion): stored
 // results name both, so a policy change re-verifies winners.
-inline constexpr std::string_view kTolerancePolicyVersion = "tol-1";
+inline constexpr std::string_view kTolerancePolicyVersion = "tol-2";
 
 // bf16 outputs (O, dQ, dK, dV) against the fp32 reference.
 inline constexpr double kBf16MaxRelL2 = 1e-2;
 inline constexpr double kBf16MaxAbsFraction = 2e-2;  // of max(1, max |reference|)
-// LSE (fp32) against the fp32 reference, absolute (natural log units).
+// LSE (fp32) against the fp32 reference (natural log units): 1e-3 absolute
+// plus 4e-6 of the largest |LSE|. A correct fp32 kernel's LSE error grows
+// with the scores (measured on the H200: 1.0-1.5e-3 at LSE 770-1500, inputs
+// with scores in the hundreds); 4e-6 is about 33 fp32 ulps there.
 inline constexpr double kLseMaxAbs = 1e-3;
+inline constexpr double kLseMaxRel = 4e-6;
 
 // The bits the host writes into every candidate output before every run.
 inline constexpr uint16_t kPoisonBf16 = 0x7fc0;      // bf16 quiet NaN
@@ -68,7 +72,7 @@ struct Tally {
   double num = 0;       // sum of squared errors over finite outputs
   double den = 0;       // sum of squared reference values there
   double max_abs = 0;   // largest error
-  double ref_max = 0;   // largest |reference| over all elements
+  double ref_max = 0;   // largest |reference| over all elements (LSE: finite ones)
   double worst = -1;    // the error at worst_at (-1: no finite output)
   int64_t unwritten = 0;   // still holding the poison bits
   int64_t nonfinite = 0;   // other NaN/inf, or not -inf where -inf was due

@@ -111,7 +111,13 @@ def judge_bf16(name, got, ref):
     if ref.numel() == 0:
         return ""
     err = (g - ref).double()
-    rel = (err.norm() / ref.double().norm().clamp_min(1e-30)).item()
+    # A gradient that is zero in exact arithmetic (one query that sees one
+    # key: P = 1, so dS = 0) has a reference of rounding noise; relative to
+    # that, bf16's own rounding is huge. Below an rms of 1e-3 (under bf16's
+    # resolution at the unit scale of the inputs) the norm is floored, and the
+    # max_abs bound still catches a wrong value.
+    floor = 1e-3 * math.sqrt(ref.numel())
+    rel = (err.norm() / ref.double().norm().clamp_min(floor)).item()
     max_abs = err.abs().max().item()
     bound = 2e-2 * max(1.0, ref.abs().max().item())
     if rel > 1e-2 or max_abs > bound:
