@@ -54,17 +54,6 @@ std::filesystem::path DefaultCacheDir() {
 }
 
 
-// The gates' watchdog: the sanitizers slow the kernels they instrument by
-// 10-1000x but not the reference (only the candidate is instrumented), so the
-// reference-relative budget would be far too short.
-SandboxOptions GateSandboxOptions(SandboxOptions so) {
-  so.setup_limit *= 10;
-  so.min_run_limit = std::max(so.min_run_limit * 48, std::chrono::milliseconds(240000));
-  so.reference_factor *= 100;
-  // Findings (racecheck reports races as warnings) must fit in what is kept.
-  so.stderr_tail_bytes = std::max<size_t>(so.stderr_tail_bytes, 64 * 1024);
-  return so;
-}
 
 // compute-sanitizer next to the CUDA toolkit, if there is one.
 std::string DefaultSanitizer() {

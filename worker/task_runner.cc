@@ -427,6 +427,15 @@ std::vector<std::string> SanitizerGateWrapper(const std::string& path, const std
   return w;
 }
 
+SandboxOptions GateSandboxOptions(SandboxOptions so) {
+  so.setup_limit *= 10;
+  so.min_run_limit = std::max(so.min_run_limit * 48, std::chrono::milliseconds(240000));
+  so.reference_factor *= 100;
+  // Findings (racecheck reports races as warnings) must fit in what is kept.
+  so.stderr_tail_bytes = std::max<size_t>(so.stderr_tail_bytes, 64 * 1024);
+  return so;
+}
+
 std::optional<ChildRequest> SeedCalibration(const std::string& arch, int gpu_ordinal,
                                             const std::string& compile_cache_dir) {
   ShapeKey k;

@@ -112,6 +112,13 @@ class LocalTaskRunner final : public TaskRunner {
 // errors" with N > 0, a race or a barrier error), whatever its exit code.
 bool SanitizerReportsErrors(std::string_view output);
 
+// The gates' sandbox from the evaluation's: the sanitizers slow the kernels
+// they instrument by 10-1000x but not the reference (only the candidate is
+// instrumented), so the reference-relative budget would be far too short;
+// and findings (racecheck reports races as warnings) must fit in the output
+// kept.
+SandboxOptions GateSandboxOptions(SandboxOptions evaluation);
+
 // A check-only request for kforge's own default forward seed for `arch`
 // (compiled here: it is no candidate), to calibrate the gates with; nullopt
 // when no template serves the arch.

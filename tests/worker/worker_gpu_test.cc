@@ -249,14 +249,10 @@ std::string SanitizerPath() {
   return access(path.c_str(), X_OK) == 0 ? path : "";
 }
 
-// As kforge-worker's: the sanitizers slow the candidate, not the reference.
+// As kforge-worker's, with room for a whole test's worth of gates.
 SandboxOptions GateSandboxOptions() {
-  SandboxOptions o = GpuSandboxOptions();
-  o.setup_limit = 600s;
-  o.min_run_limit = 240s;
-  o.reference_factor = 5000;
+  SandboxOptions o = worker::GateSandboxOptions(GpuSandboxOptions());
   o.absolute_limit = 900s;
-  o.stderr_tail_bytes = 64 * 1024;
   return o;
 }
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <span>
 #include <utility>
 
 #include "fmt/format.h"
@@ -245,13 +246,21 @@ struct Evaluator::Impl {
                             style.outlier_magnitude, stream);
   }
 
-  absl::StatusOr<uint64_t> ReferenceFingerprint(const Problem& p) {
-    const gpu::DeviceBuffer* bufs[] = {&p.ref_o, &p.ref_lse, &p.ref_dq, &p.ref_dk, &p.ref_dv};
-    absl::StatusOr<std::vector<uint64_t>> f = tools->Fingerprints(bufs, stream);
-    if (!f.ok()) return f.status();
+  // The reference's answers, in the order their digests combine.
+  static std::array<const gpu::DeviceBuffer*, 5> ReferenceBuffers(const Problem& p) {
+    return {&p.ref_o, &p.ref_lse, &p.ref_dq, &p.ref_dk, &p.ref_dv};
+  }
+  static uint64_t CombineReference(std::span<const uint64_t> digests) {
     uint64_t digest = 0;
-    for (size_t i = 0; i < f->size(); ++i) digest ^= (*f)[i] * (0x9e3779b97f4a7c15ull + 2 * (i + 1));
+    for (size_t i = 0; i < digests.size(); ++i)
+      digest ^= digests[i] * (0x9e3779b97f4a7c15ull + 2 * (i + 1));
     return digest;
+  }
+
+  absl::StatusOr<uint64_t> ReferenceFingerprint(const Problem& p) {
+    absl::StatusOr<std::vector<uint64_t>> f = tools->Fingerprints(ReferenceBuffers(p), stream);
+    if (!f.ok()) return f.status();
+    return CombineReference(*f);
   }
 
   // Fresh inputs and the reference's answers, all on the device. With
@@ -552,51 +561,59 @@ struct Evaluator::Impl {
       check.outputs.push_back(JudgeLse(*t, s.lse_elems(), lse_rows));
     }
 
-    absl::StatusOr<uint64_t> ref_digest = ReferenceFingerprint(p);
-    if (!ref_digest.ok()) return ref_digest.status();
+    // Everything that must not change, and the outputs, in one pass and one
+    // synchronisation: inputs, tile list, outputs, module globals, reference.
     const auto inputs = p.in.Buffers();
-    absl::StatusOr<std::vector<uint64_t>> input_digests = tools->Fingerprints(inputs, stream);
-    if (!input_digests.ok()) return input_digests.status();
-    const gpu::DeviceBuffer* tiles[] = {&out.tiles};
-    absl::StatusOr<std::vector<uint64_t>> tiles_digest = tools->Fingerprints(tiles, stream);
-    if (!tiles_digest.ok()) return tiles_digest.status();
     const std::vector<const gpu::DeviceBuffer*> written = out.Written(p.backward);
-    absl::StatusOr<std::vector<uint64_t>> output_digests = tools->Fingerprints(written, stream);
-    if (!output_digests.ok()) return output_digests.status();
-    absl::StatusOr<std::vector<uint64_t>> state_digests = tools->Fingerprints(c.state, stream);
-    if (!state_digests.ok()) return state_digests.status();
+    std::vector<gpu::DeviceRegion> regions;
+    for (const gpu::DeviceBuffer* b : inputs) regions.push_back({b->address(), b->size()});
+    regions.push_back({out.tiles.address(), out.tiles.size()});
+    for (const gpu::DeviceBuffer* b : written) regions.push_back({b->address(), b->size()});
+    regions.insert(regions.end(), c.state.begin(), c.state.end());
+    for (const gpu::DeviceBuffer* b : ReferenceBuffers(p)) regions.push_back({b->address(), b->size()});
+    absl::StatusOr<std::vector<uint64_t>> digests = tools->Fingerprints(regions, stream);
+    if (!digests.ok()) return digests.status();
+    const std::span<const uint64_t> all(*digests);
+    const std::span<const uint64_t> input_digests = all.subspan(0, inputs.size());
+    const uint64_t tiles_digest = all[inputs.size()];
+    const std::vector<uint64_t> output_digests(all.begin() + inputs.size() + 1,
+                                               all.begin() + inputs.size() + 1 + written.size());
+    const std::vector<uint64_t> state_digests(
+        all.begin() + inputs.size() + 1 + written.size(),
+        all.begin() + inputs.size() + 1 + written.size() + c.state.size());
+    const uint64_t ref_digest = CombineReference(all.last(ReferenceBuffers(p).size()));
 
-    if (*ref_digest != p.ref_fingerprint) {
+    if (ref_digest != p.ref_fingerprint) {
       check.failure = "the reference's answers changed while the kernel ran: it writes outside its "
                       "outputs";
     }
     for (size_t i = 0; check.failure.empty() && i < inputs.size(); ++i) {
-      if ((*input_digests)[i] != p.input_fingerprints[i]) {
+      if (input_digests[i] != p.input_fingerprints[i]) {
         check.failure = fmt::format("the kernel changed its input {} (inputs are read-only)",
                                     kInputNames[i]);
       }
     }
     check.problem_spoiled = !check.failure.empty();
-    if (check.failure.empty() && (*tiles_digest)[0] != slot.tiles_fingerprint) {
+    if (check.failure.empty() && tiles_digest != slot.tiles_fingerprint) {
       check.failure = "the kernel changed its tile list (inputs are read-only)";
     }
     if (!c.state_fingerprints) {
-      c.state_fingerprints = *state_digests;
-    } else if (check.failure.empty() && *state_digests != *c.state_fingerprints) {
+      c.state_fingerprints = state_digests;
+    } else if (check.failure.empty() && state_digests != *c.state_fingerprints) {
       check.failure = "the kernel changed its module's __device__ variables: a variant may keep no "
                       "state between launches";
     }
     for (const OutputCheck& c : check.outputs) {
       if (check.failure.empty() && !c.pass) check.failure = c.detail;
     }
-    if (check.failure.empty() && slot.last_outputs && *slot.last_outputs != *output_digests) {
+    if (check.failure.empty() && slot.last_outputs && *slot.last_outputs != output_digests) {
       // Same inputs, other bits: the output depends on something besides the
       // inputs (leftovers, a race, the launch count).
       const char* names_fwd[] = {"O", "LSE"};
       const char* names_bwd[] = {"dQ", "dK", "dV"};
       std::string which;
-      for (size_t i = 0; i < output_digests->size(); ++i) {
-        if ((*slot.last_outputs)[i] != (*output_digests)[i] && which.empty())
+      for (size_t i = 0; i < output_digests.size(); ++i) {
+        if ((*slot.last_outputs)[i] != output_digests[i] && which.empty())
           which = p.backward ? names_bwd[i] : names_fwd[i];
       }
       if (p.backward) {
@@ -609,7 +626,7 @@ struct Evaluator::Impl {
                                     which);
       }
     }
-    slot.last_outputs = *std::move(output_digests);
+    slot.last_outputs = output_digests;
     return check;
   }
 
@@ -629,8 +646,10 @@ struct Evaluator::Impl {
       for (size_t ci : order) {
         Contender& c = contenders[ci];
         if (c.verdict) continue;
-        const std::string where =
-            fmt::format("launch {} of {}, {}", si + 1, steps.size(), p.spec.Describe());
+        // For the operator's log when something fails; built only then.
+        auto where = [&] {
+          return fmt::format("launch {} of {}, {}", si + 1, steps.size(), p.spec.Describe());
+        };
         Slot& slot = c.slots[size_t(step.problem)];
         if (!slot.planned) {
           std::string why;
@@ -642,7 +661,7 @@ struct Evaluator::Impl {
           }
           if (!why.empty()) {
             c.verdict = MakeResult(Outcome::kCompileError, why);
-            c.verdict->operator_note = where;
+            c.verdict->operator_note = where();
             continue;
           }
           slot.out = *std::move(out);
@@ -660,7 +679,7 @@ struct Evaluator::Impl {
         const bool flush = o.flush_l2 && p.spec.role == ProblemRole::kTiming;
         if (absl::Status s = Launch(*c.candidate, p, slot.out, flush, step.timed, ms); !s.ok()) {
           c.verdict = Crashed(s, "a launch");
-          c.verdict->operator_note = where;
+          c.verdict->operator_note = where();
           Abandon(contenders, ci, "not finished: the other kernel broke the CUDA context", true);
           return;
         }
@@ -668,7 +687,7 @@ struct Evaluator::Impl {
         absl::StatusOr<LaunchCheck> check = CheckLaunch(*c.candidate, p, slot);
         if (!check.ok()) {
           c.verdict = Crashed(check.status(), "checking a launch");
-          c.verdict->operator_note = where;
+          c.verdict->operator_note = where();
           Abandon(contenders, ci, "not finished: the other kernel broke the CUDA context", true);
           return;
         }
@@ -679,7 +698,7 @@ struct Evaluator::Impl {
           EvalResult r = MakeResult(Outcome::kWrong, fmt::format("wrong: {}", check->failure));
           c.errors.detail = check->failure;
           r.errors = c.errors;
-          r.operator_note = where;
+          r.operator_note = where();
           c.verdict = std::move(r);
           if (check->problem_spoiled) {
             Abandon(contenders, ci, "not finished: the other kernel changed the shared inputs",
