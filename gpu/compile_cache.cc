@@ -161,14 +161,31 @@ CompilePool::~CompilePool() {
 }
 
 std::future<absl::StatusOr<CompileResult>> CompilePool::Submit(CompileRequest request) {
-  auto task = std::make_shared<std::packaged_task<absl::StatusOr<CompileResult>()>>(
-      [this, request = std::move(request)] {
-        return cache_ != nullptr ? cache_->GetOrCompile(request, compiler_) : compiler_(request);
-      });
-  auto future = task->get_future();
+  const std::string key = CompileKey(request);
+  std::promise<absl::StatusOr<CompileResult>> promise;
+  std::future<absl::StatusOr<CompileResult>> future = promise.get_future();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back([task] { (*task)(); });
+    // The same program already queued or compiling (a worker compiles the
+    // task it leased ahead, then asks again when it runs it): wait for that
+    // compile instead of running NVRTC twice.
+    if (auto it = in_flight_.find(key); it != in_flight_.end()) {
+      it->second.push_back(std::move(promise));
+      return future;
+    }
+    in_flight_[key].push_back(std::move(promise));
+    queue_.push_back([this, key, request = std::move(request)] {
+      absl::StatusOr<CompileResult> r =
+          cache_ != nullptr ? cache_->GetOrCompile(request, compiler_) : compiler_(request);
+      std::vector<std::promise<absl::StatusOr<CompileResult>>> waiting;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = in_flight_.find(key);
+        waiting = std::move(it->second);
+        in_flight_.erase(it);
+      }
+      for (auto& p : waiting) p.set_value(r);
+    });
   }
   cv_.notify_one();
   return future;

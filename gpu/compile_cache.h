@@ -57,7 +57,9 @@ class CompileCache {
   size_t disk_hits_ = 0;                         // GUARDED_BY(mu_)
 };
 
-// N threads that compile requests (through `cache` when given).
+// N threads that compile requests (through `cache` when given). A request
+// submitted while the same program (CompileKey) is queued or compiling
+// shares that compile's result.
 class CompilePool {
  public:
   // `cache` may be null; it must outlive the pool. `compiler` runs the
@@ -78,6 +80,10 @@ class CompilePool {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> queue_;  // GUARDED_BY(mu_)
+  // Callers of each queued or running compile, by CompileKey: a request
+  // submitted again while its compile is in flight joins it.
+  std::map<std::string, std::vector<std::promise<absl::StatusOr<CompileResult>>>>
+      in_flight_;                            // GUARDED_BY(mu_)
   bool stopping_ = false;                    // GUARDED_BY(mu_)
   std::vector<std::thread> threads_;
 };

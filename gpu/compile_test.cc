@@ -313,5 +313,34 @@ TEST(CompilePool, UsesTheCompilerItIsGiven) {
   EXPECT_EQ(calls.load(), 1);
 }
 
+// A worker compiles the task it leased ahead while it runs the current one,
+// then submits the same request again when the task's turn comes: the
+// second submission waits for the first compile instead of repeating it.
+TEST(CompilePool, ARequestInFlightIsCompiledOnce) {
+  std::atomic<int> calls{0};
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  CompilePool pool(2, nullptr, [&](const CompileRequest& req) -> absl::StatusOr<CompileResult> {
+    ++calls;
+    released.wait();
+    CompileResult r;
+    r.ok = true;
+    r.log = req.arch;
+    return r;
+  });
+  auto first = pool.Submit(Small("sm_90a"));
+  auto second = pool.Submit(Small("sm_90a"));
+  auto other = pool.Submit(Small("sm_80"));
+  release.set_value();
+  EXPECT_EQ(first.get()->log, "sm_90a");
+  EXPECT_EQ(second.get()->log, "sm_90a");
+  EXPECT_EQ(other.get()->log, "sm_80");
+  EXPECT_EQ(calls.load(), 2);
+  // Once it has finished, the same request compiles again (this pool has no
+  // cache to remember it).
+  EXPECT_TRUE(pool.Submit(Small("sm_90a")).get()->ok);
+  EXPECT_EQ(calls.load(), 3);
+}
+
 }  // namespace
 }  // namespace kforge::gpu

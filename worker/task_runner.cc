@@ -122,6 +122,33 @@ std::string LocalTaskRunner::TargetArch(const TaskSpec& task) const {
   return task.shape.key.arch;
 }
 
+void LocalTaskRunner::Prepare(const TaskSpec& task) {
+  const std::string arch = TargetArch(task);
+  if (arch.empty()) return;
+  std::vector<const VariantSpec*> variants = {&task.variant};
+  if (task.kind == TaskKind::kRetime && task.incumbent) variants.push_back(&*task.incumbent);
+  for (const VariantSpec* v : variants) {
+    // Nothing the static checks refuse reaches NVRTC, ahead of time or not.
+    if (v->source.size() > kMaxVariantSourceBytes || !CheckSource(v->source).ok() ||
+        !CheckCompileOptions(v->compile_options).ok())
+      return;
+  }
+  // The futures are dropped: the pool finishes the compiles, and Run()'s
+  // submissions of the same requests join them or hit the cache.
+  for (const VariantSpec* v : variants) (void)pool_->Submit(MakeCompileRequest(*v, arch));
+}
+
+gpu::CompileRequest LocalTaskRunner::MakeCompileRequest(const VariantSpec& v,
+                                                        const std::string& arch) const {
+  gpu::CompileRequest req;
+  req.source = v.source;
+  req.arch = arch;
+  req.extra_options = options_.extra_compile_options;
+  for (std::string& o : SplitOptions(v.compile_options)) req.extra_options.push_back(std::move(o));
+  req.name = v.variant_id + ".cu";
+  return req;
+}
+
 std::optional<TaskResult> LocalTaskRunner::Run(const TaskSpec& task,
                                                const std::atomic<bool>& cancel) {
   std::optional<TaskResult> result = RunUnchecked(task, cancel);
@@ -136,15 +163,7 @@ std::optional<TaskResult> LocalTaskRunner::RunUnchecked(const TaskSpec& task,
   const std::string arch = TargetArch(task);
 
   // Starts a compile on the pool; the variant's own options follow ours.
-  auto submit = [&](const VariantSpec& v, std::string name) {
-    gpu::CompileRequest req;
-    req.source = v.source;
-    req.arch = arch;
-    req.extra_options = options_.extra_compile_options;
-    for (std::string& o : SplitOptions(v.compile_options)) req.extra_options.push_back(std::move(o));
-    req.name = std::move(name);
-    return pool_->Submit(std::move(req));
-  };
+  auto submit = [&](const VariantSpec& v) { return pool_->Submit(MakeCompileRequest(v, arch)); };
   // Waits for a compile, polling `cancel`; nullopt when cancelled.
   auto wait = [&](std::future<absl::StatusOr<gpu::CompileResult>>& f,
                   const VariantSpec& v) -> std::optional<Compiled> {
@@ -211,10 +230,10 @@ std::optional<TaskResult> LocalTaskRunner::RunUnchecked(const TaskSpec& task,
     }
   }
 
-  auto candidate_future = submit(task.variant, task.variant.variant_id + ".cu");
+  auto candidate_future = submit(task.variant);
   std::optional<std::future<absl::StatusOr<gpu::CompileResult>>> incumbent_future;
   if (task.kind == TaskKind::kRetime && task.incumbent) {
-    incumbent_future = submit(*task.incumbent, task.incumbent->variant_id + ".cu");
+    incumbent_future = submit(*task.incumbent);
   }
   std::optional<Compiled> candidate = wait(candidate_future, task.variant);
   if (!candidate) return std::nullopt;
@@ -479,6 +498,13 @@ std::vector<std::string> ProbeSanitizerTools(const std::string& path,
     nlohmann::json m = nlohmann::json::parse(calibration->candidate.manifest_json, nullptr, false);
     if (m.is_object()) entry_point = m.value("entry_point", "");
   }
+  // All tools at once, as the gates themselves run: a worker's start waits
+  // for the slowest tool, not for the four in a row.
+  struct Probe {
+    std::string tool;
+    std::future<absl::StatusOr<SandboxRun>> run;
+  };
+  std::vector<Probe> probes;
   for (const char* tool : kSanitizerTools) {
     if (std::find(wanted.begin(), wanted.end(), tool) == wanted.end()) continue;
     SandboxOptions so = base;
@@ -491,7 +517,13 @@ std::vector<std::string> ProbeSanitizerTools(const std::string& path,
       probe.gpu_ordinal = gpu_ordinal;
       probe.compile_cache_dir = compile_cache_dir;
     }
-    absl::StatusOr<SandboxRun> run = Sandbox(so).Run(probe);
+    probes.push_back(Probe{tool, std::async(std::launch::async, [so, probe] {
+                             return Sandbox(so).Run(probe);
+                           })});
+  }
+  for (Probe& p : probes) {
+    const std::string& tool = p.tool;
+    absl::StatusOr<SandboxRun> run = p.run.get();
     const bool finding = run.ok() && SanitizerReportsErrors(run->stderr_tail);
     if (!run.ok() || run->report.outcome != Outcome::kVerified || finding) {
       // A tool that cannot run here, or that flags kforge's own verified

@@ -32,6 +32,7 @@
 
 namespace kforge::gpu {
 class CompilePool;
+struct CompileRequest;
 }
 
 namespace kforge::worker {
@@ -41,6 +42,10 @@ class TaskRunner {
   virtual ~TaskRunner() = default;
   // Runs `task` to its result; polls `cancel` while it runs.
   virtual std::optional<TaskResult> Run(const TaskSpec& task, const std::atomic<bool>& cancel) = 0;
+  // Starts what of `task` can be done before its turn (its compiles), so
+  // that Run() finds it done; the worker calls it for the task it leased
+  // ahead while another runs. Never required: Run() does all of it anyway.
+  virtual void Prepare(const TaskSpec& task) { (void)task; }
 };
 
 struct RunnerOptions {
@@ -89,11 +94,18 @@ class LocalTaskRunner final : public TaskRunner {
   LocalTaskRunner(gpu::CompilePool* pool, Sandbox* sandbox, RunnerOptions options);
 
   std::optional<TaskResult> Run(const TaskSpec& task, const std::atomic<bool>& cancel) override;
+  // Submits the variant's compile (and a re-timing's incumbent's) to the
+  // pool, after the same static checks Run() makes; Run() then joins the
+  // compile in flight or finds it in the pool's cache.
+  void Prepare(const TaskSpec& task) override;
 
  private:
   // The NVRTC target for `task`: the GPU's own for work that runs, the
   // shape's for compile checks (sm_100a checks run everywhere).
   std::string TargetArch(const TaskSpec& task) const;
+  // The pool request for `v` on `arch`: the operator's options, then the
+  // variant's own.
+  gpu::CompileRequest MakeCompileRequest(const VariantSpec& v, const std::string& arch) const;
   // Runs every sanitizer gate on `request`'s candidate; nullopt when all
   // passed (or there are none), else the result to report. Sets `cancelled`
   // when the task was cancelled meanwhile.

@@ -121,39 +121,45 @@ void Worker::Run() {
       if (!session_) continue;
       session = *session_;
     }
-    absl::StatusOr<std::optional<TaskSpec>> lease =
-        client_->LeaseTask(session, options_.lease_wait);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (stopping_) break;
-    }
-    if (!lease.ok()) {
+    std::optional<TaskSpec> next = TakeAhead(session);
+    if (!next) {
+      absl::StatusOr<std::optional<TaskSpec>> lease =
+          client_->LeaseTask(session, options_.lease_wait);
       {
         std::lock_guard<std::mutex> lock(mu_);
-        ++stats_.connection_errors;
+        if (stopping_) break;
       }
-      const bool lost = Classify(lease.status()) == CallFailure::kSessionLost;
-      if (lost) DropSession(session.worker_id);
-      const std::chrono::milliseconds wait = NextBackoff();
-      spdlog::warn("lease failed: {}; {} in {} ms", std::string(lease.status().message()),
-                   lost ? "registering again" : "retrying", wait.count());
-      if (!SleepFor(wait)) break;
-      continue;
+      if (!lease.ok()) {
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          ++stats_.connection_errors;
+        }
+        const bool lost = Classify(lease.status()) == CallFailure::kSessionLost;
+        if (lost) DropSession(session.worker_id);
+        const std::chrono::milliseconds wait = NextBackoff();
+        spdlog::warn("lease failed: {}; {} in {} ms", std::string(lease.status().message()),
+                     lost ? "registering again" : "retrying", wait.count());
+        if (!SleepFor(wait)) break;
+        continue;
+      }
+      ResetBackoff();
+      if (!lease->has_value()) continue;  // long poll ended without work
+      next = **lease;
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.tasks_leased;
     }
-    ResetBackoff();
-    if (!lease->has_value()) continue;  // long poll ended without work
 
-    const TaskSpec task = **lease;
+    const TaskSpec task = *std::move(next);
     std::atomic<bool> cancel{false};
     {
       std::lock_guard<std::mutex> lock(mu_);
-      ++stats_.tasks_leased;
       current_task_id_ = task.task_id;
       current_cancel_ = &cancel;
       if (stopping_) cancel.store(true);
     }
     spdlog::info("task {}: {} variant {} (job {})", task.task_id, TaskKindName(task.kind),
                  task.variant.variant_id, task.job_id);
+    if (options_.lease_ahead) LeaseAhead(session);
     std::optional<TaskResult> result = runner_->Run(task, cancel);
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -190,6 +196,40 @@ void Worker::Run() {
   }
   cv_.notify_all();
   if (heartbeat_.joinable()) heartbeat_.join();
+}
+
+std::optional<TaskSpec> Worker::TakeAhead(const Session& session) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!ahead_) return std::nullopt;
+  std::optional<TaskSpec> task = std::move(ahead_);
+  ahead_.reset();
+  if (ahead_cancelled_ || ahead_worker_id_ != session.worker_id) {
+    // Its lease is gone or another session's: the server has re-queued it
+    // or will once the lease runs out.
+    spdlog::info("task {}: leased ahead, dropped unrun ({})", task->task_id,
+                 ahead_cancelled_ ? "cancelled by the server" : "its session was lost");
+    if (ahead_cancelled_) ++stats_.tasks_cancelled;
+    return std::nullopt;
+  }
+  return task;
+}
+
+void Worker::LeaseAhead(const Session& session) {
+  absl::StatusOr<std::optional<TaskSpec>> lease =
+      client_->LeaseTask(session, std::chrono::milliseconds(0));
+  // A failed or empty lease here costs nothing: the loop leases as usual
+  // once the current task is done.
+  if (!lease.ok() || !lease->has_value()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ahead_ = **lease;
+    ahead_worker_id_ = session.worker_id;
+    ahead_cancelled_ = false;
+    ++stats_.tasks_leased;
+    ++stats_.tasks_leased_ahead;
+  }
+  spdlog::debug("task {}: leased ahead; compiling it meanwhile", (*lease)->task_id);
+  runner_->Prepare(**lease);
 }
 
 void Worker::Report(const Session& session, const TaskSpec& task, const TaskResult& result) {
@@ -258,6 +298,7 @@ void Worker::HeartbeatLoop() {
     }
     std::vector<std::string> tasks;
     if (!current_task_id_.empty()) tasks.push_back(current_task_id_);
+    if (ahead_ && ahead_worker_id_ == worker_id) tasks.push_back(ahead_->task_id);
     lock.unlock();
     absl::StatusOr<std::vector<std::string>> cancelled = client_->Heartbeat(session, tasks);
     lock.lock();
@@ -286,6 +327,7 @@ void Worker::HeartbeatLoop() {
         spdlog::info("task {}: cancelled by the server", id);
         current_cancel_->store(true);
       }
+      if (ahead_ && id == ahead_->task_id) ahead_cancelled_ = true;
     }
   }
 }

@@ -22,6 +22,12 @@
 // the task in progress (renewing its lease); a task the server reports
 // cancelled is stopped (its child killed) and not reported.
 //
+// Lease-ahead: when a task starts, the worker leases the next one without
+// waiting and has the runner start compiling it (TaskRunner::Prepare), so
+// NVRTC on the CPU overlaps the evaluation on the GPU. The task leased
+// ahead is heartbeated like the one in progress and runs next; cancelled
+// meanwhile, or leased under a session since lost, it is dropped unrun.
+//
 // Thread-safety: Run() on one thread; Stop() and stats() from any thread.
 #pragma once
 
@@ -53,11 +59,14 @@ struct WorkerOptions {
   // row of false results, and a recovered one resumes by itself.
   std::chrono::milliseconds fault_pause_initial{5000};
   std::chrono::milliseconds fault_pause_max{600000};
+  // Lease one task ahead of the one running (see the top of this file).
+  bool lease_ahead = true;
 };
 
 struct WorkerStats {
   int64_t registrations = 0;
   int64_t tasks_leased = 0;
+  int64_t tasks_leased_ahead = 0;  // of tasks_leased, those leased while another ran
   int64_t results_accepted = 0;
   int64_t results_rejected = 0;  // refused by the server (lease ended, not ours, invalid)
   int64_t results_dropped = 0;   // could not be reported at all
@@ -99,6 +108,10 @@ class Worker {
   std::chrono::milliseconds NextBackoff();
   void ResetBackoff();
   void DropSession(const std::string& worker_id);
+  // The task leased ahead, when it is still this session's to run.
+  std::optional<TaskSpec> TakeAhead(const Session& session);
+  // Leases the next task without waiting and starts preparing it.
+  void LeaseAhead(const Session& session);
 
   ServerClient* const client_;  // must outlive this
   TaskRunner* const runner_;    // must outlive this
@@ -112,6 +125,9 @@ class Worker {
   std::optional<Session> last_session_;  // guarded by mu_
   std::string current_task_id_;        // guarded by mu_
   std::atomic<bool>* current_cancel_ = nullptr;  // guarded by mu_
+  std::optional<TaskSpec> ahead_;      // guarded by mu_
+  std::string ahead_worker_id_;        // the session it was leased under; guarded by mu_
+  bool ahead_cancelled_ = false;       // guarded by mu_
   WorkerStats stats_;                  // guarded by mu_
   std::chrono::milliseconds backoff_{0};  // task loop only
   int faults_in_a_row_ = 0;               // task loop only

@@ -320,6 +320,77 @@ TEST(WorkerLoop, CancelledTaskIsStoppedAndNotReported) {
   EXPECT_EQ(server.service().reports().size(), 0u);
 }
 
+// Holds each task until released; records the tasks it was asked to
+// prepare and the order it ran them in.
+class AheadRunner final : public TaskRunner {
+ public:
+  std::optional<TaskResult> Run(const TaskSpec& task, const std::atomic<bool>& cancel) override {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      ran.push_back(task.task_id);
+    }
+    while (!release.load()) {
+      if (cancel.load()) return std::nullopt;
+      std::this_thread::sleep_for(10ms);
+    }
+    TaskResult r;
+    r.outcome = Outcome::kCompiled;
+    return r;
+  }
+  void Prepare(const TaskSpec& task) override {
+    std::lock_guard<std::mutex> lock(mu);
+    prepared.push_back(task.task_id);
+  }
+  std::vector<std::string> Ran() {
+    std::lock_guard<std::mutex> lock(mu);
+    return ran;
+  }
+  std::vector<std::string> Prepared() {
+    std::lock_guard<std::mutex> lock(mu);
+    return prepared;
+  }
+  std::mutex mu;
+  std::vector<std::string> ran, prepared;
+  std::atomic<bool> release{false};
+};
+
+// While one task runs the next is leased, prepared (its compile started)
+// and kept leased by the heartbeats; it runs next.
+TEST(WorkerLoop, LeasesTheNextTaskAheadAndPreparesIt) {
+  FakeServer server(kToken);
+  AheadRunner runner;
+  WorkerHarness h(server.address(), kToken, &runner);
+  server.service().Enqueue(CompileTask("first", kGoodSource));
+  ASSERT_TRUE(Eventually([&] { return runner.Ran().size() == 1; }));
+  server.service().Enqueue(CompileTask("second", kGoodSource));
+  // The first task started before the second existed: the ahead lease of
+  // the next task comes when a task starts, so only the third is ahead.
+  server.service().Enqueue(CompileTask("third", kGoodSource));
+  runner.release.store(true);
+  ASSERT_TRUE(server.service().WaitFor([](auto& s) { return s.reports_locked() == 3; }, 20s));
+  EXPECT_EQ(runner.Ran(), (std::vector<std::string>{"first", "second", "third"}));
+  EXPECT_EQ(runner.Prepared(), (std::vector<std::string>{"third"}));
+  EXPECT_EQ(h.worker().stats().tasks_leased, 3);
+  EXPECT_EQ(h.worker().stats().tasks_leased_ahead, 1);
+}
+
+TEST(WorkerLoop, TheTaskLeasedAheadIsHeartbeatedAndDroppedWhenCancelled) {
+  FakeServer server(kToken);
+  AheadRunner runner;
+  server.service().Enqueue(CompileTask("running", kGoodSource));
+  server.service().Enqueue(CompileTask("ahead", kGoodSource));
+  WorkerHarness h(server.address(), kToken, &runner);
+  ASSERT_TRUE(Eventually([&] { return runner.Prepared().size() == 1; }));
+  EXPECT_EQ(runner.Prepared()[0], "ahead");
+  ASSERT_TRUE(server.service().WaitFor([](auto& s) { return s.renewals_locked("ahead") >= 2; }, 10s));
+  server.service().Cancel("ahead");
+  ASSERT_TRUE(Eventually([&] { return h.worker().stats().heartbeats_ok >= 6; }, 10s));
+  runner.release.store(true);
+  ASSERT_TRUE(server.service().WaitFor([](auto& s) { return s.reports_locked() == 1; }, 10s));
+  ASSERT_TRUE(Eventually([&] { return h.worker().stats().tasks_cancelled == 1; }, 5s));
+  EXPECT_EQ(runner.Ran(), (std::vector<std::string>{"running"}));
+}
+
 // Records the task it was given and answers with a fixed result.
 class RecordingRunner final : public TaskRunner {
  public:

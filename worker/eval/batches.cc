@@ -189,13 +189,16 @@ int CoverageLength(int largest_tile, int64_t bucket_max_len) {
   return int(std::clamp<int64_t>(std::min<int64_t>(cover, bucket_max_len), 1, kCheckMaxLen));
 }
 
+int GateLongest(int largest_tile) { return std::max(4 * std::max(largest_tile, 1), 512); }
+
 std::vector<ProblemSpec> CheckProblems(const ShapeKey& key, uint64_t seed, int count,
-                                       int largest_tile) {
+                                       int largest_tile, int longest) {
   count = std::max(count, 3);
   std::mt19937_64 rng(seed * 0x9e3779b97f4a7c15ull + 0x100);
   const Bucket bucket = BucketOf(key);
-  const int longest_q = int(std::clamp<int64_t>(bucket.max_q, 1, kCheckMaxLen));
-  const int longest_k = int(std::clamp<int64_t>(bucket.max_k, 1, kCheckMaxLen));
+  const int cap = longest > 0 ? std::min(longest, kCheckMaxLen) : kCheckMaxLen;
+  const int longest_q = int(std::clamp<int64_t>(bucket.max_q, 1, cap));
+  const int longest_k = int(std::clamp<int64_t>(bucket.max_k, 1, cap));
   std::vector<std::vector<int>> lq =
       DealLengths(rng, count, CoverageLength(largest_tile, bucket.max_q), longest_q);
   std::vector<std::vector<int>> lk;

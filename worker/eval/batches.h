@@ -40,9 +40,15 @@ namespace kforge::eval {
 inline constexpr int kCheckMaxLen = 4096;
 // Largest timing problem evaluated: elements of Q (total_q * heads * head_dim).
 inline constexpr int64_t kMaxEvalElements = int64_t{1} << 32;
-// The gate's timing-like problem keeps the shape's batch size but at most
-// this many query tokens: the sanitizer slows kernels by 10-1000x.
-inline constexpr int64_t kGateMaxTokens = 32768;
+// The gate's timing-like problem keeps the shape's batch size and longest
+// sequence but at most this many query tokens: the sanitizers slow the
+// kernels they instrument by 10-1000x, and every promotion waits for them.
+inline constexpr int64_t kGateMaxTokens = 8192;
+// Under the gate, the check problems' long sequences stop at
+// GateLongest(tile): past a few key blocks a kernel's loop only repeats
+// what the sanitizer has seen (the pipeline's ring has wrapped), and the
+// gate problem still runs the bucket's longest sequence once.
+int GateLongest(int largest_tile);
 
 // How one problem's input values are drawn: fresh RandomBf16 values (about
 // N(0, 1)), each tensor multiplied by its scale, then about one element in
@@ -85,9 +91,10 @@ int CoverageLength(int largest_tile, int64_t bucket_max_len);
 
 // `count` (at least 3) check problems for `key`, drawn from `seed`.
 // `largest_tile` is the candidate's largest declared tile (max of tile_m,
-// tile_n).
+// tile_n). `longest` > 0 caps the long sequences (below kCheckMaxLen and the
+// bucket's own maximum); every length up to CoverageLength still appears.
 std::vector<ProblemSpec> CheckProblems(const ShapeKey& key, uint64_t seed, int count,
-                                       int largest_tile);
+                                       int largest_tile, int longest = 0);
 
 // The timing problem: the task's offsets when given (cu_k empty: self), else
 // lengths drawn to match the key's statistics (TimingBatch); its scale and

@@ -75,6 +75,19 @@ TEST(CheckProblems, TogetherTheyHoldEveryLengthUpToTwiceTheLargestTile) {
   EXPECT_LE(*AllLengths(CheckProblems(small, 1, 3, 128), false).rbegin(), 128);
 }
 
+// The gate's check problems: the same coverage, the long sequences capped.
+TEST(CheckProblems, UnderTheGateKeepTheCoverageAndCapTheLongSequences) {
+  ShapeKey k = Key(false);
+  k.max_len_q = k.max_len_k = 4096;
+  k.total_q = k.total_k = 64 * 2000;
+  const int cap = GateLongest(128);
+  EXPECT_EQ(cap, 512);
+  const std::set<int> all = AllLengths(CheckProblems(k, 4, 3, 128, cap), false);
+  for (int l = 0; l <= CoverageLength(128, BucketOf(k).max_q); ++l) ASSERT_TRUE(all.count(l)) << l;
+  EXPECT_EQ(*all.rbegin(), cap);
+  EXPECT_GT(*AllLengths(CheckProblems(k, 4, 3, 128), false).rbegin(), cap);
+}
+
 TEST(CheckProblems, CrossCoversKeyLengthsAndPairsThemWithOtherQueryLengths) {
   const std::vector<ProblemSpec> problems = CheckProblems(Key(true), 7, 3, 128);
   const std::set<int> keys = AllLengths(problems, true);
