@@ -50,6 +50,19 @@ def main(path):
                   (re.search(r"prepare ([0-9.]+) s, run ([0-9.]+) s", r[2]) for r in all_rows) if m]
         print(f"\n{len(all_rows)} results ({verified} verified) in {span_min:.1f} min: "
               f"{verified / span_min if span_min > 0 else 0:.1f} verified a minute")
+        kinds = {}
+        for kind, outcome in db.execute(
+                "SELECT t.kind, e.outcome FROM evaluations e JOIN tasks t ON 't' || t.id = e.task"):
+            k = kinds.setdefault(kind, [0, 0])
+            k[0] += 1
+            k[1] += outcome == "verified"
+        if kinds:
+            # Evaluations are what a tuning run is for; confirmations and
+            # re-timings (with their sanitizer gates) are what promotion costs.
+            print("by task kind: " + ", ".join(f"{k} {n} ({v} verified)"
+                                               for k, (n, v) in sorted(kinds.items())))
+            ev = kinds.get("evaluate", [0, 0])[1]
+            print(f"verified evaluations: {ev / span_min if span_min > 0 else 0:.1f} a minute")
         by_outcome = {}
         for r in all_rows:
             by_outcome[r[0]] = by_outcome.get(r[0], 0) + 1
