@@ -80,6 +80,7 @@ absl::StatusOr<ChildReport> EvaluateInChild(const ChildRequest& request,
   req.candidate.cubin = request.candidate.cubin;
   req.candidate.manifest = *manifest;
   req.options.promotion = request.promotion;
+  req.options.sampled_checks = request.sampled_checks;
 
   if (request.mode == ChildRequest::Mode::kCheck) {
     absl::StatusOr<eval::EvalResult> r = (*evaluator)->CheckOnly(req, on_reference);

@@ -103,6 +103,7 @@ std::string RequestToJson(const ChildRequest& r) {
            {"cubin_file", kCandidateFile}}},
          {"self_test", r.self_test},
          {"promotion", r.promotion},
+         {"sampled_checks", r.sampled_checks},
          {"compile_cache_dir", r.compile_cache_dir}};
   if (r.incumbent) {
     j["incumbent"] = {{"variant_id", r.incumbent->variant_id},
@@ -149,6 +150,7 @@ absl::StatusOr<ChildRequest> RequestFromJson(std::string_view text) {
     }
     r.self_test = j.value("self_test", "");
     r.promotion = j.value("promotion", false);
+    r.sampled_checks = j.value("sampled_checks", false);
     r.compile_cache_dir = j.value("compile_cache_dir", "");
     return r;
   } catch (const json::exception& e) {

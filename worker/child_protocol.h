@@ -57,6 +57,10 @@ struct ChildRequest {
   // kEvaluate for a CONFIRM task (kRetime always is one): the evaluation of
   // a kernel about to be served, with more checks and the bucket's corner.
   bool promotion = false;
+  // kCheck under the sanitizers that cost most (racecheck, synccheck): one
+  // check problem of sampled awkward lengths instead of every length (see
+  // EvalOptions::sampled_checks).
+  bool sampled_checks = false;
   // The worker's on-disk compile cache: the child compiles the reference
   // through it (once per worker, not once per child). Empty: no cache.
   std::string compile_cache_dir;

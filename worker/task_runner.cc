@@ -5,14 +5,18 @@
 #include <cmath>
 #include <algorithm>
 #include <future>
+#include <mutex>
 #include <span>
 #include <utility>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include "core/redact.h"
+#include "core/shape.h"
+#include "core/hash.h"
 #include "gpu/compile.h"
 #include "gpu/compile_cache.h"
 #include "kernels/catalog.h"
@@ -348,6 +352,19 @@ std::optional<TaskResult> LocalTaskRunner::RunGates(const TaskSpec& task,
                                                    const std::atomic<bool>& cancel,
                                                    bool& cancelled) {
   if (options_.sanitizer_tools.empty()) return std::nullopt;
+  // The same image on the same bucket passed these gates already (a CONFIRM
+  // and the RETIME that follows it, a candidate re-timed against a new best).
+  const std::string gated_key = fmt::format("{}|{}|{}", Sha256Hex(request.candidate.cubin),
+                                            BucketOf(task.shape.key).Id(),
+                                            fmt::join(options_.sanitizer_tools, ","));
+  {
+    std::lock_guard<std::mutex> lock(gated_mu_);
+    if (gated_.count(gated_key)) {
+      spdlog::info("task {}: sanitizer gates passed before for this image and bucket",
+                   task.task_id);
+      return std::nullopt;
+    }
+  }
   ChildRequest checks = request;
   checks.mode = ChildRequest::Mode::kCheck;
   checks.incumbent.reset();
@@ -367,8 +384,10 @@ std::optional<TaskResult> LocalTaskRunner::RunGates(const TaskSpec& task,
   for (const std::string& tool : options_.sanitizer_tools) {
     SandboxOptions so = options_.gate_sandbox;
     so.wrapper = SanitizerGateWrapper(options_.sanitizer, tool, entry_point);
-    gates.push_back(Gate{tool, std::async(std::launch::async, [so, checks, &cancel] {
-                           return Sandbox(so).Run(checks, &cancel);
+    ChildRequest r = checks;
+    r.sampled_checks = SampledGate(tool);
+    gates.push_back(Gate{tool, std::async(std::launch::async, [so, r, &cancel] {
+                           return Sandbox(so).Run(r, &cancel);
                          })});
   }
   std::optional<TaskResult> failed;
@@ -393,8 +412,11 @@ std::optional<TaskResult> LocalTaskRunner::RunGates(const TaskSpec& task,
     const bool finding_in_output = SanitizerReportsErrors(run->stderr_tail);
     if (run->report.outcome != Outcome::kVerified || finding_in_output) {
       failed = TaskResult{};
-      failed->outcome =
-          run->report.outcome == Outcome::kVerified ? Outcome::kCrashed : run->report.outcome;
+      // A finding is the verdict, whatever the outputs were under the tool
+      // (a race often also makes them wrong there).
+      failed->outcome = finding_in_output || run->report.outcome == Outcome::kVerified
+                            ? Outcome::kCrashed
+                            : run->report.outcome;
       failed->errors = run->report.errors;
       failed->worker_fault = run->infrastructure_failure;
       failed->message = fmt::format("compute-sanitizer {} gate: {}{}", g.tool, run->report.message,
@@ -407,9 +429,15 @@ std::optional<TaskResult> LocalTaskRunner::RunGates(const TaskSpec& task,
     spdlog::debug("task {}: {} gate output: {}", task.task_id, g.tool, run->stderr_tail);
   }
   if (cancelled) return std::nullopt;
-  if (!failed) spdlog::info("task {}: sanitizer gates passed ({})", task.task_id, passed);
+  if (!failed) {
+    spdlog::info("task {}: sanitizer gates passed ({})", task.task_id, passed);
+    std::lock_guard<std::mutex> lock(gated_mu_);
+    gated_.insert(gated_key);
+  }
   return failed;
 }
+
+bool SampledGate(std::string_view tool) { return tool == "racecheck" || tool == "synccheck"; }
 
 bool SanitizerReportsErrors(std::string_view output) {
   constexpr std::string_view kSummary = "ERROR SUMMARY: ";
@@ -512,6 +540,7 @@ std::vector<std::string> ProbeSanitizerTools(const std::string& path,
     ChildRequest probe;
     if (calibration) {
       probe = *calibration;
+      probe.sampled_checks = SampledGate(tool);
     } else {
       probe.mode = ChildRequest::Mode::kProbe;
       probe.gpu_ordinal = gpu_ordinal;

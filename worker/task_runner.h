@@ -23,6 +23,8 @@
 #pragma once
 
 #include <atomic>
+#include <mutex>
+#include <set>
 #include <optional>
 #include <string>
 #include <vector>
@@ -118,7 +120,14 @@ class LocalTaskRunner final : public TaskRunner {
   gpu::CompilePool* const pool_;  // must outlive this
   Sandbox* const sandbox_;        // must outlive this; null when compile-only
   const RunnerOptions options_;
+  // "cubin sha256|bucket|tools" of every image whose gates passed here.
+  std::mutex gated_mu_;
+  std::set<std::string> gated_;  // guarded by gated_mu_
 };
+
+// Whether `tool`'s gate runs the sampled checks (EvalOptions::sampled_checks):
+// racecheck and synccheck, whose cost grows with every tile a launch runs.
+bool SampledGate(std::string_view tool);
 
 // Whether compute-sanitizer's output reports any error ("ERROR SUMMARY: N
 // errors" with N > 0, a race or a barrier error), whatever its exit code.

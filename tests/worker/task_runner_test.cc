@@ -46,6 +46,17 @@ class TaskRunnerTest : public ::testing::Test {
                                 std::atomic<bool>* cancel = nullptr,
                                 const std::string& gate_script = "",
                                 std::vector<std::string> tools = {"memcheck"}) {
+    std::vector<std::optional<TaskResult>> r =
+        RunAll(self_test, {std::move(task)}, cancel, gate_script, std::move(tools));
+    return r[0];
+  }
+
+  // The tasks one after the other through one runner.
+  std::vector<std::optional<TaskResult>> RunAll(const std::string& self_test,
+                                                std::vector<TaskSpec> tasks,
+                                                std::atomic<bool>* cancel = nullptr,
+                                                const std::string& gate_script = "",
+                                                std::vector<std::string> tools = {"memcheck"}) {
     SandboxOptions so;
     so.executable = testing::WorkerBinary();
     so.child_args = {"--eval-child", "--self-test=" + self_test};
@@ -69,7 +80,9 @@ class TaskRunnerTest : public ::testing::Test {
     ro.gpu.arch = "sm_90a";
     LocalTaskRunner runner(&pool_, &sandbox, ro);
     std::atomic<bool> no_cancel{false};
-    return runner.Run(task, cancel ? *cancel : no_cancel);
+    std::vector<std::optional<TaskResult>> results;
+    for (const TaskSpec& task : tasks) results.push_back(runner.Run(task, cancel ? *cancel : no_cancel));
+    return results;
   }
 
   static TaskSpec Evaluate(const std::string& source = kGood) {
@@ -206,6 +219,56 @@ TEST_F(TaskRunnerTest, AFindingOfAnyToolStopsAConfirmAndNamesTheTool) {
   EXPECT_EQ(r->outcome, Outcome::kCrashed) << r->message;
   EXPECT_NE(r->message.find("compute-sanitizer racecheck gate"), std::string::npos) << r->message;
   EXPECT_FALSE(r->worker_fault);
+}
+
+// racecheck and synccheck run the sampled checks; memcheck and initcheck
+// every length. A stand-in records what each tool's child was asked.
+const std::string kRecordSampled =
+    "for a in \"$@\"; do case \"$a\" in --request-dir=*) d=\"${a#--request-dir=}\";; esac; done\n"
+    "grep -o '\"sampled_checks\":[a-z]*' \"$d/request.json\" | sed \"s/^/$tool /\" >> "
+    "\"$(dirname \"$0\")/sampled\"\n";
+
+TEST_F(TaskRunnerTest, TheCostliestToolsRunTheSampledChecks) {
+  TaskSpec t = Evaluate();
+  t.kind = TaskKind::kConfirm;
+  const std::string script = Script(
+      scratch_, "recording-sanitizer",
+      "while [ \"${1#/}\" = \"$1\" ]; do [ \"$1\" = --tool ] && tool=$2; shift; done\n" +
+          kRecordSampled + "exec \"$@\"\n");
+  std::optional<TaskResult> r =
+      Run("verified", t, nullptr, script, {"memcheck", "synccheck", "racecheck", "initcheck"});
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->outcome, Outcome::kVerified) << r->message;
+  std::ifstream in(scratch_ / "sampled");
+  std::set<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.insert(line);
+  EXPECT_EQ(lines, (std::set<std::string>{
+                       "memcheck \"sampled_checks\":false", "initcheck \"sampled_checks\":false",
+                       "racecheck \"sampled_checks\":true", "synccheck \"sampled_checks\":true"}));
+}
+
+// The same image on the same bucket is gated once per worker: the RETIME
+// that follows a CONFIRM does not run the tools again; another bucket does.
+TEST_F(TaskRunnerTest, AnImageGatedOnABucketIsNotGatedThereAgain) {
+  TaskSpec confirm = Evaluate();
+  confirm.kind = TaskKind::kConfirm;
+  TaskSpec retime = confirm;
+  retime.kind = TaskKind::kRetime;
+  retime.incumbent = VariantSpec{"v0", kGood, R"({"entry_point":"kf_attn_fwd","threads":64})", ""};
+  TaskSpec elsewhere = confirm;
+  elsewhere.shape.key.causal = !confirm.shape.key.causal;
+  const std::string clean =
+      Script(scratch_, "clean-sanitizer", kSkipSanitizerOptions + "exec \"$@\"\n");
+  std::vector<std::optional<TaskResult>> r =
+      RunAll("verified", {confirm, retime, elsewhere}, nullptr, clean, {"memcheck"});
+  ASSERT_EQ(r.size(), 3u);
+  for (const auto& x : r) ASSERT_TRUE(x.has_value());
+  EXPECT_EQ(r[0]->outcome, Outcome::kVerified) << r[0]->message;
+  EXPECT_EQ(r[2]->outcome, Outcome::kVerified) << r[2]->message;
+  std::ifstream in(scratch_ / "tools-run");
+  int runs = 0;
+  for (std::string line; std::getline(in, line);) runs += line == "memcheck";
+  EXPECT_EQ(runs, 2);
 }
 
 TEST(SanitizerReportsErrors, ReadsTheSummaryAndRaceWarnings) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "fmt/format.h"
 #include "fmt/ranges.h"
@@ -286,7 +287,39 @@ ProblemSpec CornerProblem(const ShapeKey& key, uint64_t seed, int64_t max_q_elem
   return p;
 }
 
-ProblemSpec GateProblem(const ShapeKey& key, uint64_t seed) {
+ProblemSpec SampledCheckProblem(const ShapeKey& key, uint64_t seed, int largest_tile) {
+  std::mt19937_64 rng(seed * 0x9e3779b97f4a7c15ull + 0x600);
+  const Bucket bucket = BucketOf(key);
+  const int tile = std::max(largest_tile, 1);
+  auto lengths_for = [&](int64_t bucket_max) {
+    const int cover = CoverageLength(tile, bucket_max);
+    const int longest = int(std::clamp<int64_t>(bucket_max, 1, GateLongest(tile)));
+    std::vector<int> l = {0, 1, 2, longest};
+    for (int m = 1; m * tile <= cover + 1; ++m)
+      for (int d : {-1, 0, 1}) l.push_back(std::clamp(m * tile + d, 0, cover));
+    for (int i = 0; i < 8; ++i) l.push_back(std::uniform_int_distribution<int>(1, std::max(1, cover))(rng));
+    std::shuffle(l.begin(), l.end(), rng);
+    return l;
+  };
+  ProblemSpec p;
+  p.role = ProblemRole::kCheck;
+  p.shape = HeadLayout(key);
+  p.shape.softmax_scale = DefaultScale(key.head_dim);
+  std::vector<int> q = lengths_for(bucket.max_q);
+  p.shape.cu_q = ToOffsets(q);
+  if (key.cross) {
+    std::vector<int> k = lengths_for(bucket.max_k);
+    k.resize(q.size(), AwkwardLength(rng, int(std::clamp<int64_t>(bucket.max_k, 1, kCheckMaxLen))));
+    // Cross attention with the query and key lengths of a sequence apart.
+    std::rotate(k.begin(), k.begin() + 1, k.end());
+    p.shape.cu_k = ToOffsets(k);
+  } else {
+    p.shape.cu_k = p.shape.cu_q;
+  }
+  return p;
+}
+
+ProblemSpec GateProblem(const ShapeKey& key, uint64_t seed, int64_t max_tokens, int64_t longest) {
   std::mt19937_64 rng(seed * 0x9e3779b97f4a7c15ull + 0x400);
   ProblemSpec p;
   p.role = ProblemRole::kGate;
@@ -294,13 +327,15 @@ ProblemSpec GateProblem(const ShapeKey& key, uint64_t seed) {
   p.shape.softmax_scale = float(DefaultScale(key.head_dim) * std::exp2(Uniform(rng, -1.0, 1.0)));
   p.style.outlier_period = 1021;
   p.style.outlier_magnitude = 16;
-  const int64_t total_q = std::clamp<int64_t>(key.total_q, 1, kGateMaxTokens);
+  max_tokens = std::max<int64_t>(max_tokens, 1);
+  const int64_t cap = longest > 0 ? longest : std::numeric_limits<int64_t>::max();
+  const int64_t total_q = std::clamp<int64_t>(key.total_q, 1, max_tokens);
   const int64_t batch = std::clamp<int64_t>(key.batch, 1, total_q);
-  const int64_t max_q = std::clamp<int64_t>(key.max_len_q, 1, total_q);
+  const int64_t max_q = std::clamp<int64_t>(std::min(key.max_len_q, cap), 1, total_q);
   p.shape.cu_q = ToOffsets(StatLengths(rng, batch, max_q, double(total_q) / double(batch)));
   if (key.cross) {
-    const int64_t total_k = std::clamp<int64_t>(key.total_k, batch, kGateMaxTokens);
-    const int64_t max_k = std::clamp<int64_t>(key.max_len_k, 1, total_k);
+    const int64_t total_k = std::clamp<int64_t>(key.total_k, batch, std::max(max_tokens, batch));
+    const int64_t max_k = std::clamp<int64_t>(std::min(key.max_len_k, cap), 1, total_k);
     p.shape.cu_k = ToOffsets(StatLengths(rng, batch, max_k, double(total_k) / double(batch)));
   } else {
     p.shape.cu_k = p.shape.cu_q;

@@ -96,6 +96,12 @@ int CoverageLength(int largest_tile, int64_t bucket_max_len);
 std::vector<ProblemSpec> CheckProblems(const ShapeKey& key, uint64_t seed, int count,
                                        int largest_tile, int longest = 0);
 
+// One check problem for the sampled gates (EvalOptions::sampled_checks):
+// lengths 0, 1, 2, the awkward ones around the tile and its multiples up to
+// CoverageLength, the capped longest one, and a few drawn at random; the
+// usual softmax scale and plain inputs (a hazard does not depend on values).
+ProblemSpec SampledCheckProblem(const ShapeKey& key, uint64_t seed, int largest_tile);
+
 // The timing problem: the task's offsets when given (cu_k empty: self), else
 // lengths drawn to match the key's statistics (TimingBatch); its scale and
 // outliers come from `seed`.
@@ -110,7 +116,9 @@ ProblemSpec CornerProblem(const ShapeKey& key, uint64_t seed, int64_t max_q_elem
 // The timing batch's batch size and longest sequence with at most
 // kGateMaxTokens query tokens: what the sanitizer gate runs besides the
 // checks, so that a kernel cannot keep a bad path for large batches only.
-ProblemSpec GateProblem(const ShapeKey& key, uint64_t seed);
+// `max_tokens` and `longest` (when > 0) cut it down further.
+ProblemSpec GateProblem(const ShapeKey& key, uint64_t seed, int64_t max_tokens = kGateMaxTokens,
+                        int64_t longest = 0);
 
 // The sizes of one batch, as a SizeExtent.
 SizeExtent ExtentOf(const reference::JaggedShape& s);

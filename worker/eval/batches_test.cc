@@ -168,6 +168,32 @@ TEST(GateProblem, KeepsTheBatchSizeWithFewTokens) {
   EXPECT_EQ(p.shape.max_q(), 1000);
 }
 
+TEST(GateProblem, TheSampledGateCutsTokensAndLengths) {
+  ShapeKey k = Key(false);
+  k.total_q = 64 * 900;
+  const ProblemSpec p = GateProblem(k, 1, kGateMaxTokens / 4, GateLongest(128));
+  ASSERT_TRUE(reference::ValidateJaggedShape(p.shape).ok());
+  EXPECT_EQ(p.shape.batch(), 64);
+  EXPECT_LE(p.shape.total_q(), kGateMaxTokens / 4);
+  EXPECT_EQ(p.shape.max_q(), GateLongest(128));
+}
+
+TEST(SampledCheckProblem, HoldsTheAwkwardLengths) {
+  for (bool cross : {false, true}) {
+    const ProblemSpec p = SampledCheckProblem(Key(cross), 3, 128);
+    ASSERT_TRUE(reference::ValidateJaggedShape(p.shape).ok());
+    const std::set<int> q = AllLengths({p}, false);
+    for (int l : {0, 1, 2, 127, 128, 129, 255, 256}) EXPECT_TRUE(q.count(l)) << l;
+    EXPECT_LE(*q.rbegin(), GateLongest(128));
+    EXPECT_LT(p.shape.total_q(), 8000);
+    if (cross) {
+      const std::set<int> k = AllLengths({p}, true);
+      EXPECT_TRUE(k.count(0));
+      EXPECT_NE(p.shape.cu_k, p.shape.cu_q);
+    }
+  }
+}
+
 TEST(StyleBf16, ScalesAndPlacesOutliersAtAboutTheRate) {
   std::mt19937_64 rng(1);
   std::vector<uint16_t> v = RandomBf16(100000, rng);

@@ -876,12 +876,17 @@ absl::StatusOr<EvalResult> Evaluator::CheckOnly(const EvalRequest& req,
   // (a promotion's count) and longer sequences would only make the
   // sanitizers slower: the unsanitized evaluation that follows a gate runs
   // them at full strength.
-  std::vector<ProblemSpec> specs =
-      CheckProblems(req.shape, req.seed, 3, largest_tile, GateLongest(largest_tile));
-  // One CTA running every tile is a correctness check the evaluation itself
-  // makes; under a sanitizer it would only be slow.
-  for (ProblemSpec& s : specs) s.grid_ctas = 0;
-  specs.push_back(GateProblem(req.shape, req.seed));
+  std::vector<ProblemSpec> specs;
+  if (o.sampled_checks) {
+    specs.push_back(SampledCheckProblem(req.shape, req.seed, largest_tile));
+    specs.push_back(GateProblem(req.shape, req.seed, kGateMaxTokens / 4, GateLongest(largest_tile)));
+  } else {
+    specs = CheckProblems(req.shape, req.seed, 3, largest_tile, GateLongest(largest_tile));
+    // One CTA running every tile is a correctness check the evaluation
+    // itself makes; under a sanitizer it would only be slow.
+    for (ProblemSpec& s : specs) s.grid_ctas = 0;
+    specs.push_back(GateProblem(req.shape, req.seed));
+  }
   const int gate_index = int(specs.size()) - 1;
   std::optional<Timing> ref_time;
   absl::StatusOr<std::vector<Problem>> problems = m.MakeProblems(

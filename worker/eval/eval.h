@@ -79,6 +79,12 @@ struct EvalOptions {
   // twice the check problems and the bucket's corner (batches.h), so that
   // the extent it is verified at covers its whole bucket.
   bool promotion = false;
+  // CheckOnly under racecheck and synccheck, whose cost grows with every
+  // tile a launch runs: one check problem holding the awkward lengths (0, 1,
+  // around each tile multiple, some drawn at random) instead of every
+  // length, and a smaller gate problem. memcheck and initcheck, which look
+  // at addresses a particular length may reach, keep every length.
+  bool sampled_checks = false;
 };
 
 struct EvalRequest {
