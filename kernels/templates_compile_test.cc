@@ -134,6 +134,27 @@ TEST_P(TemplatesCompile, DefaultKnobsDoNotSpill) {
   }
 }
 
+// The Hopper backward's default settings (kernels/notes/bwd.md, bwd_sm90 v1)
+// compile without spills at both head dims.
+TEST(TemplatesCompileSm90, BwdSm90DefaultKnobsDoNotSpill) {
+  bool listed = false;
+  for (const auto& t : ListTemplates()) listed = listed || t.name == "bwd_sm90";
+  if (!listed) GTEST_SKIP() << "bwd_sm90 is not in this build";
+  for (int d : {64, 128}) {
+    ShapeKey s{.op = Op::kBackward, .head_dim = d, .heads = 4, .kv_heads = 4, .arch = "sm_90a",
+               .batch = 128, .max_len_q = 1024, .total_q = 65536, .max_len_k = 1024,
+               .total_k = 65536};
+    auto v = Instantiate("bwd_sm90", DefaultKnobs("bwd_sm90", s), d);
+    ASSERT_TRUE(v.ok()) << v.status();
+    auto r = testing::CompileVariant(v->source, "sm_90a");
+    ASSERT_TRUE(r.ok) << r.log;
+    EXPECT_EQ(r.spill_stores, 0) << "d" << d << "\n" << r.log;
+    EXPECT_EQ(r.spill_loads, 0) << "d" << d << "\n" << r.log;
+    EXPECT_EQ(r.log.find("C7517"), std::string::npos) << "wgmma wait injected\n" << r.log;
+    EXPECT_EQ(r.log.find("C7511"), std::string::npos) << "wgmma serialized\n" << r.log;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Archs, TemplatesCompile,
                          ::testing::Values("sm_80", "sm_90a", "sm_100a"),
                          [](const auto& info) { return info.param; });
