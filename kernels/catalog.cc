@@ -17,6 +17,9 @@ std::vector<TemplateDef> AllTemplates() {
 #ifdef KFORGE_HAVE_FWD_SM90
   defs.push_back(templates::FwdSm90Template());
 #endif
+#ifdef KFORGE_HAVE_BWD_SM90
+  defs.push_back(templates::BwdSm90Template());
+#endif
   return defs;
 }
 

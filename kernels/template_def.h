@@ -10,6 +10,9 @@
 //   kernels/templates/fwd_sm90.cc  -> templates::FwdSm90Template()  (if the
 //       file exists; CMake then defines KFORGE_HAVE_FWD_SM90 and embeds
 //       kernels/templates/fwd_sm90.cuh as kforge::embedded::fwd_sm90_cuh)
+//   kernels/templates/bwd_sm90.cc  -> templates::BwdSm90Template()  (likewise,
+//       KFORGE_HAVE_BWD_SM90; its build() prepends templates/bwd_sm90_layout.h,
+//       the shared-memory layout the .cc also evaluates)
 #pragma once
 
 #include <functional>
@@ -43,6 +46,9 @@ TemplateDef FwdMmaTemplate();
 TemplateDef BwdMmaTemplate();
 #ifdef KFORGE_HAVE_FWD_SM90
 TemplateDef FwdSm90Template();
+#endif
+#ifdef KFORGE_HAVE_BWD_SM90
+TemplateDef BwdSm90Template();
 #endif
 }  // namespace templates
 

@@ -91,9 +91,12 @@ TEST_P(TemplatesCompile, EveryValidKnobCombinationCompiles) {
         absl::Status source_ok = CheckSource(v->source);
         ASSERT_TRUE(source_ok.ok()) << t.name << " " << Describe(v->knobs, d) << ": "
                                     << source_ok.message();
-        if (!CheckVariant(v->source, v->manifest, arch, ShapeKey{.head_dim = d, .heads = 4,
-                                                                 .kv_heads = 4, .arch = arch,
-                                                                 .batch = 1})
+        // (checked for the template's own op: a backward template checked as
+        // forward would be skipped here)
+        const Op op = t.ops.front() == "bwd" ? Op::kBackward : Op::kForward;
+        if (!CheckVariant(v->source, v->manifest, arch,
+                          ShapeKey{.op = op, .head_dim = d, .heads = 4, .kv_heads = 4,
+                                   .arch = arch, .batch = 1})
                  .ok()) {
           continue;  // e.g. over sm_80's shared memory
         }
@@ -131,6 +134,27 @@ TEST_P(TemplatesCompile, DefaultKnobsDoNotSpill) {
     ASSERT_TRUE(r.ok) << r.log;
     EXPECT_EQ(r.spill_stores, 0) << arch << " d" << d << "\n" << r.log;
     EXPECT_EQ(r.spill_loads, 0) << arch << " d" << d << "\n" << r.log;
+  }
+}
+
+// The Hopper backward's default settings (kernels/notes/bwd.md, bwd_sm90 v1)
+// compile without spills at both head dims.
+TEST(TemplatesCompileSm90, BwdSm90DefaultKnobsDoNotSpill) {
+  bool listed = false;
+  for (const auto& t : ListTemplates()) listed = listed || t.name == "bwd_sm90";
+  if (!listed) GTEST_SKIP() << "bwd_sm90 is not in this build";
+  for (int d : {64, 128}) {
+    ShapeKey s{.op = Op::kBackward, .head_dim = d, .heads = 4, .kv_heads = 4, .arch = "sm_90a",
+               .batch = 128, .max_len_q = 1024, .total_q = 65536, .max_len_k = 1024,
+               .total_k = 65536};
+    auto v = Instantiate("bwd_sm90", DefaultKnobs("bwd_sm90", s), d);
+    ASSERT_TRUE(v.ok()) << v.status();
+    auto r = testing::CompileVariant(v->source, "sm_90a");
+    ASSERT_TRUE(r.ok) << r.log;
+    EXPECT_EQ(r.spill_stores, 0) << "d" << d << "\n" << r.log;
+    EXPECT_EQ(r.spill_loads, 0) << "d" << d << "\n" << r.log;
+    EXPECT_EQ(r.log.find("C7517"), std::string::npos) << "wgmma wait injected\n" << r.log;
+    EXPECT_EQ(r.log.find("C7511"), std::string::npos) << "wgmma serialized\n" << r.log;
   }
 }
 

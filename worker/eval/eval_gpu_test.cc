@@ -142,6 +142,38 @@ TEST_F(EvalGpu, BwdMmaVerifies) {
   }
 }
 
+// The Hopper wgmma backward (bwd_sm90) on the hostile check batches: its
+// default settings at both head dims (D=64: BLOCK_M=128, D=128: BLOCK_M=64)
+// and the other dQ split (D=64, BLOCK_M=64), one stage and two; self and
+// cross, causal or not, GQA. Needs an sm_90a device.
+TEST_F(EvalGpu, BwdSm90Verifies) {
+  if (evaluator_->device().arch != "sm_90a") GTEST_SKIP() << "bwd_sm90 needs sm_90a";
+  bool listed = false;
+  for (const auto& t : ListTemplates()) listed = listed || t.name == "bwd_sm90";
+  if (!listed) GTEST_SKIP() << "bwd_sm90 is not in this build";
+  struct S { int d, h, kvh; bool causal, cross; int bm, stages; };
+  for (S s : {S{128, 4, 4, true, false, 64, 2}, S{128, 4, 2, false, true, 64, 2},
+              S{128, 2, 1, true, true, 64, 1}, S{64, 4, 1, true, true, 128, 2},
+              S{64, 2, 2, false, false, 128, 2}, S{64, 4, 2, true, false, 64, 2},
+              S{64, 2, 2, false, true, 64, 1}}) {
+    SCOPED_TRACE(fmt::format("d{} h{}/{} causal {} cross {} BM{} STAGES{}", s.d, s.h, s.kvh,
+                             s.causal, s.cross, s.bm, s.stages));
+    absl::StatusOr<Variant> v = Instantiate(
+        "bwd_sm90", {{"BLOCK_M", s.bm}, {"BLOCK_N", 128}, {"STAGES", s.stages}}, s.d);
+    ASSERT_TRUE(v.ok()) << v.status();
+    EvalRequest req;
+    req.shape = Shape(Op::kBackward, s.d, s.h, s.kvh, s.causal, s.cross);
+    req.seed = 900 + s.d + s.bm + s.stages;
+    req.candidate.source = v->source;
+    req.candidate.manifest = v->manifest;
+    req.options.iterations = 3;
+    absl::StatusOr<EvalResult> r = evaluator_->Evaluate(req);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->outcome, Outcome::kVerified) << r->message << "\n" << r->errors.detail;
+    std::cout << "bwd_sm90: " << r->message << "\n";
+  }
+}
+
 TEST_F(EvalGpu, GoodBackwardVerifies) {
   for (bool cross : {false, true}) {
     EvalRequest req;

@@ -1,0 +1,97 @@
+// TemplateDef of the Hopper wgmma backward (templates/bwd_sm90.cuh).
+// Notes and measurements: kernels/notes/bwd.md ("bwd_sm90 v1").
+#include <fmt/format.h>
+
+#include "kernels/template_def.h"
+#include "kernels/templates/bwd_sm90_layout.h"
+
+namespace kforge::embedded {
+extern const char bwd_sm90_cuh[];
+extern const char bwd_sm90_layout_h[];
+}
+
+namespace kforge::templates {
+namespace {
+
+int Knob(const std::map<std::string, int>& k, const char* name) { return k.at(name); }
+
+// The kernel's own layout function (bwd_sm90_layout.h), evaluated here.
+KfBwdSm90Layout Layout(const std::map<std::string, int>& k, int d) {
+  return kf_bwd_sm90_layout(d, Knob(k, "BLOCK_M"), Knob(k, "BLOCK_N"), Knob(k, "STAGES"));
+}
+
+}  // namespace
+
+TemplateDef BwdSm90Template() {
+  TemplateDef def;
+  def.info.name = "bwd_sm90";
+  def.info.archs = {"sm_90a"};
+  def.info.ops = {"bwd"};
+  def.info.head_dims = {64, 128};
+  def.info.knobs = {
+      {"BLOCK_M", {64, 128}, 64},  // query rows per step (128: head dim 64 only)
+      {"BLOCK_N", {128}, 128},     // keys per CTA: 64 per consumer warpgroup
+      {"STAGES", {1, 2}, 2},       // Q/dO/LSE/delta ring depth
+  };
+  def.info.description =
+      "Hopper backward (FA3-style): a CTA per key block of 128 keys, 1 producer warpgroup "
+      "(cp.async K/V once, Q/dO/LSE/delta per query block through an mbarrier ring) + 2 consumer "
+      "warpgroups of 64 keys each (wgmma SS for S^T and dP^T, RS for dV and dK with P^T/dS^T in "
+      "registers, SS for dQ from dS staged in smem), dQ by red.global.add.v4 into dq_accum, "
+      "converted by the last key block; setmaxnreg 40/232/232";
+  def.validate = [](const std::map<std::string, int>& k, int d) -> absl::Status {
+    const int bm = Knob(k, "BLOCK_M");
+    if (bm == 128 && d == 128) {
+      return absl::InvalidArgumentError(
+          "bwd_sm90: BLOCK_M=128 with head_dim 128 needs 256 fp32 accumulator registers per "
+          "consumer thread (S^T, dP^T, dK, dV); use BLOCK_M=64");
+    }
+    if (bm == 128 && Knob(k, "STAGES") == 1) {
+      return absl::InvalidArgumentError(
+          "bwd_sm90: BLOCK_M=128 with STAGES=1 spills (12 B, ptxas 13.0); use STAGES=2");
+    }
+    const int bytes = Layout(k, d).dynamic_bytes;
+    if (bytes > 232448) {
+      return absl::InvalidArgumentError(fmt::format(
+          "bwd_sm90: {} B of shared memory (BLOCK_M={}, STAGES={}, head_dim={}) exceeds sm_90a's "
+          "232448 B limit",
+          bytes, bm, Knob(k, "STAGES"), d));
+    }
+    return absl::OkStatus();
+  };
+  def.build = [archs = def.info.archs](const std::map<std::string, int>& k,
+                                       int d) -> absl::StatusOr<Variant> {
+    Variant v;
+    v.source = KnobPrelude(k, d) + embedded::bwd_sm90_layout_h + embedded::bwd_sm90_cuh;
+    Manifest& m = v.manifest;
+    m.entry_point = "kf_attn_bwd";
+    m.threads = 384;
+    m.dynamic_smem_bytes = Layout(k, d).dynamic_bytes;
+    m.grid = GridPolicy::kPersistent;
+    m.key_major = true;
+    m.tile_m = Knob(k, "BLOCK_M");
+    m.tile_n = Knob(k, "BLOCK_N");
+    m.archs = archs;
+    m.features = {"wgmma", "setmaxnreg", "cp_async"};
+    m.head_dims = {d};
+    m.ops = {"bwd"};
+    m.causal = m.noncausal = m.gqa = true;
+    m.ctas_per_sm = 1;
+    return v;
+  };
+  // D=64: BLOCK_M=128 (dQ split by rows: one dq_accum reduction per element
+  // and key block); D=128: BLOCK_M=64 (the only setting that fits).
+  def.default_knobs = [](const ShapeKey& s) -> std::map<std::string, int> {
+    return {{"BLOCK_M", s.head_dim == 64 ? 128 : 64}, {"BLOCK_N", 128}, {"STAGES", 2}};
+  };
+  // Not measured on a GPU yet: just below bwd_mma (10), so the default
+  // backward seed stays bwd_mma while the tuner searches this template too.
+  def.preference = [](const ShapeKey& s) {
+    if (s.op != Op::kBackward || s.arch != "sm_90a") return 0;
+    if (s.head_dim != 64 && s.head_dim != 128) return 0;
+    return 9;
+  };
+  return def;
+}
+
+}  // namespace kforge::templates

@@ -1,0 +1,46 @@
+// Shared-memory layout of the Hopper backward (templates/bwd_sm90.cuh): the
+// one definition that both the kernel source and the host-side size
+// computation (templates/bwd_sm90.cc) evaluate, so there is no second
+// "must match" formula. Plain C++17 constexpr, no includes: the catalog
+// prepends this file to the kernel source (after the knob #defines) and
+// bwd_sm90.cc includes it.
+//
+// Byte offsets from a 1024-byte-aligned base (128B-swizzled tiles must start
+// on a 1024-byte boundary); dynamic_bytes adds the 1024 bytes the kernel may
+// skip to align the base.
+#pragma once
+
+struct KfBwdSm90Layout {
+  int k;            // K tile, BLOCK_N x D bf16: D/64 panels of BLOCK_N rows x 128 B
+  int v;            // V tile, same shape
+  int stage;        // stage 0: Q tile then dO tile (BLOCK_M x D each, same panel layout)
+  int stage_bytes;  // stage s starts at stage + s * stage_bytes
+  int tile_q_bytes; // one BLOCK_M x D tile (dO = Q + tile_q_bytes)
+  int ds;           // two dS buffers, BLOCK_M rows x BLOCK_N keys bf16, K-major
+  int ds_bytes;     //   (BLOCK_N/64 panels of BLOCK_M rows x 128 B); buffer b at ds + b * ds_bytes
+  int lse;          // per stage: BLOCK_M floats LSE*log2(e) (+inf where P = 0) ...
+  int delta;        // ... and BLOCK_M floats delta; stage s at + s * 4 * BLOCK_M
+  int flags;        // 256 ints (dq completion flags of the consumer warpgroups)
+  int bars;         // mbarriers (8 B each): full[S], empty[S], kv_full, kv_empty
+  int total;        // bytes used from the aligned base
+  int dynamic_bytes;// dynamic shared memory to request
+};
+
+constexpr KfBwdSm90Layout kf_bwd_sm90_layout(int d, int block_m, int block_n, int stages) {
+  KfBwdSm90Layout l{};
+  const int kv_bytes = block_n * d * 2;
+  l.tile_q_bytes = block_m * d * 2;
+  l.k = 0;
+  l.v = l.k + kv_bytes;
+  l.stage = l.v + kv_bytes;
+  l.stage_bytes = 2 * l.tile_q_bytes;
+  l.ds = l.stage + stages * l.stage_bytes;
+  l.ds_bytes = block_m * block_n * 2;
+  l.lse = l.ds + 2 * l.ds_bytes;
+  l.delta = l.lse + stages * block_m * 4;
+  l.flags = l.delta + stages * block_m * 4;
+  l.bars = l.flags + 256 * 4;
+  l.total = l.bars + (2 * stages + 2) * 8;
+  l.dynamic_bytes = l.total + 1024;
+  return l;
+}
