@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # One call on the GPU machine for one change: every GPU-labelled test, a short
 # tuning run through the real binaries with the sanitizer gates (throughput,
-# promotions), then the training-step benchmark, each within its own time
-# cap so the call ends inside the device tool's limit. Logs go to $OUT as one
-# archive; a short table is printed last.
+# promotions), then the training-step benchmark, and optionally the attention
+# benchmark (kforge forward and backward against the anchors), each within its
+# own time cap so the call ends inside the device tool's limit. Logs go to
+# $OUT as one archive; a short table is printed last.
 #   OUT=/tmp/out deploy/gpu-all.sh [BUNDLE=.bundle]
-# Caps (seconds): TESTS_S (default 260), TUNE_S (170), TRAIN_S (60);
+# Caps (seconds): TESTS_S (default 260), TUNE_S (170), TRAIN_S (60), BENCH_S
+# (default 0: skip bench/attention/run.sh with OP=both; every shape needs
+# several minutes, so give it a device call of its own or trim the others);
 # TUNE_VARIANTS (6) variants per shape over bench/shapes.json.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +29,18 @@ echo "tune rc=$?" >> "$work/tune.txt"
 BUNDLE="$bundle" OUT="$work/train" timeout "${TRAIN_S:-60}" bench/train/run.sh > "$work/train.txt" 2>&1
 echo "train rc=$?" >> "$work/train.txt"
 
-tar czf "$out/gpu-all.tgz" -C "$work" . && rm -rf "$work"/logs "$work"/tune "$work"/train
+if [ "${BENCH_S:-0}" -gt 0 ]; then
+  # run.sh's own caps are split from BENCH_S so that both kforge and the
+  # anchors get their turn (the outer timeout does not reach the process
+  # groups of the inner ones); the rest draws the lengths and reports.
+  part=$(( BENCH_S * 45 / 100 ))
+  OP=both BUNDLE="$bundle" OUT="$work/bench" OURS_TIMEOUT=$part ANCHOR_TIMEOUT=$part \
+    timeout "$BENCH_S" bench/attention/run.sh > "$work/bench.txt" 2>&1
+  echo "bench rc=$?" >> "$work/bench.txt"
+fi
+
+tar czf "$out/gpu-all.tgz" -C "$work" . && rm -rf "$work"/logs "$work"/tune "$work"/train "$work"/bench
 echo "---- tests";  grep -E "^[a-z_]+ +pass|GPU tests:|rc=" "$work/tests.txt"
 echo "---- tune";   tail -n 8 "$work/tune_report.txt" 2>/dev/null; grep "rc=" "$work/tune.txt"
 echo "---- train";  tail -n 6 "$work/train.txt"
+if [ "${BENCH_S:-0}" -gt 0 ]; then echo "---- bench"; grep -E "^\||geomean|rc=" "$work/bench.txt"; fi
