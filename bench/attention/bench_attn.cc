@@ -1332,6 +1332,15 @@ int Main(int argc, char** argv) {
   json results = json::array();
   std::vector<Row> rows;
   Verdicts fwd_verdicts, bwd_verdicts;
+  // Rewritten after every (shape, op): run.sh caps this process, and a run
+  // cut short should still leave what it measured for report.py.
+  auto save = [&] {
+    if (o.out.empty()) return;
+    const std::string tmp = o.out + ".tmp";
+    std::ofstream(tmp) << json{{"gpu", info->name}, {"arch", info->arch}, {"op", o.op},
+                               {"shapes", results}}.dump(1);
+    std::rename(tmp.c_str(), o.out.c_str());
+  };
   for (const Problem& pr : problems) {
     std::printf("\n== %s: B=%zu H=%d D=%d causal=%d tokens_q=%d max_q=%d GFLOP=%.1f\n",
                 pr.name.c_str(), pr.cu_q.size() - 1, pr.heads, pr.head_dim, pr.causal,
@@ -1344,6 +1353,7 @@ int Main(int argc, char** argv) {
       if (!j.is_null()) {
         results.push_back(j);
         rows.push_back(best);
+        save();
       }
     }
     if (o.bwd()) {
@@ -1354,6 +1364,7 @@ int Main(int argc, char** argv) {
       if (!j.is_null()) {
         results.push_back(j);
         rows.push_back(best);
+        save();
       }
     }
   }
@@ -1362,10 +1373,7 @@ int Main(int argc, char** argv) {
     std::printf("%s | %s | %s | %.1f | %.1f\n", r.op.c_str(), r.shape.c_str(), r.best.c_str(),
                 r.us, r.tflops);
   }
-  if (!o.out.empty()) {
-    std::ofstream(o.out) << json{{"gpu", info->name}, {"arch", info->arch}, {"op", o.op},
-                                 {"shapes", results}}.dump(1);
-  }
+  save();
   return 0;
 }
 

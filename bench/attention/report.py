@@ -68,6 +68,8 @@ def load_anchors(path):
 if __name__ == "__main__":
     if len(sys.argv) < 2:
         sys.exit("usage: report.py ours.json [anchors.jsonl]")
+    if not os.path.exists(sys.argv[1]):
+        sys.exit(f"{sys.argv[1]}: missing (kforge-bench-attn finished no shape: see ours.log)")
     with open(sys.argv[1]) as f:
         ours = json.load(f)
     print(render(ours, load_anchors(sys.argv[2] if len(sys.argv) > 2 else None)))
