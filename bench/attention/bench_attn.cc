@@ -1,21 +1,29 @@
-// kforge-bench-attn: times kforge's jagged attention forward variants on the
-// benchmark shapes (bench/shapes.json, lengths drawn by lengths.py with the
-// anchors' rule), after checking each against the GPU reference.
+// kforge-bench-attn: times kforge's jagged attention variants, forward and/or
+// backward, on the benchmark shapes (bench/shapes.json, lengths drawn by
+// lengths.py with the anchors' rule), after checking each against the GPU
+// reference. `--help` lists the options.
 //
-//   kforge-bench-attn --lengths lengths.json [--out results.json]
-//                     [--only a,b] [--reps 20] [--variants default|sweep]
-//
-// Per shape: every candidate (template x knobs) is NVRTC-compiled for the GPU
-// found, checked on a hostile small batch (lengths 0, 1, tile +-1, cross,
-// GQA, both masks) and on a prefix of the benchmark batch against the fp32
-// reference, then timed: 3 warm-ups, then `reps` runs each preceded by an
-// L2 flush, CUDA events around the launch alone, median reported.
+// Per shape and op: every candidate (template x knobs, from the catalog's
+// templates of that op) is NVRTC-compiled for the GPU found (once per source:
+// shapes share compiles), checked on a hostile small batch (lengths 0, 1,
+// tile +-1, cross, GQA, both masks) and on a prefix of the benchmark batch
+// against the fp32 reference, then timed: 3 warm-ups, then `reps` runs each
+// preceded by an L2 flush, CUDA events around the launch alone, median
+// reported. Backward: the events also enclose the one memset of the scratch
+// the contract has the host zero (tile counter, workspace, delta, dq_accum),
+// because every backward call pays it (the runtime issues it per launch);
+// delta = rowsum(dO o O) and the dQ conversion are inside the variant's one
+// launch (CONTRACT.md, "Backward"). Backward FLOPs = 2.5 x forward FLOPs.
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <map>
+#include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -27,6 +35,8 @@
 #include "kernels/catalog.h"
 #include "kernels/check.h"
 #include "kernels/schedule.h"
+#include "worker/eval/compare.h"
+#include "worker/eval/device_tools.h"
 #include "worker/reference/gpu_reference.h"
 
 namespace kforge::bench {
@@ -77,6 +87,15 @@ extern "C" __global__ void kf_compare(const unsigned short* o, const float* ref_
   kf_amax(out + 0, e); kf_amax(out + 1, m); kf_amax(out + 3, el);
   if (bad > 0.f) atomicAdd(out + 2, bad);
   if (badl > 0.f) atomicAdd(out + 4, badl);
+}
+// dst[h * rows + r] = src[h * src_stride + r]: the (heads, total_q) LSE of a
+// batch's first `rows` query rows as a (heads, rows) array of their own.
+extern "C" __global__ void kf_gather_lse(const float* src, long long src_stride, float* dst,
+                                         int rows, int heads) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (long long)rows * heads;
+       i += (long long)gridDim.x * blockDim.x) {
+    dst[i] = src[(i / rows) * src_stride + i % rows];
+  }
 }
 )";
 
@@ -140,7 +159,9 @@ Problem MakeProblem(std::string name, int heads, int kv_heads, int d, bool causa
 struct Candidate {
   Variant variant;
   std::string label;
-  gpu::Module module;
+  // Shared with every other shape's candidate of the same source and
+  // manifest (Bench keeps them): a compile is made once per run.
+  std::shared_ptr<gpu::Module> module;
   gpu::Kernel kernel;
   gpu::FunctionResources res;
   int regs = 0;
@@ -182,6 +203,9 @@ class Bench {
     auto cmp = helpers_.GetKernel("kf_compare");
     if (!cmp.ok()) return cmp.status();
     compare_ = *cmp;
+    auto gather = helpers_.GetKernel("kf_gather_lse");
+    if (!gather.ok()) return gather.status();
+    gather_lse_ = *gather;
     auto flush = gpu::DeviceBuffer::Allocate(driver_, size_t{256} << 20);
     if (!flush.ok()) return flush.status();
     flush_ = std::move(*flush);
@@ -194,53 +218,74 @@ class Bench {
     return absl::OkStatus();
   }
 
-  // Compiles and loads every candidate (compiles in parallel).
+  // Compiles and loads every candidate (compiles in parallel); a candidate
+  // whose source and manifest an earlier shape's had reuses that compile.
   void Prepare(std::vector<Candidate>& cands) {
-    std::vector<std::future<absl::StatusOr<gpu::CompileResult>>> jobs;
+    auto key = [](const Candidate& c) { return c.variant.manifest_json + "\n" + c.variant.source; };
+    std::vector<Candidate*> todo;
+    std::set<std::string> queued;
     for (auto& c : cands) {
-      jobs.push_back(std::async(std::launch::async, [&c, this] {
+      if (!compiled_.count(key(c)) && queued.insert(key(c)).second) todo.push_back(&c);
+    }
+    std::vector<std::future<absl::StatusOr<gpu::CompileResult>>> jobs;
+    for (Candidate* c : todo) {
+      jobs.push_back(std::async(std::launch::async, [c, this] {
         gpu::CompileRequest req;
-        req.source = c.variant.source;
+        req.source = c->variant.source;
         req.arch = info_.arch;
-        req.name = c.variant.template_name + ".cu";
+        req.name = c->variant.template_name + ".cu";
         return gpu::Compile(req);
       }));
     }
-    for (size_t i = 0; i < cands.size(); ++i) {
-      auto& c = cands[i];
-      auto r = jobs[i].get();
-      if (!r.ok()) {
-        c.error = std::string(r.status().message());
-        continue;
-      }
-      c.compile_ms = r->compile_ms;
-      c.res = r->total;
-      if (!r->ok) {
-        c.error = "compile error:\n" + r->log.substr(0, 2000);
-        continue;
-      }
-      auto m = gpu::Module::Load(driver_, r->cubin);
-      if (!m.ok()) {
-        c.error = std::string(m.status().message());
-        continue;
-      }
-      c.module = std::move(*m);
-      auto k = c.module.GetKernel(c.variant.entry_point);
-      if (!k.ok()) {
-        c.error = std::string(k.status().message());
-        continue;
-      }
-      c.kernel = *k;
-      if (auto s = c.kernel.SetMaxDynamicSharedMemory(c.variant.manifest.dynamic_smem_bytes);
-          !s.ok()) {
-        c.error = std::string(s.message());
-        continue;
-      }
-      auto attr = c.kernel.Attributes();
-      if (attr.ok()) {
-        c.regs = attr->num_regs;
-        c.local_bytes = attr->local_bytes;
-      }
+    for (size_t i = 0; i < todo.size(); ++i) {
+      Candidate& c = *todo[i];
+      Load(c, jobs[i].get());
+      compiled_[key(c)] = c;
+    }
+    for (auto& c : cands) {
+      const Candidate& done = compiled_.at(key(c));
+      c.module = done.module;
+      c.kernel = done.kernel;
+      c.res = done.res;
+      c.regs = done.regs;
+      c.local_bytes = done.local_bytes;
+      c.compile_ms = done.compile_ms;
+      c.error = done.error;
+    }
+  }
+
+  void Load(Candidate& c, absl::StatusOr<gpu::CompileResult> r) {
+    if (!r.ok()) {
+      c.error = std::string(r.status().message());
+      return;
+    }
+    c.compile_ms = r->compile_ms;
+    c.res = r->total;
+    if (!r->ok) {
+      c.error = "compile error:\n" + r->log.substr(0, 2000);
+      return;
+    }
+    auto m = gpu::Module::Load(driver_, r->cubin);
+    if (!m.ok()) {
+      c.error = std::string(m.status().message());
+      return;
+    }
+    c.module = std::make_shared<gpu::Module>(*std::move(m));
+    auto k = c.module->GetKernel(c.variant.entry_point);
+    if (!k.ok()) {
+      c.error = std::string(k.status().message());
+      return;
+    }
+    c.kernel = *k;
+    if (auto s = c.kernel.SetMaxDynamicSharedMemory(c.variant.manifest.dynamic_smem_bytes);
+        !s.ok()) {
+      c.error = std::string(s.message());
+      return;
+    }
+    auto attr = c.kernel.Attributes();
+    if (attr.ok()) {
+      c.regs = attr->num_regs;
+      c.local_bytes = attr->local_bytes;
     }
   }
 
@@ -409,7 +454,23 @@ class Bench {
   absl::StatusOr<double> Time(const Candidate& c, const Problem& pr, Data& d, int reps) {
     auto l = Plan(c, pr, d);
     if (!l.ok()) return l.status();
-    for (int i = 0; i < 3; ++i) BENCH_TRY(Run(c, *l));
+    return TimeLoop(
+        reps, [&] { return counter_.Fill32(0, stream_); },
+        [&]() -> absl::Status {
+          if (l->plan.empty) return absl::OkStatus();
+          return c.kernel.Launch(l->params, {l->plan.grid[0], l->plan.grid[1], l->plan.grid[2]},
+                                 {l->plan.threads}, l->plan.dynamic_smem_bytes, stream_);
+        });
+  }
+
+  // 3 warm-ups of (untimed, timed), then `reps` times: L2 flush, `untimed`,
+  // then `timed` between two events. The median in microseconds.
+  absl::StatusOr<double> TimeLoop(int reps, const std::function<absl::Status()>& untimed,
+                                  const std::function<absl::Status()>& timed) {
+    for (int i = 0; i < 3; ++i) {
+      BENCH_TRY(untimed());
+      BENCH_TRY(timed());
+    }
     BENCH_TRY(stream_.Synchronize());
     std::vector<gpu::Event> starts, ends;
     for (int i = 0; i < reps; ++i) {
@@ -422,12 +483,9 @@ class Bench {
     }
     for (int i = 0; i < reps; ++i) {
       BENCH_TRY(flush_.Fill32(static_cast<uint32_t>(i), stream_));
-      BENCH_TRY(counter_.Fill32(0, stream_));
+      BENCH_TRY(untimed());
       BENCH_TRY(starts[i].Record(stream_));
-      if (!l->plan.empty) {
-        BENCH_TRY(c.kernel.Launch(l->params, {l->plan.grid[0], l->plan.grid[1], l->plan.grid[2]},
-                                  {l->plan.threads}, l->plan.dynamic_smem_bytes, stream_));
-      }
+      BENCH_TRY(timed());
       BENCH_TRY(ends[i].Record(stream_));
     }
     BENCH_TRY(stream_.Synchronize());
@@ -441,6 +499,241 @@ class Bench {
     return us[us.size() / 2];
   }
 
+  // ------------------------------------------------------------ backward ---
+  // Inputs as the evaluator makes them (worker/eval/eval.cc): random Q, K, V,
+  // dO; O (rounded to bf16) and LSE from the reference forward of the whole
+  // batch. The reference backward runs on the checked prefix only.
+  struct BwdData {
+    gpu::DeviceBuffer q, k, v, dout, o, lse, cu_q, cu_k, dq, dk, dv, scratch, tiles;
+    gpu::DeviceBuffer ref_dq, ref_dk, ref_dv;  // fp32, the checked prefix
+    int ref_batch = 0, ref_rows = 0, ref_keys = 0;
+  };
+
+  absl::StatusOr<BwdData> UploadBwd(const Problem& pr, int max_check_rows) {
+    if (tools_ == nullptr) {
+      auto t = eval::DeviceTools::Create(driver_, info_.arch);
+      if (!t.ok()) return t.status();
+      tools_ = *std::move(t);
+    }
+    BwdData d;
+    auto alloc = [&](gpu::DeviceBuffer& b, size_t bytes) -> absl::Status {
+      auto x = gpu::DeviceBuffer::Allocate(driver_, std::max<size_t>(bytes, 16));
+      if (!x.ok()) return x.status();
+      b = std::move(*x);
+      return absl::OkStatus();
+    };
+    const size_t tq = pr.cu_q.back(), tk = pr.cu_k.back(), D = pr.head_dim;
+    const size_t q_elems = tq * pr.heads * D, k_elems = tk * pr.kv_heads * D;
+    for (auto* b : {&d.q, &d.dout, &d.o, &d.dq}) BENCH_TRY(alloc(*b, q_elems * 2));
+    for (auto* b : {&d.k, &d.v, &d.dk, &d.dv}) BENCH_TRY(alloc(*b, k_elems * 2));
+    BENCH_TRY(alloc(d.lse, tq * pr.heads * 4));
+    BENCH_TRY(alloc(d.cu_q, pr.cu_q.size() * 4));
+    BENCH_TRY(alloc(d.cu_k, pr.cu_k.size() * 4));
+    BENCH_TRY(Fill(d.q, 11));
+    BENCH_TRY(Fill(d.k, 22));
+    BENCH_TRY(Fill(d.v, 33));
+    BENCH_TRY(Fill(d.dout, 44));
+    BENCH_TRY(d.cu_q.Upload(std::span<const int32_t>(pr.cu_q), stream_));
+    BENCH_TRY(d.cu_k.Upload(std::span<const int32_t>(pr.cu_k), stream_));
+    {
+      gpu::DeviceBuffer o32;
+      BENCH_TRY(alloc(o32, q_elems * 4));
+      KfAttnParams p = BwdParams(pr, d);
+      p.o = o32.get();
+      BENCH_TRY(ref_->Forward(p, stream_));
+      BENCH_TRY(tools_->ToBf16(d.o, o32, q_elems, stream_));
+      BENCH_TRY(stream_.Synchronize());  // before o32 is freed
+    }
+    int nb = 1;
+    const int batch = static_cast<int>(pr.cu_q.size()) - 1;
+    while (nb < batch && pr.cu_q[nb + 1] <= max_check_rows) ++nb;
+    d.ref_batch = std::min(nb, batch);
+    d.ref_rows = pr.cu_q[d.ref_batch];
+    d.ref_keys = pr.cu_k[d.ref_batch];
+    BENCH_TRY(alloc(d.ref_dq, size_t(d.ref_rows) * pr.heads * D * 4));
+    BENCH_TRY(alloc(d.ref_dk, size_t(d.ref_keys) * pr.kv_heads * D * 4));
+    BENCH_TRY(alloc(d.ref_dv, size_t(d.ref_keys) * pr.kv_heads * D * 4));
+    // The prefix as a batch of its own: its rows come first in every
+    // row-major tensor, but LSE and delta are (heads, rows), so LSE is gathered.
+    gpu::DeviceBuffer lse_p, delta_p;
+    BENCH_TRY(alloc(lse_p, size_t(d.ref_rows) * pr.heads * 4));
+    BENCH_TRY(alloc(delta_p, size_t(d.ref_rows) * pr.heads * 4));
+    {
+      uint64_t src = d.lse.address(), dst = lse_p.address();
+      long long stride = static_cast<long long>(tq);
+      int rows = d.ref_rows, heads = pr.heads;
+      void* args[] = {&src, &stride, &dst, &rows, &heads};
+      BENCH_TRY(gather_lse_.LaunchRaw(args, {264}, {256}, 0, stream_));
+    }
+    KfAttnParams bp = BwdParams(pr, d);
+    bp.batch = d.ref_batch;
+    bp.total_q = d.ref_rows;
+    bp.total_k = d.ref_keys;
+    bp.lse = lse_p.as<float>();
+    bp.delta = delta_p.as<float>();
+    bp.dq = d.ref_dq.get();
+    bp.dk = d.ref_dk.get();
+    bp.dv = d.ref_dv.get();
+    BENCH_TRY(ref_->Backward(bp, stream_));
+    BENCH_TRY(stream_.Synchronize());  // before lse_p and delta_p are freed
+    return d;
+  }
+
+  KfAttnParams BwdParams(const Problem& pr, const BwdData& d) const {
+    KfAttnParams p{};
+    p.q = d.q.get();
+    p.k = d.k.get();
+    p.v = d.v.get();
+    p.o = d.o.get();
+    p.lse = d.lse.as<float>();
+    p.dout = d.dout.get();
+    p.dq = d.dq.get();
+    p.dk = d.dk.get();
+    p.dv = d.dv.get();
+    p.cu_seqlens_q = d.cu_q.as<int>();
+    p.cu_seqlens_k = d.cu_k.as<int>();
+    p.batch = static_cast<int>(pr.cu_q.size()) - 1;
+    p.heads = pr.heads;
+    p.kv_heads = pr.kv_heads;
+    p.head_dim = pr.head_dim;
+    p.max_seqlen_q = pr.max_q();
+    p.max_seqlen_k = pr.max_k();
+    p.total_q = pr.cu_q.back();
+    p.total_k = pr.cu_k.back();
+    p.softmax_scale = 1.0f / std::sqrt(static_cast<float>(pr.head_dim));
+    p.softmax_scale_log2 = p.softmax_scale * 1.4426950408889634f;
+    p.causal = pr.causal ? 1 : 0;
+    return p;
+  }
+
+  struct BwdLaunch {
+    LaunchPlan plan;
+    KfAttnParams params;
+    uint64_t scratch = 0;  // the range zeroed before every launch
+    size_t scratch_bytes = 0;
+  };
+
+  // The launch as the evaluator and the runtime make it: CTAs per SM from
+  // the manifest or the occupancy calculator, the key-major tile list
+  // (PlanLaunch with kv_heads), and the scratch the contract has the host
+  // zero laid out in one range, as runtime/launcher.cc does, so that one
+  // memset clears it.
+  absl::StatusOr<BwdLaunch> PlanBwd(const Candidate& c, const Problem& pr, BwdData& d) {
+    const Manifest& m = c.variant.manifest;
+    int ctas_per_sm = m.ctas_per_sm;
+    if (ctas_per_sm <= 0 && m.grid == GridPolicy::kPersistent) {
+      auto fit = c.kernel.MaxActiveBlocksPerSm(m.threads, m.dynamic_smem_bytes);
+      if (fit.ok() && *fit == 0) {
+        return absl::InvalidArgumentError(fmt::format(
+            "{} threads with {} B of dynamic shared memory do not fit on one SM", m.threads,
+            m.dynamic_smem_bytes));
+      }
+      if (fit.ok()) ctas_per_sm = *fit;
+    }
+    auto plan = PlanLaunch(m, pr.cu_q, pr.cu_k, pr.heads, pr.causal, info_.arch, info_.sm_count,
+                           ctas_per_sm, pr.kv_heads);
+    if (!plan.ok()) return plan.status();
+    BwdLaunch l{*std::move(plan), BwdParams(pr, d)};
+    auto align = [](size_t x) { return (x + 255) / 256 * 256; };
+    const size_t tq = pr.cu_q.back();
+    const size_t counter_at = 0;
+    const size_t workspace_at = counter_at + align(16);
+    const size_t delta_at = workspace_at + align(size_t(l.plan.workspace_bytes));
+    const size_t accum_at = delta_at + align(tq * pr.heads * 4);
+    l.scratch_bytes = accum_at + align(tq * pr.heads * pr.head_dim * 4);
+    if (d.scratch.size() < l.scratch_bytes) {
+      d.scratch = gpu::DeviceBuffer{};
+      auto b = gpu::DeviceBuffer::Allocate(driver_, l.scratch_bytes);
+      if (!b.ok()) return b.status();
+      d.scratch = std::move(*b);
+    }
+    l.scratch = d.scratch.address();
+    auto at = [&](size_t off) { return reinterpret_cast<void*>(l.scratch + off); };
+    l.params.tile_counter = static_cast<int*>(at(counter_at));
+    l.params.workspace = l.plan.workspace_bytes > 0 ? at(workspace_at) : nullptr;
+    l.params.workspace_bytes = l.plan.workspace_bytes;
+    l.params.delta = static_cast<float*>(at(delta_at));
+    l.params.dq_accum = static_cast<float*>(at(accum_at));
+    if (!l.plan.tiles.empty()) {
+      if (d.tiles.size() < l.plan.tiles.size() * 4) {
+        d.tiles = gpu::DeviceBuffer{};
+        auto t = gpu::DeviceBuffer::Allocate(driver_, l.plan.tiles.size() * 4);
+        if (!t.ok()) return t.status();
+        d.tiles = std::move(*t);
+      }
+      BENCH_TRY(d.tiles.Upload(std::span<const int32_t>(l.plan.tiles), stream_));
+      l.params.tiles = d.tiles.as<int>();
+    }
+    l.params.num_tiles = l.plan.num_tiles;
+    return l;
+  }
+
+  // One backward call: the scratch memset, then the launch.
+  absl::Status RunBwd(const Candidate& c, const BwdLaunch& l) {
+    BENCH_TRY(gpu::FillAsync8(driver_, l.scratch, 0, l.scratch_bytes, stream_));
+    if (l.plan.empty) return absl::OkStatus();
+    return c.kernel.Launch(l.params, {l.plan.grid[0], l.plan.grid[1], l.plan.grid[2]},
+                           {l.plan.threads}, l.plan.dynamic_smem_bytes, stream_);
+  }
+
+  struct BwdCheck {
+    bool pass = false;
+    std::vector<eval::OutputCheck> outputs;  // dQ, dK, dV on the checked prefix
+    std::string error;   // the launch could not be made
+    std::string detail;  // the first failing output's reason
+  };
+
+  // dQ, dK, dV (poisoned with NaN first) against the reference on the
+  // checked prefix, judged by the evaluator's tolerance policy (TOLERANCE.md).
+  BwdCheck CheckBwd(const Candidate& c, const Problem& pr, BwdData& d) {
+    BwdCheck r;
+    auto fail = [&](const absl::Status& s) {
+      r.error = std::string(s.message());
+      return r;
+    };
+    auto l = PlanBwd(c, pr, d);
+    if (!l.ok()) return fail(l.status());
+    for (auto* b : {&d.dq, &d.dk, &d.dv}) {
+      if (auto s = b->Fill32(eval::kPoisonBf16Pair, stream_); !s.ok()) return fail(s);
+    }
+    if (auto s = RunBwd(c, *l); !s.ok()) return fail(s);
+    if (auto s = stream_.Synchronize(); !s.ok()) return fail(s);
+    const std::span<const int> cu_q(pr.cu_q.data(), size_t(d.ref_batch) + 1);
+    const std::span<const int> cu_k(pr.cu_k.data(), size_t(d.ref_batch) + 1);
+    const size_t D = pr.head_dim;
+    struct Out {
+      const char* name;
+      const gpu::DeviceBuffer *got, *ref;
+      size_t n;
+      eval::Layout layout;
+    };
+    const Out outs[] = {
+        {"dQ", &d.dq, &d.ref_dq, size_t(d.ref_rows) * pr.heads * D, {cu_q, pr.heads, pr.head_dim}},
+        {"dK", &d.dk, &d.ref_dk, size_t(d.ref_keys) * pr.kv_heads * D,
+         {cu_k, pr.kv_heads, pr.head_dim}},
+        {"dV", &d.dv, &d.ref_dv, size_t(d.ref_keys) * pr.kv_heads * D,
+         {cu_k, pr.kv_heads, pr.head_dim}},
+    };
+    r.pass = true;
+    for (const Out& o : outs) {
+      auto t = tools_->TallyBf16(*o.got, *o.ref, o.n, stream_);
+      if (!t.ok()) return fail(t.status());
+      r.outputs.push_back(eval::JudgeBf16(o.name, *t, o.n, o.layout));
+      if (!r.outputs.back().pass && r.pass) {
+        r.pass = false;
+        r.detail = r.outputs.back().detail;
+      }
+    }
+    return r;
+  }
+
+  absl::StatusOr<double> TimeBwd(const Candidate& c, const Problem& pr, BwdData& d, int reps) {
+    auto l = PlanBwd(c, pr, d);
+    if (!l.ok()) return l.status();
+    return TimeLoop(
+        reps, [] { return absl::OkStatus(); }, [&] { return RunBwd(c, *l); });
+  }
+
   const gpu::DeviceInfo& info() const { return info_; }
 
  private:
@@ -448,9 +741,11 @@ class Bench {
   gpu::DeviceInfo info_;
   gpu::Stream stream_;
   std::unique_ptr<reference::GpuReference> ref_;
+  std::unique_ptr<eval::DeviceTools> tools_;  // backward's checks; made on first use
   gpu::Module helpers_;
-  gpu::Kernel fill_, compare_;
+  gpu::Kernel fill_, compare_, gather_lse_;
   gpu::DeviceBuffer flush_, counter_, stats_;
+  std::map<std::string, Candidate> compiled_;  // by manifest + source
 };
 
 std::vector<std::map<std::string, int>> MmaSweep(const std::string& mode, int d) {
@@ -479,8 +774,9 @@ std::vector<std::map<std::string, int>> MmaSweep(const std::string& mode, int d)
   return out;
 }
 
-ShapeKey KeyOf(const Problem& pr, const std::string& arch) {
+ShapeKey KeyOf(const Problem& pr, const std::string& arch, Op op = Op::kForward) {
   ShapeKey k;
+  k.op = op;
   k.head_dim = pr.head_dim;
   k.heads = pr.heads;
   k.kv_heads = pr.kv_heads;
@@ -495,9 +791,40 @@ ShapeKey KeyOf(const Problem& pr, const std::string& arch) {
   return k;
 }
 
+bool HasOp(const TemplateInfo& t, const std::string& op) {
+  return std::find(t.ops.begin(), t.ops.end(), op) != t.ops.end();
+}
+
+std::vector<std::string> SplitList(const std::string& list) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while (at <= list.size()) {
+    size_t comma = std::min(list.find(',', at), list.size());
+    if (comma > at) out.push_back(list.substr(at, comma - at));
+    at = comma + 1;
+  }
+  return out;
+}
+
+// The --templates filter as it applies to one op: the listed templates of
+// that op, or "" (no filter) when the list names none of them, so that
+// `--op both --templates fwd_sm90` narrows the forward and leaves the
+// backward its every template.
+std::string FilterFor(const std::string& templates, const std::string& op) {
+  std::string out;
+  for (const auto& t : ListTemplates()) {
+    const auto names = SplitList(templates);
+    if (HasOp(t, op) && std::find(names.begin(), names.end(), t.name) != names.end()) {
+      out += (out.empty() ? "" : ",") + t.name;
+    }
+  }
+  return out;
+}
+
 // Candidates for a head dim: the mma sweep plus every other template's defaults.
 std::vector<Candidate> MakeCandidates(const Problem& pr, const std::string& arch,
-                                      const std::string& mode, const std::string& templates) {
+                                      const std::string& mode, const std::string& templates_arg) {
+  const std::string templates = FilterFor(templates_arg, "fwd");
   auto wanted = [&](const std::string& t) {
     return templates.empty() || ("," + templates + ",").find("," + t + ",") != std::string::npos;
   };
@@ -536,6 +863,7 @@ std::vector<Candidate> MakeCandidates(const Problem& pr, const std::string& arch
   };
   add(DefaultVariant(key));
   for (const auto& t : ListTemplates()) {
+    if (!HasOp(t, "fwd")) continue;  // backward templates have their own candidates
     if (std::find(t.archs.begin(), t.archs.end(), arch) == t.archs.end()) continue;
     if (std::find(t.head_dims.begin(), t.head_dims.end(), pr.head_dim) == t.head_dims.end()) continue;
     add(Instantiate(t.name, DefaultKnobs(t.name, key), pr.head_dim));
@@ -547,6 +875,89 @@ std::vector<Candidate> MakeCandidates(const Problem& pr, const std::string& arch
     }
     if (t.name == "fwd_mma") {
       for (const auto& k : MmaSweep(mode, pr.head_dim)) add(Instantiate(t.name, k, pr.head_dim));
+    }
+  }
+  return out;
+}
+
+// Knob settings of a template to try besides its defaults, from its knob
+// space alone (so a new backward template needs no code here): the whole
+// product when it is small, else each knob moved off its default in turn.
+std::vector<std::map<std::string, int>> KnobSweep(const TemplateInfo& t,
+                                                  const std::map<std::string, int>& defaults) {
+  constexpr size_t kMaxProduct = 24;
+  size_t product = 1;
+  for (const auto& k : t.knobs) product *= std::max<size_t>(1, k.values.size());
+  std::vector<std::map<std::string, int>> out;
+  if (product <= kMaxProduct) {
+    out.push_back({});
+    for (const auto& k : t.knobs) {
+      std::vector<std::map<std::string, int>> next;
+      for (const auto& partial : out) {
+        for (int v : k.values) {
+          auto x = partial;
+          x[k.name] = v;
+          next.push_back(std::move(x));
+        }
+      }
+      out = std::move(next);
+    }
+    return out;
+  }
+  for (const auto& k : t.knobs) {
+    for (int v : k.values) {
+      auto x = defaults;
+      if (x[k.name] == v) continue;
+      x[k.name] = v;
+      out.push_back(std::move(x));
+    }
+  }
+  return out;
+}
+
+// Backward candidates: every catalog template whose ops include "bwd" and
+// that serves the arch and head dim, at its default knobs (the served
+// default first), and with `sweep` its KnobSweep. Settings the template
+// refuses (e.g. too much shared memory) are skipped quietly.
+std::vector<Candidate> MakeBwdCandidates(const Problem& pr, const std::string& arch,
+                                         const std::string& mode, const std::string& templates_arg) {
+  const std::string templates = FilterFor(templates_arg, "bwd");
+  const auto names = SplitList(templates);
+  auto wanted = [&](const std::string& t) {
+    return names.empty() || std::find(names.begin(), names.end(), t) != names.end();
+  };
+  std::vector<Candidate> out;
+  const ShapeKey key = KeyOf(pr, arch, Op::kBackward);
+  auto add = [&](absl::StatusOr<Variant> v, bool loud) {
+    if (!v.ok()) {
+      if (loud) std::fprintf(stderr, "  skip candidate: %s\n", std::string(v.status().message()).c_str());
+      return;
+    }
+    if (!wanted(v->template_name)) return;
+    if (auto s = CheckVariant(v->source, v->manifest, arch, key); !s.ok()) {
+      if (loud) {
+        std::fprintf(stderr, "  static check rejects %s: %s\n", Label(*v).c_str(),
+                     std::string(s.message()).c_str());
+      }
+      return;
+    }
+    for (const auto& c : out) {
+      if (c.variant.template_name == v->template_name && c.variant.knobs == v->knobs) return;
+    }
+    Candidate c;
+    c.label = Label(*v);
+    c.variant = *std::move(v);
+    out.push_back(std::move(c));
+  };
+  if (auto v = DefaultVariant(key); v.ok()) add(std::move(v), true);
+  for (const auto& t : ListTemplates()) {
+    if (!HasOp(t, "bwd")) continue;
+    if (std::find(t.archs.begin(), t.archs.end(), arch) == t.archs.end()) continue;
+    if (std::find(t.head_dims.begin(), t.head_dims.end(), pr.head_dim) == t.head_dims.end()) continue;
+    const auto defaults = DefaultKnobs(t.name, key);
+    add(Instantiate(t.name, defaults, pr.head_dim), true);
+    if (mode == "sweep") {
+      for (const auto& k : KnobSweep(t, defaults)) add(Instantiate(t.name, k, pr.head_dim), false);
     }
   }
   return out;
@@ -579,33 +990,326 @@ std::vector<Problem> HostileProblems(int d) {
   return out;
 }
 
-int Main(int argc, char** argv) {
-  std::string lengths_path = "lengths.json", out_path, only, mode = "sweep", templates;
+constexpr const char* kUsage =
+    "usage: kforge-bench-attn [--lengths F] [--out F] [--op fwd|bwd|both] [--only a,b]\n"
+    "                         [--reps N] [--variants default|sweep] [--templates a,b]\n"
+    "                         [--list-candidates [--arch sm_90a]] [--help]\n"
+    "  --lengths F     shapes with their drawn lengths (lengths.py); default lengths.json\n"
+    "  --out F         write every candidate's result as JSON (rows carry \"op\")\n"
+    "  --op            fwd (default), bwd, or both (per shape: forward, then backward)\n"
+    "  --only a,b      only these shapes\n"
+    "  --reps N        timed runs per candidate, 1..10000 (default 20); median reported\n"
+    "  --variants      sweep (default): knob sweeps; default: each template's default knobs\n"
+    "  --templates a,b only these catalog templates; applied per op, and an op none of whose\n"
+    "                  templates is named keeps them all (--op both --templates fwd_sm90\n"
+    "                  narrows the forward only)\n"
+    "  --list-candidates  print each shape's candidates and exit (no GPU; --arch picks the\n"
+    "                  target, default sm_90a)\n";
+
+struct Options {
+  std::string lengths = "lengths.json", out, only, mode = "sweep", templates, op = "fwd";
+  std::string arch = "sm_90a";  // --list-candidates only; a GPU run uses the GPU's
   int reps = 20;
+  bool list = false, help = false;
+  bool fwd() const { return op == "fwd" || op == "both"; }
+  bool bwd() const { return op == "bwd" || op == "both"; }
+};
+
+// "" when the arguments are usable, else why not (checked before any GPU
+// work, so a typo costs nothing on the device).
+std::string ParseArgs(int argc, char** argv, Options& o) {
   for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
-    if (a == "--lengths") lengths_path = next();
-    else if (a == "--out") out_path = next();
-    else if (a == "--only") only = next();
-    else if (a == "--reps") reps = std::stoi(next());
-    else if (a == "--variants") mode = next();
-    else if (a == "--templates") templates = next();
-    else {
-      std::fprintf(stderr, "usage: kforge-bench-attn --lengths F [--out F] [--only a,b] [--reps N] [--variants default|sweep] [--templates a,b]\n");
-      return 2;
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      o.help = true;
+      continue;
+    }
+    if (a == "--list-candidates") {
+      o.list = true;
+      continue;
+    }
+    static const std::set<std::string> kValued = {"--lengths", "--out", "--only", "--reps",
+                                                  "--variants", "--templates", "--op", "--arch"};
+    if (!kValued.count(a)) return fmt::format("unknown argument {}", a);
+    if (i + 1 >= argc) return fmt::format("{} needs a value", a);
+    const std::string v = argv[++i];
+    if (a == "--lengths") o.lengths = v;
+    else if (a == "--out") o.out = v;
+    else if (a == "--only") o.only = v;
+    else if (a == "--arch") o.arch = v;
+    else if (a == "--templates") o.templates = v;
+    else if (a == "--op") {
+      if (v != "fwd" && v != "bwd" && v != "both") return "--op must be fwd, bwd or both, not " + v;
+      o.op = v;
+    } else if (a == "--variants") {
+      if (v != "default" && v != "sweep") return "--variants must be default or sweep, not " + v;
+      o.mode = v;
+    } else if (a == "--reps") {
+      int n = 0;
+      auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+      if (ec != std::errc() || end != v.data() + v.size() || n < 1 || n > 10000)
+        return "--reps must be an integer in 1..10000, not " + v;
+      o.reps = n;
     }
   }
-  std::ifstream in(lengths_path);
+  std::vector<std::string> known;
+  for (const auto& t : ListTemplates()) known.push_back(t.name);
+  for (const auto& t : SplitList(o.templates)) {
+    if (std::find(known.begin(), known.end(), t) == known.end()) {
+      return fmt::format("--templates: {} is not in this build's catalog (it has {})", t,
+                         fmt::join(known, ", "));
+    }
+  }
+  return "";
+}
+
+using Verdicts = std::map<int, std::map<std::string, std::string>>;  // d -> label -> "" ok / reason
+
+struct Row {
+  std::string op, shape, best;
+  double us = 0, tflops = 0;
+};
+
+json VariantJson(const Candidate& c) {
+  return {{"variant", c.label}, {"template", c.variant.template_name},
+          {"knobs", c.variant.knobs}, {"manifest", json::parse(c.variant.manifest_json)},
+          {"regs", c.regs}, {"local_bytes", c.local_bytes},
+          {"spill_stores", c.res.spill_stores_bytes}, {"compile_ms", c.compile_ms}};
+}
+
+// One shape's forward candidates: checked, timed. Fills `best`.
+json BenchForward(Bench& bench, const Problem& pr, const Options& o, Verdicts& hostile_verdict,
+                  Row& best) {
+  const std::string& name = pr.name;
+  const std::string arch = bench.info().arch;
+  std::vector<Candidate> cands = MakeCandidates(pr, arch, o.mode, o.templates);
+  bench.Prepare(cands);
+
+  // Hostile correctness batches, once per (head dim, candidate).
+  auto& verdicts = hostile_verdict[pr.head_dim];
+  for (auto& c : cands) {
+    if (!c.error.empty()) continue;
+    auto it = verdicts.find(c.label);
+    if (it == verdicts.end()) {
+      std::string why;
+      for (const Problem& hp : HostileProblems(pr.head_dim)) {
+        auto d = bench.Upload(hp, 1 << 20);
+        if (!d.ok()) {
+          why = fmt::format("{}: {}", hp.name, std::string(d.status().message()));
+          break;
+        }
+        auto r = bench.Check(c, hp, *d);
+        if (!r.pass) {
+          why = fmt::format("{}: {} max_abs={:.3g} (ref max {:.3g}) nonfinite={} lse_abs={:.3g} lse_bad={}",
+                            hp.name, r.error, r.max_abs, r.max_ref, r.nonfinite, r.lse_abs,
+                            r.lse_bad);
+          break;
+        }
+      }
+      it = verdicts.emplace(c.label, why).first;
+    }
+    c.hostile_ok = it->second.empty();
+    c.hostile_detail = it->second;
+  }
+
+  best = {"fwd", name, "", 0, 0};
+  auto data = bench.Upload(pr, 65536);
+  if (!data.ok()) {
+    std::printf("  upload failed: %s\n", std::string(data.status().message()).c_str());
+    return nullptr;
+  }
+  json jshape = {{"shape", name}, {"op", "fwd"}, {"tokens_q", pr.cu_q.back()},
+                 {"tokens_k", pr.cu_k.back()}, {"fwd_gflop", pr.flops / 1e9},
+                 {"checked_rows", data->ref_rows}, {"variants", json::array()}};
+  for (auto& c : cands) {
+    json jv = VariantJson(c);
+    if (!c.error.empty()) {
+      jv["error"] = c.error;
+      std::printf("  %-70s ERROR %s\n", c.label.c_str(), c.error.substr(0, 300).c_str());
+      jshape["variants"].push_back(jv);
+      continue;
+    }
+    auto chk = bench.Check(c, pr, *data);
+    jv["check"] = {{"pass", chk.pass}, {"max_abs", chk.max_abs}, {"lse_abs", chk.lse_abs},
+                   {"nonfinite", chk.nonfinite}, {"lse_bad", chk.lse_bad}, {"error", chk.error}};
+    jv["hostile_ok"] = c.hostile_ok;
+    if (!c.hostile_ok) jv["hostile_detail"] = c.hostile_detail;
+    auto us = chk.error.empty() ? bench.Time(c, pr, *data, o.reps)
+                                : absl::StatusOr<double>(absl::InternalError(chk.error));
+    const bool verified = chk.pass && c.hostile_ok;
+    if (us.ok()) {
+      const double tf = pr.flops / (*us * 1e-6) / 1e12;
+      jv["us"] = *us;
+      jv["tflops"] = tf;
+      std::printf("  %-70s %s %9.1f us %7.1f TFLOP/s  regs=%d err=%.2g lse=%.2g%s\n",
+                  c.label.c_str(), verified ? "OK " : "BAD", *us, tf, c.regs, chk.max_abs,
+                  chk.lse_abs, c.hostile_ok ? "" : ("  hostile: " + c.hostile_detail).c_str());
+      if (verified && (best.us == 0 || *us < best.us)) best = {"fwd", name, c.label, *us, tf};
+    } else {
+      jv["error"] = std::string(us.status().message());
+      std::printf("  %-70s FAILED %s\n", c.label.c_str(),
+                  std::string(us.status().message()).c_str());
+    }
+    std::fflush(stdout);
+    jshape["variants"].push_back(jv);
+  }
+  jshape["best"] = {{"variant", best.best}, {"us", best.us}, {"tflops", best.tflops}};
+  return jshape;
+}
+
+json CheckJson(const Bench::BwdCheck& chk) {
+  json j = {{"pass", chk.pass}, {"error", chk.error}, {"detail", chk.detail}};
+  for (const auto& oc : chk.outputs) {
+    j[oc.output] = {{"pass", oc.pass}, {"rel_l2", oc.rel_l2}, {"max_abs", oc.max_abs},
+                    {"bound_max_abs", oc.bound_max_abs}, {"unwritten", oc.unwritten},
+                    {"nonfinite", oc.nonfinite}};
+  }
+  return j;
+}
+
+// One shape's backward candidates: checked (hostile batches, then the
+// benchmark batch's prefix), timed. Fills `best`.
+json BenchBackward(Bench& bench, const Problem& pr, const Options& o, Verdicts& hostile_verdict,
+                   Row& best) {
+  const std::string& name = pr.name;
+  const std::string arch = bench.info().arch;
+  const double flops = 2.5 * pr.flops;
+  best = {"bwd", name, "", 0, 0};
+  std::vector<Candidate> cands = MakeBwdCandidates(pr, arch, o.mode, o.templates);
+  if (cands.empty()) std::printf("  no backward candidate for this shape on %s\n", arch.c_str());
+  bench.Prepare(cands);
+
+  // Hostile batches (made once here, with their reference gradients),
+  // checked once per (head dim, candidate).
+  auto& verdicts = hostile_verdict[pr.head_dim];
+  std::vector<Problem> hostile;
+  std::vector<absl::StatusOr<Bench::BwdData>> hostile_data;
+  for (auto& c : cands) {
+    if (!c.error.empty()) continue;
+    auto it = verdicts.find(c.label);
+    if (it == verdicts.end()) {
+      if (hostile.empty()) {
+        hostile = HostileProblems(pr.head_dim);
+        for (const Problem& hp : hostile) hostile_data.push_back(bench.UploadBwd(hp, 1 << 20));
+      }
+      std::string why;
+      for (size_t i = 0; i < hostile.size(); ++i) {
+        const Problem& hp = hostile[i];
+        auto& d = hostile_data[i];
+        if (!d.ok()) {
+          why = fmt::format("{}: {}", hp.name, std::string(d.status().message()));
+          break;
+        }
+        auto r = bench.CheckBwd(c, hp, *d);
+        if (!r.pass) {
+          why = fmt::format("{}: {}", hp.name, r.error.empty() ? r.detail : r.error);
+          break;
+        }
+      }
+      it = verdicts.emplace(c.label, why).first;
+    }
+    c.hostile_ok = it->second.empty();
+    c.hostile_detail = it->second;
+  }
+
+  auto data = bench.UploadBwd(pr, 65536);
+  if (!data.ok()) {
+    std::printf("  upload failed: %s\n", std::string(data.status().message()).c_str());
+    return nullptr;
+  }
+  json jshape = {{"shape", name}, {"op", "bwd"}, {"tokens_q", pr.cu_q.back()},
+                 {"tokens_k", pr.cu_k.back()}, {"fwd_gflop", pr.flops / 1e9},
+                 {"bwd_gflop", flops / 1e9}, {"checked_rows", data->ref_rows},
+                 {"variants", json::array()}};
+  if (auto v = DefaultVariant(KeyOf(pr, arch, Op::kBackward)); v.ok())
+    jshape["default_variant"] = Label(*v);
+  for (auto& c : cands) {
+    json jv = VariantJson(c);
+    if (!c.error.empty()) {
+      jv["error"] = c.error;
+      std::printf("  %-70s ERROR %s\n", c.label.c_str(), c.error.substr(0, 300).c_str());
+      jshape["variants"].push_back(jv);
+      continue;
+    }
+    auto chk = bench.CheckBwd(c, pr, *data);
+    jv["check"] = CheckJson(chk);
+    jv["hostile_ok"] = c.hostile_ok;
+    if (!c.hostile_ok) jv["hostile_detail"] = c.hostile_detail;
+    auto us = chk.error.empty() ? bench.TimeBwd(c, pr, *data, o.reps)
+                                : absl::StatusOr<double>(absl::InternalError(chk.error));
+    const bool verified = chk.pass && c.hostile_ok;
+    if (us.ok()) {
+      const double tf = flops / (*us * 1e-6) / 1e12;
+      jv["us"] = *us;
+      jv["tflops"] = tf;
+      std::string errs;
+      for (const auto& oc : chk.outputs) errs += fmt::format(" {}={:.2g}", oc.output, oc.rel_l2);
+      std::printf("  %-70s %s %9.1f us %7.1f TFLOP/s  regs=%d rel_l2%s%s%s\n", c.label.c_str(),
+                  verified ? "OK " : "BAD", *us, tf, c.regs, errs.c_str(),
+                  chk.pass ? "" : ("  " + chk.detail).c_str(),
+                  c.hostile_ok ? "" : ("  hostile: " + c.hostile_detail).c_str());
+      if (verified && (best.us == 0 || *us < best.us)) best = {"bwd", name, c.label, *us, tf};
+    } else {
+      jv["error"] = std::string(us.status().message());
+      std::printf("  %-70s FAILED %s\n", c.label.c_str(),
+                  std::string(us.status().message()).c_str());
+    }
+    std::fflush(stdout);
+    jshape["variants"].push_back(jv);
+  }
+  jshape["best"] = {{"variant", best.best}, {"us", best.us}, {"tflops", best.tflops}};
+  return jshape;
+}
+
+int Main(int argc, char** argv) {
+  Options o;
+  if (const std::string why = ParseArgs(argc, argv, o); !why.empty()) {
+    std::fprintf(stderr, "kforge-bench-attn: %s (see --help)\n", why.c_str());
+    return 2;
+  }
+  if (o.help) {
+    std::printf("%s", kUsage);
+    return 0;
+  }
+  std::ifstream in(o.lengths);
   if (!in) {
-    std::fprintf(stderr, "cannot read %s\n", lengths_path.c_str());
+    std::fprintf(stderr, "cannot read %s\n", o.lengths.c_str());
     return 1;
   }
   json shapes = json::parse(in, nullptr, false);
-  if (shapes.is_discarded()) {
-    std::fprintf(stderr, "%s is not JSON\n", lengths_path.c_str());
+  if (shapes.is_discarded() || !shapes.is_array()) {
+    std::fprintf(stderr, "%s is not a JSON array of shapes\n", o.lengths.c_str());
     return 1;
   }
+  std::vector<Problem> problems;
+  for (const auto& s : shapes) {
+    try {
+      const std::string name = s.at("name");
+      if (!o.only.empty() && ("," + o.only + ",").find("," + name + ",") == std::string::npos)
+        continue;
+      problems.push_back(MakeProblem(name, s.at("H"), s.at("H"), s.at("D"), s.at("causal"),
+                                     s.at("lq").get<std::vector<int>>(),
+                                     s.at("lk").get<std::vector<int>>()));
+    } catch (const json::exception& e) {
+      std::fprintf(stderr, "%s: a shape lacks name, H, D, causal, lq or lk: %s\n",
+                   o.lengths.c_str(), e.what());
+      return 1;
+    }
+  }
+
+  if (o.list) {  // what would run, without a GPU
+    for (const Problem& pr : problems) {
+      for (const std::string op : {"fwd", "bwd"}) {
+        if ((op == "fwd" && !o.fwd()) || (op == "bwd" && !o.bwd())) continue;
+        const auto cands = op == "fwd" ? MakeCandidates(pr, o.arch, o.mode, o.templates)
+                                       : MakeBwdCandidates(pr, o.arch, o.mode, o.templates);
+        std::printf("%s %s: %zu candidates\n", op.c_str(), pr.name.c_str(), cands.size());
+        for (const auto& c : cands) std::printf("  %s\n", c.label.c_str());
+      }
+    }
+    return 0;
+  }
+
   auto driver = gpu::Driver::Load();
   if (!driver.ok()) {
     std::fprintf(stderr, "%s\n", std::string(driver.status().message()).c_str());
@@ -624,110 +1328,52 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "init: %s\n", std::string(s.message()).c_str());
     return 1;
   }
-  const std::string arch = info->arch;
 
   json results = json::array();
-  struct Row {
-    std::string shape, best;
-    double us = 0, tflops = 0;
-  };
   std::vector<Row> rows;
-  std::map<int, std::map<std::string, std::string>> hostile_verdict;  // d -> label -> "" ok / reason
-
-  for (const auto& s : shapes) {
-    const std::string name = s["name"];
-    if (!only.empty() && ("," + only + ",").find("," + name + ",") == std::string::npos) continue;
-    Problem pr = MakeProblem(name, s["H"], s["H"], s["D"], s["causal"],
-                             s["lq"].get<std::vector<int>>(), s["lk"].get<std::vector<int>>());
+  Verdicts fwd_verdicts, bwd_verdicts;
+  // Rewritten after every (shape, op): run.sh caps this process, and a run
+  // cut short should still leave what it measured for report.py.
+  auto save = [&] {
+    if (o.out.empty()) return;
+    const std::string tmp = o.out + ".tmp";
+    std::ofstream(tmp) << json{{"gpu", info->name}, {"arch", info->arch}, {"op", o.op},
+                               {"shapes", results}}.dump(1);
+    std::rename(tmp.c_str(), o.out.c_str());
+  };
+  for (const Problem& pr : problems) {
     std::printf("\n== %s: B=%zu H=%d D=%d causal=%d tokens_q=%d max_q=%d GFLOP=%.1f\n",
-                name.c_str(), pr.cu_q.size() - 1, pr.heads, pr.head_dim, pr.causal, pr.cu_q.back(),
-                pr.max_q(), pr.flops / 1e9);
+                pr.name.c_str(), pr.cu_q.size() - 1, pr.heads, pr.head_dim, pr.causal,
+                pr.cu_q.back(), pr.max_q(), pr.flops / 1e9);
     std::fflush(stdout);
-    std::vector<Candidate> cands = MakeCandidates(pr, arch, mode, templates);
-    bench.Prepare(cands);
-
-    // Hostile correctness batches, once per (head dim, candidate).
-    auto& verdicts = hostile_verdict[pr.head_dim];
-    for (auto& c : cands) {
-      if (!c.error.empty()) continue;
-      auto it = verdicts.find(c.label);
-      if (it == verdicts.end()) {
-        std::string why;
-        for (const Problem& hp : HostileProblems(pr.head_dim)) {
-          auto d = bench.Upload(hp, 1 << 20);
-          if (!d.ok()) {
-            why = fmt::format("{}: {}", hp.name, std::string(d.status().message()));
-            break;
-          }
-          auto r = bench.Check(c, hp, *d);
-          if (!r.pass) {
-            why = fmt::format("{}: {} max_abs={:.3g} (ref max {:.3g}) nonfinite={} lse_abs={:.3g} lse_bad={}",
-                              hp.name, r.error, r.max_abs, r.max_ref, r.nonfinite, r.lse_abs,
-                              r.lse_bad);
-            break;
-          }
-        }
-        it = verdicts.emplace(c.label, why).first;
+    if (o.fwd()) {
+      if (o.bwd()) std::printf("-- fwd\n");
+      Row best;
+      json j = BenchForward(bench, pr, o, fwd_verdicts, best);
+      if (!j.is_null()) {
+        results.push_back(j);
+        rows.push_back(best);
+        save();
       }
-      c.hostile_ok = it->second.empty();
-      c.hostile_detail = it->second;
     }
-
-    auto data = bench.Upload(pr, 65536);
-    if (!data.ok()) {
-      std::printf("  upload failed: %s\n", std::string(data.status().message()).c_str());
-      continue;
-    }
-    json jshape = {{"shape", name}, {"tokens_q", pr.cu_q.back()}, {"tokens_k", pr.cu_k.back()},
-                   {"fwd_gflop", pr.flops / 1e9}, {"checked_rows", data->ref_rows},
-                   {"variants", json::array()}};
-    Row best{name, "", 0, 0};
-    for (auto& c : cands) {
-      json jv = {{"variant", c.label}, {"template", c.variant.template_name},
-                 {"knobs", c.variant.knobs}, {"manifest", json::parse(c.variant.manifest_json)},
-                 {"regs", c.regs}, {"local_bytes", c.local_bytes},
-                 {"spill_stores", c.res.spill_stores_bytes}, {"compile_ms", c.compile_ms}};
-      if (!c.error.empty()) {
-        jv["error"] = c.error;
-        std::printf("  %-70s ERROR %s\n", c.label.c_str(), c.error.substr(0, 300).c_str());
-        jshape["variants"].push_back(jv);
-        continue;
-      }
-      auto chk = bench.Check(c, pr, *data);
-      jv["check"] = {{"pass", chk.pass}, {"max_abs", chk.max_abs}, {"lse_abs", chk.lse_abs},
-                     {"nonfinite", chk.nonfinite}, {"lse_bad", chk.lse_bad}, {"error", chk.error}};
-      jv["hostile_ok"] = c.hostile_ok;
-      if (!c.hostile_ok) jv["hostile_detail"] = c.hostile_detail;
-      auto us = chk.error.empty() ? bench.Time(c, pr, *data, reps)
-                                  : absl::StatusOr<double>(absl::InternalError(chk.error));
-      const bool verified = chk.pass && c.hostile_ok;
-      if (us.ok()) {
-        const double tf = pr.flops / (*us * 1e-6) / 1e12;
-        jv["us"] = *us;
-        jv["tflops"] = tf;
-        std::printf("  %-70s %s %9.1f us %7.1f TFLOP/s  regs=%d err=%.2g lse=%.2g%s\n",
-                    c.label.c_str(), verified ? "OK " : "BAD", *us, tf, c.regs, chk.max_abs,
-                    chk.lse_abs, c.hostile_ok ? "" : ("  hostile: " + c.hostile_detail).c_str());
-        if (verified && (best.us == 0 || *us < best.us)) best = {name, c.label, *us, tf};
-      } else {
-        jv["error"] = std::string(us.status().message());
-        std::printf("  %-70s FAILED %s\n", c.label.c_str(),
-                    std::string(us.status().message()).c_str());
-      }
+    if (o.bwd()) {
+      std::printf("-- bwd (GFLOP=%.1f)\n", 2.5 * pr.flops / 1e9);
       std::fflush(stdout);
-      jshape["variants"].push_back(jv);
+      Row best;
+      json j = BenchBackward(bench, pr, o, bwd_verdicts, best);
+      if (!j.is_null()) {
+        results.push_back(j);
+        rows.push_back(best);
+        save();
+      }
     }
-    jshape["best"] = {{"variant", best.best}, {"us", best.us}, {"tflops", best.tflops}};
-    results.push_back(jshape);
-    rows.push_back(best);
   }
-  std::printf("\nshape | best verified variant | us | TFLOP/s\n");
+  std::printf("\nop | shape | best verified variant | us | TFLOP/s\n");
   for (const auto& r : rows) {
-    std::printf("%s | %s | %.1f | %.1f\n", r.shape.c_str(), r.best.c_str(), r.us, r.tflops);
+    std::printf("%s | %s | %s | %.1f | %.1f\n", r.op.c_str(), r.shape.c_str(), r.best.c_str(),
+                r.us, r.tflops);
   }
-  if (!out_path.empty()) {
-    std::ofstream(out_path) << json{{"gpu", info->name}, {"arch", arch}, {"shapes", results}}.dump(1);
-  }
+  save();
   return 0;
 }
 

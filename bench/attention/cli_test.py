@@ -1,0 +1,92 @@
+# CPU test of kforge-bench-attn's command line: --help, argument validation
+# (before any GPU work) and --list-candidates, which builds each shape's
+# candidates from the catalog without a GPU.
+#   python3 cli_test.py path/to/kforge-bench-attn
+import os, subprocess, sys, unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+LENGTHS = os.path.join(HERE, "testdata", "lengths.json")
+BIN = None
+
+
+def run(*args):
+    return subprocess.run([BIN, *args], capture_output=True, text=True, timeout=120)
+
+
+def listing(*args):
+    """{(op, shape): [candidate labels]} from --list-candidates."""
+    r = run("--lengths", LENGTHS, "--list-candidates", *args)
+    assert r.returncode == 0, r.stderr
+    out, key = {}, None
+    for line in r.stdout.splitlines():
+        if line.startswith("  "):
+            out[key].append(line.strip())
+        else:
+            op, shape = line.split(":")[0].split()
+            key = (op, shape)
+            out[key] = []
+    return out
+
+
+class CliTest(unittest.TestCase):
+    def test_help(self):
+        r = run("--help")
+        self.assertEqual(r.returncode, 0)
+        for word in ("--op", "fwd|bwd|both", "--templates", "--list-candidates"):
+            self.assertIn(word, r.stdout)
+
+    def test_bad_arguments_exit_2_with_the_reason(self):
+        for args, why in [(["--op", "backward"], "--op must be fwd, bwd or both"),
+                          (["--reps", "0"], "--reps must be an integer"),
+                          (["--reps", "20x"], "--reps must be an integer"),
+                          (["--variants", "all"], "--variants must be default or sweep"),
+                          (["--templates", "fwd_mma,bwd_nope"], "bwd_nope is not in this build's catalog"),
+                          (["--lengths"], "--lengths needs a value"),
+                          (["--frobnicate"], "unknown argument --frobnicate")]:
+            r = run(*args)
+            self.assertEqual(r.returncode, 2, args)
+            self.assertIn(why, r.stderr, args)
+
+    def test_unreadable_lengths(self):
+        r = run("--lengths", "/nonexistent/lengths.json", "--list-candidates")
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("cannot read", r.stderr)
+
+    def test_default_op_is_forward(self):
+        got = listing()
+        self.assertEqual(sorted(op for op, _ in got), ["fwd", "fwd"])
+        for labels in got.values():
+            self.assertTrue(labels)
+            self.assertTrue(all(l.startswith("fwd_") for l in labels), labels)
+
+    def test_backward_candidates_come_from_the_bwd_templates(self):
+        got = listing("--op", "bwd")
+        self.assertEqual(set(got), {("bwd", "tiny_causal"), ("bwd", "tiny_d64_cross")})
+        for labels in got.values():
+            self.assertTrue(all(l.startswith("bwd_") for l in labels), labels)
+            self.assertEqual(len(labels), len(set(labels)))
+        # bwd_mma's knob space is small: the sweep is all of it (2 x 3 x 2).
+        self.assertEqual(len([l for l in got[("bwd", "tiny_causal")] if l.startswith("bwd_mma ")]), 12)
+        # --variants default: each template's defaults only, the served default first.
+        got = listing("--op", "bwd", "--variants", "default")
+        self.assertEqual(got[("bwd", "tiny_causal")][0], "bwd_mma BLOCK_M=32 BLOCK_N=64 MIN_BLOCKS=1")
+        self.assertEqual(got[("bwd", "tiny_d64_cross")][0], "bwd_mma BLOCK_M=64 BLOCK_N=64 MIN_BLOCKS=1")
+
+    def test_both_and_the_per_op_template_filter(self):
+        got = listing("--op", "both", "--templates", "fwd_mma", "--only", "tiny_causal")
+        self.assertEqual(set(got), {("fwd", "tiny_causal"), ("bwd", "tiny_causal")})
+        self.assertTrue(all(l.startswith("fwd_mma ") for l in got[("fwd", "tiny_causal")]))
+        # The list names no backward template: the backward keeps them all.
+        self.assertTrue(got[("bwd", "tiny_causal")])
+        got = listing("--op", "both", "--templates", "bwd_mma,fwd_mma", "--variants", "default")
+        self.assertTrue(all(l.startswith("bwd_mma ") for (op, _), ls in got.items() if op == "bwd" for l in ls))
+
+    def test_arch_without_a_template(self):
+        # No template compiles for this target: no candidates, not an error.
+        got = listing("--op", "bwd", "--arch", "sm_70")
+        self.assertEqual(got[("bwd", "tiny_causal")], [])
+
+
+if __name__ == "__main__":
+    BIN = sys.argv.pop(1)
+    unittest.main()
