@@ -239,7 +239,7 @@ class MemoryStore final : public Store {
       if (compile_only && t.kind != TaskKind::kCompile) continue;
       if (IsPromotion(t.kind) && (promotions == PromotionLease::kNone ||
                                   (promotions == PromotionLease::kNotOwn &&
-                                   t.origin_worker_id == worker_id)))
+                                   SameWorker(t.origin_worker_id, worker_id))))
         continue;
       Job* job = Find(jobs_, 'j', t.job_id);
       // Promotion tasks go first (see Store::LeaseTask). Tasks are visited
@@ -328,6 +328,16 @@ class MemoryStore final : public Store {
   }
 
  private:
+  // Store::LeaseTask's kNotOwn rule: the same id, or the same principal.
+  bool SameWorker(const std::string& origin, const std::string& worker)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (origin == worker) return true;
+    const WorkerRecord* me = Find(workers_, 'w', worker);
+    const WorkerRecord* them = Find(workers_, 'w', origin);
+    return me != nullptr && them != nullptr && !me->principal.empty() &&
+           me->principal == them->principal;
+  }
+
   struct Job {
     JobRecord record;
     int64_t lease_seq = 0;  // when the job last had a task leased; 0 = never

@@ -220,10 +220,20 @@ ALTER TABLE best ADD COLUMN verified_total_q INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE best ADD COLUMN verified_total_k INTEGER NOT NULL DEFAULT 0;
 )sql";
 
+// v4: a worker's principal, the name of the credential it authenticated
+// with (store.h WorkerRecord::principal). Rows from before get '' (none):
+// the server binds one at the worker's next authenticated call, and until
+// then the worker is told apart by id only, as before.
+constexpr std::string_view kSchemaV4 = R"sql(
+ALTER TABLE workers ADD COLUMN principal TEXT NOT NULL DEFAULT '';
+CREATE INDEX workers_by_principal ON workers(principal);
+)sql";
+
 constexpr Migration kMigrations[] = {
     {1, "initial schema", kSchemaV1},
     {2, "timing quartiles", kSchemaV2},
     {3, "worker sessions, CONFIRM tasks, verified extents", kSchemaV3},
+    {4, "worker principals", kSchemaV4},
 };
 
 // ---------------------------------------------------------------------------
@@ -537,7 +547,7 @@ absl::StatusOr<TaskRecord> ReadTask(Stmt& s) {
 }
 
 constexpr std::string_view kWorkerCols =
-    "id, name, arch, compile_only, gpu, last_seen, session_hash, sanitizer_tools";
+    "id, name, arch, compile_only, gpu, last_seen, session_hash, sanitizer_tools, principal";
 
 // Sanitizer tools are stored comma-separated (PrepareWorker allows only
 // plain words).
@@ -564,6 +574,7 @@ WorkerRecord ReadWorker(Stmt& s) {
   w.last_seen_unix_ms = c.Int();
   w.session_hash = c.Text();
   w.sanitizer_tools = SplitTools(c.Text());
+  w.principal = c.Text();
   return w;
 }
 
@@ -949,14 +960,30 @@ class SqliteStore final : public Store {
           "SELECT t.id, t.job FROM tasks t JOIN jobs j ON j.id = t.job "
           "WHERE t.state = 'queued' AND t.arch = ?1 AND (?2 = 0 OR t.kind = 'compile') "
           "AND (?3 = 0 OR t.kind NOT IN ('retime', 'confirm') "
-          "     OR (?3 = 1 AND t.origin_worker <> ?4)) "
+          "     OR (?3 = 1 AND t.origin_worker <> ?4 AND NOT EXISTS ("
+          "         SELECT 1 FROM workers o WHERE ?5 <> '' AND o.principal = ?5 "
+          "         AND 'w' || o.id = t.origin_worker))) "
           "ORDER BY t.kind IN ('retime', 'confirm') DESC, j.lease_seq, t.id LIMIT 1");
       if (!pick.ok()) return pick.status();
-      // ?3: 0 any promotion task, 1 not the worker's own, 2 none.
+      // ?3: 0 any promotion task, 1 not the worker's own (by id or by
+      // principal ?5, "" for none), 2 none.
       const int64_t filter = promotions == PromotionLease::kAny      ? 0
                              : promotions == PromotionLease::kNotOwn ? 1
                                                                      : 2;
-      pick->Bind(arch, compile_only, filter, worker_id);
+      std::string principal;
+      if (promotions == PromotionLease::kNotOwn) {
+        if (std::optional<int64_t> me = ParseId('w', worker_id)) {
+          absl::StatusOr<Stmt> q =
+              Prepare("LeaseTask", "SELECT principal FROM workers WHERE id = ?");
+          if (!q.ok()) return q.status();
+          q->Bind(*me);
+          absl::StatusOr<std::optional<std::string>> p =
+              ReadOne<std::string>(*q, [](Stmt& s) { return s.Text(0); });
+          if (!p.ok()) return p.status();
+          if (*p) principal = **p;
+        }
+      }
+      pick->Bind(arch, compile_only, filter, worker_id, principal);
       absl::StatusOr<std::optional<std::pair<int64_t, int64_t>>> row =
           ReadOne<std::pair<int64_t, int64_t>>(
               *pick, [](Stmt& s) { return std::make_pair(s.Int(0), s.Int(1)); });
@@ -1066,14 +1093,15 @@ class SqliteStore final : public Store {
           return absl::InvalidArgumentError("worker: session_hash belongs to another worker");
       }
       absl::StatusOr<Stmt> up = Prepare("UpsertWorker", fmt::format(
-          "INSERT INTO workers ({}) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE "
+          "INSERT INTO workers ({}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE "
           "SET name = excluded.name, arch = excluded.arch, compile_only = excluded.compile_only, "
           "gpu = excluded.gpu, last_seen = excluded.last_seen, "
-          "session_hash = excluded.session_hash, sanitizer_tools = excluded.sanitizer_tools",
+          "session_hash = excluded.session_hash, sanitizer_tools = excluded.sanitizer_tools, "
+          "principal = excluded.principal",
           kWorkerCols));
       if (!up.ok()) return up.status();
       up->Bind(MaybeInt(n), w.name, w.arch, w.compile_only, w.gpu_json, w.last_seen_unix_ms,
-               w.session_hash, tools);
+               w.session_hash, tools, w.principal);
       if (absl::Status s = up->Run(); !s.ok()) return s;
       id = FormatId('w', n ? *n : sqlite3_last_insert_rowid(db_));
       return absl::OkStatus();

@@ -271,6 +271,79 @@ TEST(SqliteStore, VersionThreeKeepsTasksAndWorkersAndAddsConfirm) {
   EXPECT_EQ(check, "ok");
 }
 
+// Version 4 adds the worker's principal. Workers stored before keep every
+// field and get none (''), which leasing reads as "told apart by id": an old
+// worker's candidate can still be confirmed by any other worker, and the
+// server binds a principal at the worker's next authenticated call.
+TEST(SqliteStore, VersionFourKeepsWorkersAndAddsPrincipals) {
+  TempDir dir;
+  const std::string path = dir.File("k.db");
+  const std::vector<Migration> v3(SqliteMigrations().begin(), SqliteMigrations().begin() + 3);
+  std::string job;
+  {
+    SqliteOptions old;
+    old.migrations = v3;
+    std::unique_ptr<Store> store = MustOpen(path, old);
+    ASSERT_NE(store, nullptr);
+    ASSERT_OK_AND_ASSIGN(job, store->CreateJob(JobRecord{}));
+  }
+  // Rows as v3 wrote them (this binary's store writes the principal).
+  const std::string session = std::string(64, 'b');
+  RawDb(path).Exec(fmt::format(
+      "INSERT INTO workers (name, arch, compile_only, gpu, last_seen, session_hash, "
+      "sanitizer_tools) VALUES ('gpu0', 'sm_90a', 0, '{{\"nvrtc_version\":\"12.8\"}}', 5, "
+      "'{0}', 'memcheck,racecheck'), ('gpu1', 'sm_90a', 1, '{{}}', 6, '', '');",
+      session));
+  std::unique_ptr<Store> store = MustOpen(path);
+  ASSERT_NE(store, nullptr);
+  EXPECT_EQ(RawDb(path).One("SELECT version FROM schema_version"),
+            fmt::format("{}", SqliteMigrations().back().version));
+  ASSERT_OK_AND_ASSIGN(std::vector<WorkerRecord> workers, store->ListWorkers());
+  ASSERT_EQ(workers.size(), 2u);
+  EXPECT_EQ(workers[0].id, "w1");
+  EXPECT_EQ(workers[0].name, "gpu0");
+  EXPECT_EQ(workers[0].arch, "sm_90a");
+  EXPECT_FALSE(workers[0].compile_only);
+  EXPECT_EQ(workers[0].gpu_json, R"({"nvrtc_version":"12.8"})");
+  EXPECT_EQ(workers[0].last_seen_unix_ms, 5);
+  EXPECT_EQ(workers[0].session_hash, session) << "an old worker's session still works";
+  EXPECT_EQ(workers[0].sanitizer_tools, (std::vector<std::string>{"memcheck", "racecheck"}));
+  EXPECT_EQ(workers[0].principal, "") << "no principal until the server binds one";
+  EXPECT_EQ(workers[1].name, "gpu1");
+  EXPECT_TRUE(workers[1].compile_only);
+  EXPECT_EQ(workers[1].principal, "");
+
+  // Old rows' candidates: told apart by id.
+  WorkerRecord fresh;
+  fresh.name = "gpu2";
+  fresh.arch = "sm_90a";
+  fresh.principal = "host-b";
+  ASSERT_OK_AND_ASSIGN(std::string w3, store->UpsertWorker(fresh));
+  TaskRecord confirm = Task(job, "v1");
+  confirm.kind = TaskKind::kConfirm;
+  confirm.origin_worker_id = "w1";
+  ASSERT_OK(store->EnqueueTasks({confirm, confirm}));
+  auto lease = [&](const std::string& w) -> std::string {
+    absl::StatusOr<std::optional<TaskRecord>> t =
+        store->LeaseTask(w, "sm_90a", false, 1000, 60000, PromotionLease::kNotOwn);
+    EXPECT_TRUE(t.ok()) << t.status();
+    return t.ok() && t->has_value() ? (*t)->id : "";
+  };
+  EXPECT_EQ(lease("w1"), "");
+  EXPECT_EQ(lease(w3), "t1");
+  // Bound later, the principal counts from then on.
+  WorkerRecord bound = workers[0];
+  bound.principal = "host-b";
+  ASSERT_OK(store->UpsertWorker(bound));
+  EXPECT_EQ(lease(w3), "") << "w1 is host-b now: not another worker";
+  ASSERT_OK_AND_ASSIGN(std::vector<WorkerRecord> after, store->ListWorkers());
+  EXPECT_EQ(after[0].principal, "host-b");
+  EXPECT_EQ(after[0].session_hash, session);
+  EXPECT_EQ(RawDb(path).One("PRAGMA foreign_key_check"), "");
+  ASSERT_OK_AND_ASSIGN(std::string check, store->IntegrityCheck());
+  EXPECT_EQ(check, "ok");
+}
+
 TEST(SqliteStore, MigratesAnOldVersionFile) {
   TempDir dir;
   const std::string path = dir.File("k.db");

@@ -136,10 +136,10 @@ enum class TaskKind { kEvaluate, kRetime, kCompile, kConfirm };
 // tasks"): they are leased before all others.
 inline bool IsPromotion(TaskKind k) { return k == TaskKind::kRetime || k == TaskKind::kConfirm; }
 
-// Which promotion tasks a LeaseTask may hand out: all; none whose
-// origin_worker_id is the leasing worker (its candidate is to be confirmed
-// by another); or none at all (the worker cannot promote, and one that can
-// is there).
+// Which promotion tasks a LeaseTask may hand out: all; none of the leasing
+// worker's own (its candidate is to be confirmed by another principal, see
+// LeaseTask); or none at all (the worker cannot promote, and one that can is
+// there).
 enum class PromotionLease { kAny, kNotOwn, kNone };
 
 struct TaskRecord {
@@ -175,6 +175,14 @@ struct WorkerRecord {
   // from before sessions, which no call can act as). The secret itself is
   // never stored.
   std::string session_hash;
+  // Who the worker is: the name of the worker credential that authenticated
+  // it (server/auth.h), bound by the server, never declared by the worker.
+  // Workers with one principal count as one worker where "another worker"
+  // matters (PromotionLease::kNotOwn). "" for none: rows from before
+  // principals (schema v4) until the server binds one, and workers of a
+  // server without auth. At most 64 bytes of [A-Za-z0-9._-] (INVALID_ARGUMENT
+  // otherwise): a name, never a secret.
+  std::string principal;
   // The compute-sanitizer tools the worker gates promotion tasks with.
   std::vector<std::string> sanitizer_tools;
 };
@@ -290,6 +298,14 @@ class Store {
   // never leased from goes before all others). The lease ends at now + ttl;
   // attempts counts up. nullopt when nothing fits. INVALID_ARGUMENT for an
   // empty worker id or ttl <= 0.
+  //
+  // kNotOwn skips the promotion tasks whose origin_worker_id is `worker_id`
+  // and, when the stored worker `worker_id` has a principal, those whose
+  // origin worker (as stored now) has the same principal: a credential's
+  // second registration is not another worker. An origin worker without a
+  // principal, or one the store does not know, is told apart by id only.
+  // Principals are read from the workers table at lease time (not copied
+  // onto the task), so a principal bound later counts at once.
   virtual absl::StatusOr<std::optional<TaskRecord>> LeaseTask(const std::string& worker_id,
                                                               const std::string& arch,
                                                               bool compile_only,
@@ -314,7 +330,7 @@ class Store {
   // not an identity: two registrations under one name are two workers (an
   // identity is its session, see server/README.md). Returns the id.
   // INVALID_ARGUMENT for a session_hash that is not 64 hex digits, or one
-  // another worker has.
+  // another worker has, or a malformed principal.
   virtual absl::StatusOr<std::string> UpsertWorker(WorkerRecord w) = 0;
   virtual absl::StatusOr<std::vector<WorkerRecord>> ListWorkers() = 0;  // by id
 

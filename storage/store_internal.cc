@@ -115,6 +115,14 @@ absl::Status PrepareWorker(WorkerRecord& w, int64_t now_ms) {
       return absl::InvalidArgumentError(
           fmt::format("worker: sanitizer tool '{}' is not a lower-case word", tool));
   }
+  const bool name_chars =
+      std::all_of(w.principal.begin(), w.principal.end(), [](char c) {
+        return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+               c == '.' || c == '_' || c == '-';
+      });
+  if (w.principal.size() > 64 || !name_chars)
+    return absl::InvalidArgumentError(
+        "worker: principal is not a name of at most 64 letters, digits, '.', '_' or '-'");
   if (w.last_seen_unix_ms == 0) w.last_seen_unix_ms = now_ms;
   return absl::OkStatus();
 }

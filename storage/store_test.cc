@@ -676,6 +676,59 @@ TYPED_TEST(StoreTest, PromotionLeaseFiltersLeaveThemToOtherWorkers) {
   EXPECT_EQ(lease("w1", PromotionLease::kAny), ids[1]) << "unfiltered, the origin may run it";
 }
 
+// "Another worker" is another principal: a second registration of the same
+// credential does not confirm the first one's candidate. Workers without a
+// principal (rows from before principals) are told apart by id, as before.
+TYPED_TEST(StoreTest, NotOwnSkipsPromotionsOfTheSamePrincipal) {
+  auto worker = [&](const std::string& name, const std::string& principal) {
+    WorkerRecord w;
+    w.name = name;
+    w.arch = "sm_90a";
+    w.principal = principal;
+    absl::StatusOr<std::string> id = this->store().UpsertWorker(w);
+    EXPECT_TRUE(id.ok()) << id.status();
+    return id.ok() ? *id : "";
+  };
+  const std::string a1 = worker("a1", "host-a");
+  const std::string a2 = worker("a2", "host-a");
+  const std::string b = worker("b", "host-b");
+  const std::string old1 = worker("old1", "");
+  const std::string old2 = worker("old2", "");
+  std::string job = this->NewJob("tune");
+  auto confirm_of = [&](const std::string& origin) {
+    TaskRecord t = this->Task(job);
+    t.kind = TaskKind::kConfirm;
+    t.origin_worker_id = origin;
+    return t;
+  };
+  auto lease = [&](const std::string& w) -> std::string {
+    absl::StatusOr<std::optional<TaskRecord>> t =
+        this->store().LeaseTask(w, "sm_90a", false, 1000, 60000, PromotionLease::kNotOwn);
+    EXPECT_TRUE(t.ok()) << t.status();
+    return t.ok() && t->has_value() ? (*t)->id : "";
+  };
+  std::vector<std::string> ids = this->Enqueue({confirm_of(a1), confirm_of(old1)});
+  EXPECT_EQ(lease(a2), ids[1]) << "a1's candidate is host-a's own; old1's is not";
+  EXPECT_EQ(lease(a2), "");
+  EXPECT_EQ(lease(b), ids[0]) << "host-b is another principal";
+
+  ids = this->Enqueue({confirm_of(old1)});
+  EXPECT_EQ(lease(old1), "") << "without a principal, by id";
+  EXPECT_EQ(lease(old2), ids[0]) << "two workers without principals are two workers";
+
+  // A principal bound later (the server fills it for an old row) counts at
+  // once: it is read from the workers table, not copied onto the task.
+  ids = this->Enqueue({confirm_of(old1)});
+  ASSERT_OK_AND_ASSIGN(std::vector<WorkerRecord> all, this->store().ListWorkers());
+  for (WorkerRecord w : all) {
+    if (w.id != old1) continue;
+    w.principal = "host-a";
+    ASSERT_OK(this->store().UpsertWorker(w));
+  }
+  EXPECT_EQ(lease(a1), "");
+  EXPECT_EQ(lease(b), ids[0]);
+}
+
 TYPED_TEST(StoreTest, LeaseMatchesArchAndCompileOnlyWorkersGetCompileTasks) {
   std::string job = this->NewJob("tune");
   std::vector<std::string> ids = this->Enqueue({
@@ -825,6 +878,7 @@ TYPED_TEST(StoreTest, UpsertWorkerInsertsWithoutAnIdAndUpdatesByIt) {
   w.gpu_json = R"({"name":"H200"})";
   w.last_seen_unix_ms = 100;
   w.session_hash = Sha256Hex("session of w");
+  w.principal = "host-a";
   w.sanitizer_tools = {"memcheck", "racecheck"};
   ASSERT_OK_AND_ASSIGN(std::string id, this->store().UpsertWorker(w));
   EXPECT_EQ(id[0], 'w');
@@ -850,11 +904,13 @@ TYPED_TEST(StoreTest, UpsertWorkerInsertsWithoutAnIdAndUpdatesByIt) {
   EXPECT_EQ(all[0].gpu_json, w.gpu_json);
   EXPECT_EQ(all[0].session_hash, w.session_hash);
   EXPECT_EQ(all[0].sanitizer_tools, w.sanitizer_tools);
+  EXPECT_EQ(all[0].principal, w.principal);
   EXPECT_EQ(all[1].id, other_id);
   EXPECT_EQ(all[1].name, w.name);
   EXPECT_EQ(all[1].arch, "sm_100a");
   EXPECT_TRUE(all[1].session_hash.empty());
   EXPECT_TRUE(all[1].sanitizer_tools.empty());
+  EXPECT_TRUE(all[1].principal.empty());
   EXPECT_GT(all[1].last_seen_unix_ms, 0);  // the store's clock when not given
 }
 
@@ -871,6 +927,13 @@ TYPED_TEST(StoreTest, ASessionHashBelongsToOneWorker) {
   EXPECT_CODE(this->store().UpsertWorker(b), kInvalidArgument);
   b.session_hash.clear();
   b.sanitizer_tools = {"memcheck,racecheck"};
+  EXPECT_CODE(this->store().UpsertWorker(b), kInvalidArgument);
+  b.sanitizer_tools.clear();
+  for (const char* bad : {"has space", "tok:en", "x/y"}) {
+    b.principal = bad;
+    EXPECT_CODE(this->store().UpsertWorker(b), kInvalidArgument) << bad;
+  }
+  b.principal = std::string(65, 'p');
   EXPECT_CODE(this->store().UpsertWorker(b), kInvalidArgument);
   ASSERT_OK_AND_ASSIGN(std::vector<WorkerRecord> all, this->store().ListWorkers());
   EXPECT_EQ(all.size(), 1u);
