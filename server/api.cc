@@ -359,20 +359,53 @@ std::string KforgeApi::Scrub(std::string_view text, size_t cap) const {
   return ClipMiddle(RedactSessions(Redact(text, options_.secrets)), cap);
 }
 
-absl::StatusOr<std::string> KforgeApi::WorkerForSession(std::optional<std::string_view> session) {
+namespace {
+
+bool SamePrincipal(const WorkerRecord& a, const WorkerRecord& b) {
+  return a.id == b.id || (!a.principal.empty() && a.principal == b.principal);
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> KforgeApi::WorkerForSession(std::optional<std::string_view> session,
+                                                        const std::string& principal) {
   if (!session || session->empty())
     return absl::UnauthenticatedError(fmt::format(
         "missing '{}' metadata: WorkerService calls after Register carry the session token "
         "Register returned",
         kSessionMetadata));
-  std::lock_guard lock(workers_mu_);
-  auto it = sessions_.find(SessionHash(*session));
-  if (it == sessions_.end())
-    return absl::UnauthenticatedError(fmt::format(
-        "the '{}' token is not a session this server issued (forged, or from a registration "
-        "it no longer has); call Register for a new one",
-        kSessionMetadata));
-  return it->second;
+  std::optional<WorkerRecord> bound;
+  std::string id;
+  {
+    std::lock_guard lock(workers_mu_);
+    auto it = sessions_.find(SessionHash(*session));
+    if (it == sessions_.end())
+      return absl::UnauthenticatedError(fmt::format(
+          "the '{}' token is not a session this server issued (forged, or from a registration "
+          "it no longer has); call Register for a new one",
+          kSessionMetadata));
+    id = it->second;
+    WorkerRecord& w = workers_.at(id).record;
+    if (!principal.empty() && w.principal != principal) {
+      if (!w.principal.empty())
+        return absl::PermissionDeniedError(fmt::format(
+            "the session is worker {}'s, which registered with the worker token of '{}', and this "
+            "call carries the token of '{}': a session is good only with the token it was "
+            "issued under; call Register",
+            id, w.principal, principal));
+      // Registered before principals: bound by the first credential it
+      // calls with.
+      w.principal = principal;
+      bound = w;
+    }
+  }
+  if (bound) {
+    spdlog::info("worker {} ({}) is principal {} (registered before principals)", id, bound->name,
+                 principal);
+    if (auto s = store_->UpsertWorker(*bound); !s.ok())
+      spdlog::warn("worker {}: recording its principal: {}", id, std::string(s.status().message()));
+  }
+  return id;
 }
 
 absl::StatusOr<KforgeApi::WorkerInfo> KforgeApi::Caller(const std::string& caller,
@@ -390,13 +423,15 @@ absl::StatusOr<KforgeApi::WorkerInfo> KforgeApi::Caller(const std::string& calle
   return it->second;
 }
 
-bool KforgeApi::AnotherWorkerCanPromote(const std::string& caller) {
+bool KforgeApi::AnotherWorkerCanPromote(const std::string& caller, bool other_principal) {
   const int64_t now = Now();
   std::lock_guard lock(workers_mu_);
   auto me = workers_.find(caller);
   if (me == workers_.end()) return false;
   for (const auto& [id, w] : workers_) {
-    if (id == caller || w.record.arch != me->second.record.arch || w.record.compile_only) continue;
+    if (id == caller || (other_principal && SamePrincipal(w.record, me->second.record)) ||
+        w.record.arch != me->second.record.arch || w.record.compile_only)
+      continue;
     if (!w.gated && !options_.allow_ungated_promotion) continue;
     if (now - w.last_call_ms <= options_.lease_ttl_ms) return true;
   }
@@ -404,17 +439,22 @@ bool KforgeApi::AnotherWorkerCanPromote(const std::string& caller) {
 }
 
 PromotionLease KforgeApi::PromotionsFor(const WorkerInfo& worker) {
-  const bool another = AnotherWorkerCanPromote(worker.record.id);
   // A worker whose results cannot promote would only waste a promotion
-  // task that a worker which can is there to run. Alone, it takes them:
-  // its results are recorded and the job finishes.
-  if (!worker.gated && !options_.allow_ungated_promotion && another) return PromotionLease::kNone;
-  if (options_.confirm_on_another_worker && (options_.require_distinct_confirmer || another))
+  // task that a worker which can (of any principal) is there to run.
+  // Alone, it takes them: its results are recorded and the job finishes.
+  if (!worker.gated && !options_.allow_ungated_promotion &&
+      AnotherWorkerCanPromote(worker.record.id, /*other_principal=*/false))
+    return PromotionLease::kNone;
+  // Its own candidates (its principal's) go to another principal's worker
+  // while one can promote them.
+  if (options_.confirm_on_another_worker &&
+      (options_.require_distinct_confirmer ||
+       AnotherWorkerCanPromote(worker.record.id, /*other_principal=*/true)))
     return PromotionLease::kNotOwn;
   return PromotionLease::kAny;
 }
 
-absl::Status KforgeApi::Register(const v1::RegisterRequest& req,
+absl::Status KforgeApi::Register(const v1::RegisterRequest& req, const std::string& principal,
                                  std::optional<std::string_view> session,
                                  v1::RegisterResponse* resp) {
   if (req.worker_name().empty()) return Invalid("worker_name", "is required");
@@ -447,19 +487,24 @@ absl::Status KforgeApi::Register(const v1::RegisterRequest& req,
                               {"nvrtc_version", Scrub(req.gpu().nvrtc_version(), 64)}}
                    .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   w.last_seen_unix_ms = Now();
+  w.principal = principal;
 
   // A worker that presents its session keeps its id (and its leases), as
-  // long as it is still the same kind of worker; anything else is a new
-  // worker with a new session: a name never hands over an identity.
+  // long as it is still the same kind of worker under the same credential;
+  // anything else is a new worker with a new session: neither a name nor a
+  // session hands an identity to another principal.
   std::string token;
   if (session && !session->empty()) {
     std::lock_guard lock(workers_mu_);
     auto s = sessions_.find(SessionHash(*session));
     if (s != sessions_.end()) {
       const WorkerRecord& old = workers_.at(s->second).record;
-      if (old.arch == w.arch && old.compile_only == w.compile_only) {
+      const bool same_principal =
+          principal.empty() || old.principal.empty() || old.principal == principal;
+      if (old.arch == w.arch && old.compile_only == w.compile_only && same_principal) {
         w.id = old.id;
         w.session_hash = old.session_hash;
+        if (principal.empty()) w.principal = old.principal;
         token = std::string(*session);
       }
     }
@@ -473,17 +518,30 @@ absl::Status KforgeApi::Register(const v1::RegisterRequest& req,
   }
   auto id = store_->UpsertWorker(w);
   if (!id.ok()) return id.status();
+  std::vector<std::string> peers;  // connected workers of the same principal and arch
   {
     std::lock_guard lock(workers_mu_);
     w.id = *id;
     const bool gated = std::find(tools.begin(), tools.end(), "memcheck") != tools.end();
     workers_[*id] = WorkerInfo{w, Now(), gated, Scrub(req.gpu().nvrtc_version(), 64)};
     sessions_[w.session_hash] = *id;
+    for (const auto& [other, info] : workers_) {
+      if (other != *id && !w.principal.empty() && info.record.principal == w.principal &&
+          info.record.arch == w.arch && !info.record.compile_only &&
+          Now() - info.last_call_ms <= options_.lease_ttl_ms)
+        peers.push_back(other);
+    }
   }
-  spdlog::info("worker {} {} as {} ({}{}, sanitizer gate: {})", w.name,
-               resumed ? "resumed its session" : "registered", *id, w.arch,
+  spdlog::info("worker {} {} as {} (principal {}, {}{}, sanitizer gate: {})", w.name,
+               resumed ? "resumed its session" : "registered", *id,
+               w.principal.empty() ? "none" : w.principal, w.arch,
                w.compile_only ? ", compile only" : "",
                tools.empty() ? "none" : fmt::format("{}", fmt::join(tools, "+")));
+  if (!peers.empty() && !w.compile_only && options_.confirm_on_another_worker)
+    spdlog::info("worker {} shares principal {} with connected worker(s) {}: they count as one "
+                 "worker for confirmation on another worker (a host gets its own worker token "
+                 "to count as another)",
+                 *id, w.principal, fmt::join(peers, ", "));
   resp->set_worker_id(*id);
   resp->set_session_token(token);
   resp->set_heartbeat_interval_ms(options_.heartbeat_interval_ms);

@@ -52,10 +52,13 @@ struct ApiOptions {
   // memcheck sanitizer gate. Off: such a result is recorded, not promoted.
   bool allow_ungated_promotion = false;
   // A candidate's CONFIRM/RETIME is not leased to the worker whose EVALUATE
-  // made it a contender while another worker that can promote it (same
-  // arch, not compile-only, gated unless ungated promotion is allowed, seen
-  // within lease_ttl_ms) is connected. With none, the same worker may take
-  // it, unless require_distinct_confirmer (then it waits for another).
+  // made it a contender, nor to any worker of that worker's principal,
+  // while a worker of another principal that can promote it (same arch, not
+  // compile-only, gated unless ungated promotion is allowed, seen within
+  // lease_ttl_ms) is connected. With none, any worker may take it, unless
+  // require_distinct_confirmer (then it waits for another principal's).
+  // Workers without a principal (auth off, rows from before principals)
+  // are told apart by id.
   // Independently of this, a worker that cannot promote (ungated) is given
   // no promotion task while one that can is connected.
   bool confirm_on_another_worker = true;
@@ -101,16 +104,25 @@ class KforgeApi {
                         const std::function<bool(const v1::JobEvent&)>& write,
                         const std::function<bool()>& cancelled);
 
-  // WorkerService. Register issues a session (or resumes the worker of
-  // `session`, the x-kforge-session a re-registering worker presents, when
-  // it is valid and the worker's arch and compile-only flag are unchanged;
+  // WorkerService. `principal` is the name of the worker credential that
+  // authenticated the call (server/auth.h), "" when auth is off; the
+  // transport says it, the request never does.
+  //
+  // Register issues a session and binds the worker to `principal` (or
+  // resumes the worker of `session`, the x-kforge-session a re-registering
+  // worker presents, when it is valid, the worker's arch and compile-only
+  // flag are unchanged and it was bound to the same principal or to none;
   // otherwise it registers a new worker). Every other call acts as
   // `caller`, the worker id WorkerForSession resolved: UNAUTHENTICATED
-  // when the session is missing or unknown. A request whose worker_id is
-  // set to another worker is PERMISSION_DENIED.
-  absl::StatusOr<std::string> WorkerForSession(std::optional<std::string_view> session);
-  absl::Status Register(const v1::RegisterRequest& req, std::optional<std::string_view> session,
-                        v1::RegisterResponse* resp);
+  // when the session is missing or unknown, PERMISSION_DENIED when the
+  // session's worker is bound to another principal (a session is good only
+  // with the credential it was issued under). A worker bound to none (stored
+  // before principals) is bound to `principal` at its first call. A request
+  // whose worker_id is set to another worker is PERMISSION_DENIED.
+  absl::StatusOr<std::string> WorkerForSession(std::optional<std::string_view> session,
+                                               const std::string& principal);
+  absl::Status Register(const v1::RegisterRequest& req, const std::string& principal,
+                        std::optional<std::string_view> session, v1::RegisterResponse* resp);
   absl::Status Heartbeat(const std::string& caller, const v1::HeartbeatRequest& req,
                          v1::HeartbeatResponse* resp);
   absl::Status LeaseTask(const std::string& caller, const v1::LeaseTaskRequest& req,
@@ -140,8 +152,10 @@ class KforgeApi {
   // `declared` (a request's worker_id) is set and names another worker.
   absl::StatusOr<WorkerInfo> Caller(const std::string& caller, const std::string& declared);
   // True when a worker other than `caller` could promote a promotion task
-  // of its arch (see ApiOptions::confirm_on_another_worker).
-  bool AnotherWorkerCanPromote(const std::string& caller);
+  // of its arch (see ApiOptions::confirm_on_another_worker); with
+  // `other_principal`, only a worker of another principal counts (another
+  // worker, when either has no principal).
+  bool AnotherWorkerCanPromote(const std::string& caller, bool other_principal);
   // The promotion tasks `worker` may lease now.
   PromotionLease PromotionsFor(const WorkerInfo& worker);
   absl::Status FillTask(const TaskRecord& t, v1::Task* out);

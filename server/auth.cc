@@ -26,11 +26,83 @@ bool Contains(const std::vector<std::string>& tokens, std::string_view t) {
 
 }  // namespace
 
+bool IsPrincipalName(std::string_view name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (char c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '.' || c == '_' || c == '-';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+std::string DerivedPrincipal(std::string_view token) {
+  return "token-" + Sha256Hex(token).substr(0, 12);
+}
+
+absl::StatusOr<std::vector<WorkerCredential>> ParseWorkerTokens(
+    const std::vector<std::string>& entries, std::string_view what, size_t min_token_length) {
+  std::vector<WorkerCredential> out;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    auto bad = [&](std::string_view why) {
+      return absl::InvalidArgumentError(fmt::format("{}[{}]: {}", what, i, why));
+    };
+    const std::string& e = entries[i];
+    if (e.empty()) return bad("is empty");
+    WorkerCredential c;
+    const size_t colon = e.find(':');
+    if (colon == std::string::npos) {
+      c.token = e;
+      c.principal = DerivedPrincipal(e);
+    } else {
+      c.principal = e.substr(0, colon);
+      c.token = e.substr(colon + 1);
+      if (c.principal.empty())
+        return bad("the name before ':' is empty (write \"name:token\", or the token alone)");
+      if (!IsPrincipalName(c.principal))
+        return bad(fmt::format(
+            "the name before ':' is not 1-64 letters, digits, '.', '_' or '-' (a plain token "
+            "must not contain ':')"));
+      if (c.token.empty()) return bad(fmt::format("the token after '{}:' is empty", c.principal));
+    }
+    if (c.token.size() < min_token_length)
+      return bad(fmt::format("the token of '{}' is shorter than {} characters; use a long random "
+                             "token",
+                             c.principal, min_token_length));
+    for (size_t j = 0; j < out.size(); ++j) {
+      if (out[j].token == c.token)
+        return bad(fmt::format("the token of '{}' is also {}[{}]'s ('{}'): one token names one "
+                               "principal",
+                               c.principal, what, j, out[j].principal));
+      if (out[j].principal == c.principal)
+        return bad(fmt::format("the name '{}' is also {}[{}]'s: give each worker host its own "
+                               "name and token",
+                               c.principal, what, j));
+    }
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
 Authenticator::Authenticator(std::vector<std::string> client_tokens,
-                             std::vector<std::string> worker_tokens, bool disabled)
-    : client_tokens_(std::move(client_tokens)),
-      worker_tokens_(std::move(worker_tokens)),
-      disabled_(disabled) {}
+                             std::vector<WorkerCredential> workers, bool disabled)
+    : client_tokens_(std::move(client_tokens)), workers_(std::move(workers)), disabled_(disabled) {}
+
+int Authenticator::FindWorker(std::string_view token) const {
+  int found = -1;
+  for (size_t i = 0; i < workers_.size(); ++i)
+    if (ConstantTimeEqual(workers_[i].token, token)) found = static_cast<int>(i);
+  return found;
+}
+
+absl::StatusOr<std::string> Authenticator::WorkerPrincipal(
+    std::optional<std::string_view> authorization) const {
+  if (disabled_) return std::string();
+  if (absl::Status s = Check(Role::kWorker, authorization); !s.ok()) return s;
+  const int i = FindWorker(authorization->substr(std::string_view("Bearer ").size()));
+  if (i < 0) return absl::InternalError("worker token vanished between checks");
+  return workers_[i].principal;
+}
 
 absl::Status Authenticator::Check(Role role, std::optional<std::string_view> authorization) const {
   if (disabled_) return absl::OkStatus();
@@ -46,10 +118,10 @@ absl::Status Authenticator::Check(Role role, std::optional<std::string_view> aut
         "authorization metadata is not of the form 'Bearer <token>': {} needs a {} token",
         service, kind));
   const std::string_view token = authorization->substr(kPrefix.size());
-  const auto& mine = role == Role::kClient ? client_tokens_ : worker_tokens_;
-  if (Contains(mine, token)) return absl::OkStatus();
-  const auto& other = role == Role::kClient ? worker_tokens_ : client_tokens_;
-  if (Contains(other, token))
+  const bool client = Contains(client_tokens_, token);
+  const bool worker = FindWorker(token) >= 0;
+  if (role == Role::kClient ? client : worker) return absl::OkStatus();
+  if (role == Role::kClient ? worker : client)
     return absl::UnauthenticatedError(
         fmt::format("the bearer token is a {} token: {} needs a {} token",
                     role == Role::kClient ? "worker" : "client", service, kind));

@@ -10,10 +10,15 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "server/auth.h"
+
 namespace kforge::server {
 namespace {
 
 using nlohmann::json;
+
+// Tokens in a config file: long enough that guessing is hopeless.
+constexpr size_t kMinTokenLength = 16;
 
 std::vector<std::string> SplitList(const char* value) {
   std::vector<std::string> out;
@@ -72,10 +77,53 @@ absl::Status ApplyConfigFile(const std::string& path, ServerConfig& cfg) {
       for (size_t i = 0; i < v.size(); ++i) {
         if (!v[i].is_string() || v[i].get<std::string>().empty())
           return bad(fmt::format("{}[{}]", key, i), "must be a non-empty string");
-        if (v[i].get<std::string>().size() < 16)
-          return bad(fmt::format("{}[{}]", key, i), "is shorter than 16 characters; use a long random token");
+        if (v[i].get<std::string>().size() < kMinTokenLength)
+          return bad(fmt::format("{}[{}]", key, i),
+                     fmt::format("is shorter than {} characters; use a long random token",
+                                 kMinTokenLength));
         out.push_back(v[i].get<std::string>());
       }
+      field = std::move(out);
+      return absl::OkStatus();
+    };
+  };
+  // Worker tokens are credentials with a name: "name:token" or
+  // {"name": ..., "token": ...}, or a plain "token" (a derived principal).
+  // Objects become "name:token" entries; ParseWorkerTokens checks them all.
+  auto worker_tokens_key = [&](std::vector<std::string>& field) -> Setter {
+    return [&](const std::string& key, const json& v) -> absl::Status {
+      if (!v.is_array())
+        return bad(key, "must be an array of \"token\" or \"name:token\" strings or "
+                        "{\"name\": ..., \"token\": ...} objects");
+      std::vector<std::string> out;
+      for (size_t i = 0; i < v.size(); ++i) {
+        const std::string at = fmt::format("{}[{}]", key, i);
+        if (v[i].is_string()) {
+          out.push_back(v[i].get<std::string>());
+        } else if (v[i].is_object()) {
+          for (auto it = v[i].begin(); it != v[i].end(); ++it)
+            if (it.key() != "name" && it.key() != "token")
+              return bad(fmt::format("{}.{}", at, it.key()), "unknown key (name, token)");
+          for (const char* k : {"name", "token"}) {
+            if (!v[i].contains(k) || !v[i][k].is_string() || v[i][k].get<std::string>().empty())
+              return bad(fmt::format("{}.{}", at, k), "must be a non-empty string");
+          }
+          const std::string name = v[i]["name"].get<std::string>();
+          if (!IsPrincipalName(name))
+            return bad(fmt::format("{}.name", at),
+                       fmt::format("'{}' is not 1-64 letters, digits, '.', '_' or '-'",
+                                   name.substr(0, 64)));
+          out.push_back(name + ":" + v[i]["token"].get<std::string>());
+        } else {
+          return bad(at, "must be a \"token\" or \"name:token\" string or a {\"name\", "
+                         "\"token\"} object");
+        }
+      }
+      if (absl::StatusOr<std::vector<WorkerCredential>> c =
+              ParseWorkerTokens(out, key, kMinTokenLength);
+          !c.ok())
+        return absl::InvalidArgumentError(
+            fmt::format("config {}: {}", path, std::string(c.status().message())));
       field = std::move(out);
       return absl::OkStatus();
     };
@@ -92,7 +140,7 @@ absl::Status ApplyConfigFile(const std::string& path, ServerConfig& cfg) {
       {"listen", string_key(cfg.server.listen_address)},
       {"database", string_key(cfg.database)},
       {"client_tokens", tokens_key(cfg.server.client_tokens)},
-      {"worker_tokens", tokens_key(cfg.server.worker_tokens)},
+      {"worker_tokens", worker_tokens_key(cfg.server.worker_tokens)},
       {"insecure_no_auth", bool_key(cfg.server.insecure_no_auth)},
       {"allow_ungated_promotion", bool_key(cfg.server.api.allow_ungated_promotion)},
       {"confirm_on_another_worker", bool_key(cfg.server.api.confirm_on_another_worker)},

@@ -6,14 +6,17 @@
 //   listen               "127.0.0.1:50051"
 //   database             "kforge.db"
 //   client_tokens        ["..."]   bearer tokens for KernelService
-//   worker_tokens        ["..."]   bearer tokens for WorkerService
+//   worker_tokens        [...]     credentials for WorkerService, each one of
+//                                    "name:token", {"name": "...", "token": "..."}
+//                                    or a plain "token" (see below)
 //   insecure_no_auth     false
 //   allow_ungated_promotion  false   promote CONFIRM/RETIME results of workers that
 //                                    registered without the memcheck gate
 //   confirm_on_another_worker true   a candidate's CONFIRM/RETIME goes to another
 //                                    worker than its EVALUATE's while one can take it
 //   require_distinct_confirmer false with confirm_on_another_worker: never the same
-//                                    worker (a single-worker fleet then never promotes)
+//                                    principal (a single-principal fleet then never
+//                                    promotes)
 //   lease_ttl_ms         60000
 //   heartbeat_interval_ms 10000
 //   max_lease_wait_ms    30000
@@ -28,6 +31,27 @@
 //                                 "model" (agent/model_proposer.h keys)
 // Environment: KFORGE_CLIENT_TOKEN, KFORGE_WORKER_TOKEN (comma-separated
 // lists) add to the tokens.
+//
+// Worker tokens and principals. A worker token is a credential and its name
+// is the principal of every worker that registers with it (bound by the
+// server from the token presented, never from what a worker declares;
+// stored with the worker). "Another worker" for confirm_on_another_worker
+// and require_distinct_confirmer means another principal: a holder of one
+// token can register as many workers as it likes, and all of them are one
+// principal, which cannot confirm its own candidates. So per-host tokens
+// ("host-a:<random>", "host-b:<random>"; the worker is given the token
+// part only) are what makes a confirmation on another worker mean anything.
+// With one shared token every worker is one principal: with
+// require_distinct_confirmer nothing is ever promoted; without it a
+// CONFIRM/RETIME runs on any worker, the candidate's own included (the
+// server logs which at startup). A plain "token" (no ':') is its own
+// principal, "token-" + the first 12 hex digits of its SHA-256, so existing
+// configurations keep working; a token containing ':' must be written as
+// name:token. Names are 1-64 of [A-Za-z0-9._-]; an empty, malformed or
+// repeated name, a repeated token, or (in the file) a token shorter than 16
+// characters is an error naming the entry. Without auth
+// (insecure_no_auth) there is no principal: workers are told apart by
+// session only.
 #pragma once
 
 #include <string>

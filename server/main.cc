@@ -10,6 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include "core/secrets.h"
+#include "server/auth.h"
 #include "server/components.h"
 #include "server/config.h"
 #include "server/server.h"
@@ -66,6 +67,9 @@ int main(int argc, char** argv) {
   // processes of this user.
   for (const auto* list : {&cfg.server.client_tokens, &cfg.server.worker_tokens}) {
     for (const std::string& t : *list) kforge::ScrubFromProcessMemory(argc, argv, t);
+  }
+  if (auto creds = kforge::server::ParseWorkerTokens(cfg.server.worker_tokens); creds.ok()) {
+    for (const auto& c : *creds) kforge::ScrubFromProcessMemory(argc, argv, c.token);
   }
   if (absl::Status s = kforge::MakeUndumpable(); !s.ok())
     spdlog::warn("kforge-server: {}", std::string(s.message()));

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
@@ -198,9 +199,11 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
 
   grpc::Status Register(grpc::ServerContext* ctx, const v1::RegisterRequest* req,
                         v1::RegisterResponse* resp) override {
-    if (absl::Status s = auth_->Check(Role::kWorker, AuthHeader(ctx)); !s.ok())
-      return ToGrpcStatus(s);
-    return ToGrpcStatus(api_->Register(*req, Metadata(ctx, kSessionMetadata), resp));
+    // The principal comes from the credential, never from the request.
+    absl::StatusOr<std::string> principal = auth_->WorkerPrincipal(AuthHeader(ctx));
+    if (!principal.ok()) return ToGrpcStatus(principal.status());
+    return ToGrpcStatus(
+        api_->Register(*req, *principal, Metadata(ctx, kSessionMetadata), resp));
   }
   grpc::Status Heartbeat(grpc::ServerContext* ctx, const v1::HeartbeatRequest* req,
                          v1::HeartbeatResponse* resp) override {
@@ -219,13 +222,15 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   }
 
  private:
-  // The bearer token says the caller is a worker; its session says which:
-  // the api acts as that worker.
+  // The bearer token says the caller is a worker and whose credential it
+  // holds; its session says which worker: the api acts as that worker, when
+  // the session was issued under the same principal.
   template <typename Fn>
   grpc::Status Run(grpc::ServerContext* ctx, Fn&& fn) {
-    if (absl::Status s = auth_->Check(Role::kWorker, AuthHeader(ctx)); !s.ok())
-      return ToGrpcStatus(s);
-    absl::StatusOr<std::string> caller = api_->WorkerForSession(Metadata(ctx, kSessionMetadata));
+    absl::StatusOr<std::string> principal = auth_->WorkerPrincipal(AuthHeader(ctx));
+    if (!principal.ok()) return ToGrpcStatus(principal.status());
+    absl::StatusOr<std::string> caller =
+        api_->WorkerForSession(Metadata(ctx, kSessionMetadata), *principal);
     if (!caller.ok()) return ToGrpcStatus(caller.status());
     return ToGrpcStatus(fn(*caller));
   }
@@ -245,13 +250,53 @@ absl::Status CheckAuthConfig(const ServerOptions& o) {
         o.client_tokens.empty() && o.worker_tokens.empty() ? "client or worker tokens"
         : o.client_tokens.empty()                          ? "client tokens"
                                                            : "worker tokens"));
+  absl::StatusOr<std::vector<WorkerCredential>> workers = ParseWorkerTokens(o.worker_tokens, "worker tokens");
+  if (!workers.ok()) return workers.status();
   for (const auto& t : o.client_tokens)
-    for (const auto& w : o.worker_tokens)
-      if (t == w)
-        return absl::InvalidArgumentError(
-            "a token is configured as both a client and a worker token; use distinct tokens");
+    for (const auto& w : *workers)
+      if (t == w.token)
+        return absl::InvalidArgumentError(fmt::format(
+            "a token is configured as both a client and a worker token (worker '{}'); use "
+            "distinct tokens",
+            w.principal));
   return absl::OkStatus();
 }
+
+namespace {
+
+// Unparseable entries leave no credential; Start refuses them first
+// (CheckAuthConfig).
+std::vector<WorkerCredential> WorkerCredentialsOf(const ServerOptions& o) {
+  absl::StatusOr<std::vector<WorkerCredential>> c = ParseWorkerTokens(o.worker_tokens);
+  return c.ok() ? *std::move(c) : std::vector<WorkerCredential>{};
+}
+
+// What the configured worker credentials make of "another worker".
+void LogPrincipals(const ServerOptions& o) {
+  if (o.insecure_no_auth) {
+    spdlog::info("workers have no principal without auth: another worker for confirmation is "
+                 "another session");
+    return;
+  }
+  const std::vector<WorkerCredential> creds = WorkerCredentialsOf(o);
+  std::vector<std::string> names;
+  for (const auto& c : creds) names.push_back(c.principal);
+  spdlog::info("worker principals: {}", fmt::join(names, ", "));
+  if (creds.size() == 1 && o.api.confirm_on_another_worker) {
+    if (o.api.require_distinct_confirmer)
+      spdlog::warn("one worker token: every worker is principal {}, and require_distinct_confirmer "
+                   "never lets a principal confirm its own candidate, so nothing is promoted; "
+                   "give each worker host its own token (worker_tokens \"name:token\")",
+                   creds[0].principal);
+    else
+      spdlog::info("one worker token: every worker is principal {}, so CONFIRM/RETIME cannot go "
+                   "to another worker and runs on any; give each worker host its own token "
+                   "(worker_tokens \"name:token\") for confirmation on another worker",
+                   creds[0].principal);
+  }
+}
+
+}  // namespace
 
 class Server::Impl {
  public:
@@ -260,7 +305,7 @@ class Server::Impl {
         cache_(store, std::move(seeds)),
         engine_(store, std::move(proposers), EngineOptions()),
         api_(store, &cache_, &engine_, ApiOptionsOf(options_)),
-        auth_(options_.client_tokens, options_.worker_tokens, options_.insecure_no_auth),
+        auth_(options_.client_tokens, WorkerCredentialsOf(options_), options_.insecure_no_auth),
         kernel_service_(&api_, &auth_),
         worker_service_(&api_, &auth_) {}
 
@@ -268,7 +313,7 @@ class Server::Impl {
   static ApiOptions ApiOptionsOf(const ServerOptions& o) {
     ApiOptions api = o.api;
     api.secrets.insert(api.secrets.end(), o.client_tokens.begin(), o.client_tokens.end());
-    api.secrets.insert(api.secrets.end(), o.worker_tokens.begin(), o.worker_tokens.end());
+    for (const WorkerCredential& c : WorkerCredentialsOf(o)) api.secrets.push_back(c.token);
     return api;
   }
 
@@ -285,6 +330,7 @@ class Server::Impl {
 
   absl::Status Start() {
     if (absl::Status s = CheckAuthConfig(options_); !s.ok()) return s;
+    LogPrincipals(options_);
     if (absl::Status s = cache_.LoadAll(); !s.ok()) return s;
     if (absl::Status s = api_.Init(); !s.ok()) return s;
     if (absl::Status s = engine_.Start(); !s.ok()) return s;

@@ -20,6 +20,7 @@
 #include "core/hash.h"
 #include "core/roofline.h"
 #include "kforge/v1/kforge.grpc.pb.h"
+#include "server/auth.h"
 #include "server/server.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
@@ -28,6 +29,11 @@ namespace {
 
 constexpr char kClient[] = "client-token-0123456789";
 constexpr char kWorker[] = "worker-token-0123456789";
+// Per-host worker credentials (ServerOptions::worker_tokens "name:token").
+constexpr char kHostAToken[] = "host-a-token-0123456789";
+constexpr char kHostBToken[] = "host-b-token-0123456789";
+const std::vector<std::string> kHostTokens = {std::string("host-a:") + kHostAToken,
+                                              std::string("host-b:") + kHostBToken};
 constexpr char kManifest[] =
     R"({"entry_point":"kf_attn_fwd","threads":128,"tile_m":64,"tile_n":64,"archs":["sm_90a"],"head_dims":[64,128]})";
 
@@ -118,7 +124,7 @@ class ServerTest : public ::testing::Test {
     }
     o.listen_address = "127.0.0.1:0";
     o.client_tokens = {kClient};
-    o.worker_tokens = {kWorker};
+    if (o.worker_tokens.empty()) o.worker_tokens = {kWorker};
     o.api.limits.head_dims = {64, 128};
     if (o.reaper_interval_ms == 1000) o.reaper_interval_ms = 50;
     o.drain_timeout_ms = 2000;
@@ -137,9 +143,10 @@ class ServerTest : public ::testing::Test {
     return ctx;
   }
 
-  // A worker call's context: the worker token and the worker's session.
+  // A worker call's context: the worker's token and its session.
   std::unique_ptr<grpc::ClientContext> WCtx(const std::string& worker, int timeout_s = 10) {
-    auto ctx = Ctx(kWorker, timeout_s);
+    auto token = tokens_.find(worker);
+    auto ctx = Ctx(token != tokens_.end() ? token->second : kWorker, timeout_s);
     if (auto it = sessions_.find(worker); it != sessions_.end())
       ctx->AddMetadata("x-kforge-session", it->second);
     return ctx;
@@ -150,7 +157,8 @@ class ServerTest : public ::testing::Test {
   std::string RegisterWorker(const std::string& name = "w-test",
                              std::vector<std::string> tools = {"memcheck"},
                              const std::string& resume_session = "",
-                             const std::string& nvrtc_version = "13.0") {
+                             const std::string& nvrtc_version = "13.0",
+                             const std::string& token = kWorker) {
     v1::RegisterRequest req;
     req.set_worker_name(name);
     req.mutable_gpu()->set_arch("sm_90a");
@@ -158,13 +166,18 @@ class ServerTest : public ::testing::Test {
     req.mutable_gpu()->set_nvrtc_version(nvrtc_version);
     for (const auto& t : tools) req.add_sanitizer_tools(t);
     v1::RegisterResponse resp;
-    auto ctx = Ctx(kWorker);
+    auto ctx = Ctx(token);
     if (!resume_session.empty()) ctx->AddMetadata("x-kforge-session", resume_session);
     grpc::Status s = workers_->Register(ctx.get(), req, &resp);
     EXPECT_TRUE(s.ok()) << s.error_message();
     EXPECT_EQ(resp.session_token().size(), 68u) << "kfs_ and 64 hex digits";
     sessions_[resp.worker_id()] = resp.session_token();
+    tokens_[resp.worker_id()] = token;
     return resp.worker_id();
+  }
+  // A gated worker registered with `token`.
+  std::string RegisterWith(const std::string& token, const std::string& name) {
+    return RegisterWorker(name, {"memcheck"}, "", "13.0", token);
   }
 
   std::optional<v1::Task> Lease(const std::string& worker, int wait_ms = 2000) {
@@ -319,6 +332,7 @@ class ServerTest : public ::testing::Test {
   std::unique_ptr<v1::KernelService::Stub> kernels_;
   std::unique_ptr<v1::WorkerService::Stub> workers_;
   std::map<std::string, std::string> sessions_;  // worker id -> session token
+  std::map<std::string, std::string> tokens_;    // worker id -> its worker token
 };
 
 TEST_F(ServerTest, RefusesToStartWithoutTokensUnlessInsecure) {
@@ -1484,10 +1498,11 @@ TEST_F(ClaimsTest, UngatedPromotionIsAConfigChoice) {
 
 TEST_F(ClaimsTest, AConfirmGoesToAnotherWorkerWhileOneIsConnectedAndToTheSameOneAlone) {
   ServerOptions o = WithClock();
+  o.worker_tokens = kHostTokens;
   Start(o, 2);
   SubmitJob(1);
-  const std::string a = RegisterWorker("a");
-  const std::string b = RegisterWorker("b");
+  const std::string a = RegisterWith(kHostAToken, "a");
+  const std::string b = RegisterWith(kHostBToken, "b");
   auto t = Lease(a);
   ASSERT_TRUE(t);
   ASSERT_TRUE(Report(a, *t, 100.0));
@@ -1512,17 +1527,159 @@ TEST_F(ClaimsTest, AConfirmGoesToAnotherWorkerWhileOneIsConnectedAndToTheSameOne
 TEST_F(ClaimsTest, AStrictConfirmationWaitsForAnotherWorker) {
   ServerOptions o;
   o.api.require_distinct_confirmer = true;
+  o.worker_tokens = kHostTokens;
   Start(o, 1);
   SubmitJob(1);
-  const std::string a = RegisterWorker("a");
+  const std::string a = RegisterWith(kHostAToken, "a");
   auto t = Lease(a);
   ASSERT_TRUE(t);
   ASSERT_TRUE(Report(a, *t, 100.0));
   EXPECT_FALSE(Lease(a, 300));
-  const std::string b = RegisterWorker("b");
+  const std::string b = RegisterWith(kHostBToken, "b");
   auto confirm = Lease(b);
   ASSERT_TRUE(confirm);
   EXPECT_EQ(confirm->kind(), v1::TASK_KIND_CONFIRM);
+}
+
+// "Another worker" is another principal. A holder of one worker token can
+// register twice and get two worker ids and sessions, but both are the
+// token's principal: the second cannot confirm the first one's forged
+// result. The worker of another token can.
+TEST_F(ClaimsTest, ASecondRegistrationOfOneTokenCannotConfirmTheFirstsCandidate) {
+  ServerOptions o;
+  o.api.confirm_on_another_worker = true;
+  o.api.require_distinct_confirmer = true;
+  o.worker_tokens = kHostTokens;
+  Start(o, 1);
+  const v1::Job job = SubmitJob(1);
+  const std::string a = RegisterWith(kHostAToken, "a");
+  const std::string a2 = RegisterWith(kHostAToken, "a-again");
+  ASSERT_NE(a, a2) << "two registrations are two workers";
+  auto t = Lease(a);
+  ASSERT_TRUE(t);
+  ASSERT_TRUE(Report(a, *t, 100.0));
+  EXPECT_FALSE(Lease(a2, 300)) << "host-a's second worker was given host-a's CONFIRM";
+  EXPECT_FALSE(Lease(a, 300));
+  EXPECT_FALSE(Tuned(MakeShape()));
+
+  const std::string b = RegisterWith(kHostBToken, "b");
+  auto confirm = Lease(b);
+  ASSERT_TRUE(confirm);
+  EXPECT_EQ(confirm->kind(), v1::TASK_KIND_CONFIRM);
+  ASSERT_TRUE(Report(b, *confirm, 100.0));
+  EXPECT_TRUE(Tuned(MakeShape()));
+  EXPECT_EQ(WaitForState(job.id(), v1::JOB_STATE_SUCCEEDED).state(), v1::JOB_STATE_SUCCEEDED);
+
+  // The principal is bound from the token, stored with the worker.
+  auto workers = store_->ListWorkers();
+  ASSERT_TRUE(workers.ok()) << workers.status();
+  std::map<std::string, std::string> principal;
+  for (const WorkerRecord& w : *workers) principal[w.id] = w.principal;
+  EXPECT_EQ(principal[a], "host-a");
+  EXPECT_EQ(principal[a2], "host-a");
+  EXPECT_EQ(principal[b], "host-b");
+}
+
+// With one shared token every worker is one principal: strictly, nothing is
+// ever confirmed; otherwise confirmation falls back to any worker (as
+// before principals), the candidate's own included.
+TEST_F(ClaimsTest, WithOneSharedTokenEveryWorkerIsOnePrincipal) {
+  {
+    ServerOptions o;
+    o.api.require_distinct_confirmer = true;
+    Start(o, 1);
+    SubmitJob(1);
+    const std::string a = RegisterWorker("a");
+    const std::string b = RegisterWorker("b");
+    auto t = Lease(a);
+    ASSERT_TRUE(t);
+    ASSERT_TRUE(Report(a, *t, 100.0));
+    EXPECT_FALSE(Lease(b, 300)) << "b shares a's token: not another worker";
+    EXPECT_FALSE(Lease(a, 300));
+    auto workers = store_->ListWorkers();
+    ASSERT_TRUE(workers.ok()) << workers.status();
+    ASSERT_EQ(workers->size(), 2u);
+    for (const WorkerRecord& w : *workers) EXPECT_EQ(w.principal, DerivedPrincipal(kWorker));
+    EXPECT_EQ(DerivedPrincipal(kWorker).rfind("token-", 0), 0u);
+    EXPECT_EQ(DerivedPrincipal(kWorker).find(kWorker), std::string::npos);
+  }
+  server_.reset();
+  store_.reset();
+  sessions_.clear();
+  tokens_.clear();
+  for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(db_.string() + suffix);
+  Start({}, 1);
+  SubmitJob(1);
+  const std::string a = RegisterWorker("a");
+  const std::string b = RegisterWorker("b");
+  auto t = Lease(a);
+  ASSERT_TRUE(t);
+  ASSERT_TRUE(Report(a, *t, 100.0));
+  auto confirm = Lease(a);
+  ASSERT_TRUE(confirm) << "without another principal the candidate's own worker may confirm";
+  EXPECT_EQ(confirm->kind(), v1::TASK_KIND_CONFIRM);
+  (void)b;
+}
+
+// A session is good only with the token it was issued under: another
+// principal's token with it is refused, and registering again with it
+// under another token makes a new worker (no id, lease or identity moves).
+TEST_F(ClaimsTest, ASessionIsBoundToTheTokenItWasIssuedUnder) {
+  ServerOptions o;
+  o.worker_tokens = kHostTokens;
+  Start(o, 1);
+  SubmitJob(1);
+  const std::string a = RegisterWith(kHostAToken, "a");
+  auto t = Lease(a);
+  ASSERT_TRUE(t);
+  tokens_[a] = kHostBToken;
+  v1::HeartbeatRequest h;
+  v1::HeartbeatResponse hr;
+  grpc::Status s = workers_->Heartbeat(WCtx(a).get(), h, &hr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  EXPECT_NE(s.error_message().find("host-a"), std::string::npos) << s.error_message();
+  EXPECT_EQ(s.error_message().find(kHostBToken), std::string::npos) << "no token in messages";
+  EXPECT_EQ(Send(a, Result(a, *t, 100.0)).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  const std::string b = RegisterWorker("a", {"memcheck"}, sessions_[a], "13.0", kHostBToken);
+  EXPECT_NE(b, a) << "host-b's token resumed host-a's worker";
+  tokens_[a] = kHostAToken;
+  EXPECT_TRUE(workers_->Heartbeat(WCtx(a).get(), h, &hr).ok());
+  const std::string again = RegisterWorker("a", {"memcheck"}, sessions_[a], "13.0", kHostAToken);
+  EXPECT_EQ(again, a) << "the same token resumes its session";
+}
+
+// Workers stored before principals (schema v4) have none; the first
+// authenticated call binds the credential's, and from then on it counts.
+TEST_F(ClaimsTest, AWorkerStoredWithoutAPrincipalIsBoundAtItsNextCall) {
+  auto store = OpenSqliteStore(db_.string());
+  ASSERT_TRUE(store.ok()) << store.status();
+  store_ = *std::move(store);
+  const std::string session = "kfs_" + std::string(64, '7');
+  WorkerRecord old;
+  old.name = "old";
+  old.arch = "sm_90a";
+  old.session_hash = Sha256Hex(session);
+  old.sanitizer_tools = {"memcheck"};
+  auto id = store_->UpsertWorker(old);
+  ASSERT_TRUE(id.ok()) << id.status();
+  ServerOptions o;
+  o.worker_tokens = kHostTokens;
+  Start(o, 1);
+  sessions_[*id] = session;
+  tokens_[*id] = kHostAToken;
+  v1::HeartbeatRequest h;
+  v1::HeartbeatResponse hr;
+  grpc::Status s = workers_->Heartbeat(WCtx(*id).get(), h, &hr);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  auto workers = store_->ListWorkers();
+  ASSERT_TRUE(workers.ok()) << workers.status();
+  ASSERT_EQ(workers->size(), 1u);
+  EXPECT_EQ((*workers)[0].principal, "host-a");
+  EXPECT_EQ((*workers)[0].session_hash, old.session_hash);
+  tokens_[*id] = kHostBToken;
+  EXPECT_EQ(workers_->Heartbeat(WCtx(*id).get(), h, &hr).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED)
+      << "bound now: another token cannot take it over";
 }
 
 // An ungated worker cannot promote: it does not count as the other worker
