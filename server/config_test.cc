@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include "server/auth.h"
+
 namespace kforge::server {
 namespace {
 
@@ -90,6 +92,105 @@ TEST(ConfigTest, EnvironmentAddsTokens) {
   EXPECT_EQ(cfg.server.client_tokens.size(), 2u);
   EXPECT_EQ(cfg.server.worker_tokens.size(), 1u);
   EXPECT_TRUE(ValidateConfig(cfg).ok());
+  unsetenv("KFORGE_CLIENT_TOKEN");
+  unsetenv("KFORGE_WORKER_TOKEN");
+}
+
+// Worker tokens are named credentials: "name:token" strings, objects, or
+// plain tokens (their principal derived, never the token itself).
+TEST(ConfigTest, WorkerTokensAreNamedCredentials) {
+  ServerConfig cfg;
+  const std::string path = WriteConfig(R"({"worker_tokens": [
+      "host-a:aaaaaaaaaaaaaaaaaaaa",
+      {"name": "host-b", "token": "bbbbbbbbbbbbbbbb:bbbb"},
+      "pppppppppppppppppppp"]})");
+  ASSERT_TRUE(ApplyConfigFile(path, cfg).ok());
+  ASSERT_EQ(cfg.server.worker_tokens.size(), 3u);
+  absl::StatusOr<std::vector<WorkerCredential>> c = ParseWorkerTokens(cfg.server.worker_tokens);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_EQ(c->size(), 3u);
+  EXPECT_EQ((*c)[0].principal, "host-a");
+  EXPECT_EQ((*c)[0].token, "aaaaaaaaaaaaaaaaaaaa");
+  EXPECT_EQ((*c)[1].principal, "host-b");
+  EXPECT_EQ((*c)[1].token, "bbbbbbbbbbbbbbbb:bbbb") << "split at the first ':'";
+  EXPECT_EQ((*c)[2].token, "pppppppppppppppppppp");
+  EXPECT_EQ((*c)[2].principal, DerivedPrincipal("pppppppppppppppppppp"));
+  EXPECT_EQ((*c)[2].principal.size(), 18u) << (*c)[2].principal;
+  EXPECT_EQ((*c)[2].principal.rfind("token-", 0), 0u);
+  EXPECT_EQ(DerivedPrincipal("pppppppppppppppppppp"), DerivedPrincipal("pppppppppppppppppppp"))
+      << "stable";
+  EXPECT_NE(DerivedPrincipal("pppppppppppppppppppp"), DerivedPrincipal("qqqqqqqqqqqqqqqqqqqq"));
+  cfg.server.client_tokens = {"cccccccccccccccccccc"};
+  EXPECT_TRUE(ValidateConfig(cfg).ok());
+}
+
+TEST(ConfigTest, BadWorkerTokensAreErrorsNamingTheEntryNotTheToken) {
+  const std::string secret = "s3cret-s3cret-s3cret";
+  struct Case {
+    std::string tokens;   // the worker_tokens JSON array
+    std::string key;      // the entry named
+    std::string why;      // part of the message
+  };
+  const std::vector<Case> cases = {
+      {R"([":)" + secret + R"("])", "worker_tokens[0]", "name before ':' is empty"},
+      {R"(["host a:)" + secret + R"("])", "worker_tokens[0]", "not 1-64 letters"},
+      {R"(["host-a:"])", "worker_tokens[0]", "token after 'host-a:' is empty"},
+      {R"([""])", "worker_tokens[0]", "is empty"},
+      {R"(["host-a:short"])", "worker_tokens[0]", "shorter than 16"},
+      {R"(["host-a:)" + secret + R"(", "host-a:)" + secret + R"(x"])", "worker_tokens[1]",
+       "name 'host-a' is also worker_tokens[0]'s"},
+      {R"(["host-a:)" + secret + R"(", "host-b:)" + secret + R"("])", "worker_tokens[1]",
+       "token of 'host-b' is also worker_tokens[0]'s ('host-a')"},
+      {R"([")" + secret + R"(", ")" + secret + R"("])", "worker_tokens[1]", "is also"},
+      {R"([{"name": "", "token": ")" + secret + R"("}])", "worker_tokens[0].name",
+       "non-empty string"},
+      {R"([{"name": "h"}])", "worker_tokens[0].token", "non-empty string"},
+      {R"([{"name": "h/1", "token": ")" + secret + R"("}])", "worker_tokens[0].name",
+       "not 1-64 letters"},
+      {R"([{"name": "h", "token": ")" + secret + R"(", "tok": 1}])", "worker_tokens[0].tok",
+       "unknown key"},
+      {R"([{"name": "h", "token": ")" + secret + R"("}, "h:)" + secret + R"(y"])",
+       "worker_tokens[1]", "name 'h' is also"},
+      {R"([7])", "worker_tokens[0]", "must be a"},
+      {R"("host-a:)" + secret + R"(")", "worker_tokens", "must be an array"},
+  };
+  for (const Case& c : cases) {
+    ServerConfig cfg;
+    absl::Status s =
+        ApplyConfigFile(WriteConfig(R"({"worker_tokens": )" + c.tokens + "}"), cfg);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.tokens;
+    EXPECT_NE(s.message().find(c.key + ":"), absl::string_view::npos) << c.tokens << ": " << s;
+    EXPECT_NE(s.message().find(c.why), absl::string_view::npos) << c.tokens << ": " << s;
+    EXPECT_EQ(s.message().find(secret), absl::string_view::npos) << "a token in: " << s;
+    EXPECT_TRUE(cfg.server.worker_tokens.empty()) << c.tokens;
+  }
+}
+
+// Tokens from the environment and flags follow the same rules when the
+// lists are put together (no minimum length there, as before).
+TEST(ConfigTest, EnvironmentWorkerTokensMayBeNamedAndAreChecked) {
+  setenv("KFORGE_CLIENT_TOKEN", "a-client-token", 1);
+  setenv("KFORGE_WORKER_TOKEN", "gpu0:tok-zero,gpu1:tok-one", 1);
+  ServerConfig cfg;
+  ApplyEnvironment(cfg);
+  EXPECT_TRUE(ValidateConfig(cfg).ok());
+  absl::StatusOr<std::vector<WorkerCredential>> c = ParseWorkerTokens(cfg.server.worker_tokens);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ((*c)[1].principal, "gpu1");
+  EXPECT_EQ((*c)[1].token, "tok-one");
+  setenv("KFORGE_WORKER_TOKEN", "gpu0:tok-zero,gpu0:tok-one", 1);
+  ServerConfig dup;
+  ApplyEnvironment(dup);
+  absl::Status s = ValidateConfig(dup);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("worker tokens[1]: the name 'gpu0'"), absl::string_view::npos) << s;
+  setenv("KFORGE_WORKER_TOKEN", "gpu0:a-client-token", 1);
+  ServerConfig both;
+  ApplyEnvironment(both);
+  s = ValidateConfig(both);
+  EXPECT_NE(s.message().find("both a client and a worker token (worker 'gpu0')"),
+            absl::string_view::npos)
+      << s;
   unsetenv("KFORGE_CLIENT_TOKEN");
   unsetenv("KFORGE_WORKER_TOKEN");
 }
