@@ -5,7 +5,9 @@
 //
 // Worker results are claims. A WorkerService call acts as the worker its
 // session names (server.cc resolves it with WorkerForSession before calling
-// in), never as the worker_id a request declares. A report is accepted only
+// in), never as the worker_id a request declares, and that worker is bound
+// to the principal of the worker token it registered with (server/auth.h):
+// "another worker" for promotions is another principal. A report is accepted only
 // from the worker holding a live lease on its task, and is checked before
 // anything of it is stored: timings against the shape's physical floor on
 // the worker's registered arch (core/roofline.h), the cubin against its
