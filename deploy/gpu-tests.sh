@@ -19,7 +19,7 @@ while IFS= read -r t; do
   rc=$?
   p=$(grep -c '^\[       OK \]' "$logs/$t.log")
   s=$(grep -c '^\[  SKIPPED \] [^0-9]' "$logs/$t.log")
-  f=$(grep -E '^\[  FAILED  \] [A-Za-z_]+\.' "$logs/$t.log" | sort -u | wc -l)
+  f=$(grep -E '^\[  FAILED  \] [A-Za-z_/]+\.[^ ]+' "$logs/$t.log" | grep -v ' listed below' | sed 's/ (.*//; s/, where .*//' | sort -u | wc -l)
   total_pass=$((total_pass + p)); total_fail=$((total_fail + f)); total_skip=$((total_skip + s))
   if [ $rc -ne 0 ]; then failed_bins+=("$t"); tail -n 30 "$logs/$t.log"; fi
   printf '%-28s pass %3d  fail %3d  skip %3d  rc %d\n' "$t" "$p" "$f" "$s" "$rc"

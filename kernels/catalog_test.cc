@@ -80,7 +80,14 @@ TEST(CatalogTest, DefaultVariantNotFoundForUnsupportedShape) {
 }
 
 TEST(CatalogTest, BackwardShapesGetTheKeyMajorBackwardTemplate) {
+  // Hopper: the wgmma backward where sequences fill its key blocks, the
+  // portable one for tiny sequences and on other archs.
   ShapeKey s = Shape(128, "sm_90a", 1024);
+  s.op = Op::kBackward;
+  EXPECT_EQ(DefaultVariant(s)->template_name, "bwd_sm90");
+  s.total_q = s.total_k = 8 * s.batch;
+  EXPECT_EQ(DefaultVariant(s)->template_name, "bwd_mma");
+  s = Shape(128, "sm_80", 1024);
   s.op = Op::kBackward;
   auto v = DefaultVariant(s);
   ASSERT_TRUE(v.ok()) << v.status();

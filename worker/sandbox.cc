@@ -1,5 +1,7 @@
 #include "worker/sandbox.h"
 
+#include <sys/wait.h>
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -154,6 +156,8 @@ SandboxRun Judge(const SandboxOptions& options, const EvalWatcher& w, const Chil
   run.launches = w.launches();
   run.wall_ms = exit.wall_ms;
   run.stderr_tail = exit.output_tail;
+  if (!exit.killed && !exit.launch_failed && WIFEXITED(exit.wstatus))
+    run.exit_code = WEXITSTATUS(exit.wstatus);
 
   std::string ending = exit.Ending();
   if (exit.launch_failed) ending += " (" + exit.launch_error + ")";

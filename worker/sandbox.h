@@ -78,6 +78,9 @@ struct SandboxRun {
   int launches = 0;
   double wall_ms = 0;
   std::string stderr_tail;  // last bytes the child wrote to stdout/stderr
+  // The exit code when the child (or its wrapper) exited by itself; -1 when
+  // it was killed, died of a signal or never ran.
+  int exit_code = -1;
 };
 
 class Sandbox {

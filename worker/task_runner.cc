@@ -409,7 +409,8 @@ std::optional<TaskResult> LocalTaskRunner::RunGates(const TaskSpec& task,
     }
     // A finding is a non-zero error summary even where the tool's exit code
     // did not say so (some report hazards as warnings).
-    const bool finding_in_output = SanitizerReportsErrors(run->stderr_tail);
+    const bool finding_in_output = SanitizerReportsErrors(run->stderr_tail) ||
+                                   run->exit_code == kSanitizerFindingExit;
     if (run->report.outcome != Outcome::kVerified || finding_in_output) {
       failed = TaskResult{};
       // A finding is the verdict, whatever the outputs were under the tool
@@ -452,8 +453,11 @@ bool SanitizerReportsErrors(std::string_view output) {
     }
     if (digits && n > 0) return true;
   }
+  // racecheck's summary counts its hazards as errors and warnings, and its
+  // hazards name themselves.
   return output.find("Race reported") != std::string_view::npos ||
-         output.find("Barrier error") != std::string_view::npos;
+         output.find("Barrier error") != std::string_view::npos ||
+         output.find("hazard detected") != std::string_view::npos;
 }
 
 std::vector<std::string> SanitizerGateWrapper(const std::string& path, const std::string& tool,

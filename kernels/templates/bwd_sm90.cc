@@ -89,7 +89,11 @@ TemplateDef BwdSm90Template() {
   def.preference = [](const ShapeKey& s) {
     if (s.op != Op::kBackward || s.arch != "sm_90a") return 0;
     if (s.head_dim != 64 && s.head_dim != 128) return 0;
-    return 9;
+    // Measured on the H200 (notes/bwd.md, bwd_sm90 v1): 1.06-1.63x bwd_mma
+    // wherever sequences fill its 128-key blocks, 0.48x on powerlaw_short
+    // (8 keys on average), where most of each block is empty.
+    const int64_t mean_k = s.batch > 0 ? (s.cross ? s.total_k : s.total_q) / s.batch : 0;
+    return mean_k >= 64 ? 11 : 9;
   };
   return def;
 }

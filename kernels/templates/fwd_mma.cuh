@@ -370,6 +370,10 @@ __device__ __forceinline__ void run_tile(const KfAttnParams& p, Tile t, unsigned
     }
   }
   unsigned char* sq = smem;
+  // The warp's Q fragments came from these rows (ldmatrix); with no key
+  // block to visit (lk = 0) no __syncthreads lies between that read and
+  // these writes, and the lanes of a warp are not ordered without one.
+  __syncwarp();
 #pragma unroll
   for (int j = 0; j < kD / 8; ++j) {
 #pragma unroll
