@@ -9,7 +9,10 @@
 // templates/mma_common.cuh, which their build() prepends to the source.
 //   kernels/templates/fwd_sm90.cc  -> templates::FwdSm90Template()  (if the
 //       file exists; CMake then defines KFORGE_HAVE_FWD_SM90 and embeds
-//       kernels/templates/fwd_sm90.cuh as kforge::embedded::fwd_sm90_cuh)
+//       kernels/templates/fwd_sm90.cuh as kforge::embedded::fwd_sm90_cuh;
+//       its build() assembles the source from the shared Hopper parts in
+//       templates/sm90/ (sm90/parts.h, notes/parts.md), the kernel file last,
+//       and sizes shared memory with sm90/layout.h, which the kernel also uses)
 //   kernels/templates/bwd_sm90.cc  -> templates::BwdSm90Template()  (likewise,
 //       KFORGE_HAVE_BWD_SM90; its build() prepends templates/bwd_sm90_layout.h,
 //       the shared-memory layout the .cc also evaluates)

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include "core/hash.h"
 #include "gpu/cubin.h"
 #include "kernels/catalog.h"
 #include "kernels/check.h"
@@ -155,6 +156,105 @@ TEST(TemplatesCompileSm90, BwdSm90DefaultKnobsDoNotSpill) {
     EXPECT_EQ(r.spill_loads, 0) << "d" << d << "\n" << r.log;
     EXPECT_EQ(r.log.find("C7517"), std::string::npos) << "wgmma wait injected\n" << r.log;
     EXPECT_EQ(r.log.find("C7511"), std::string::npos) << "wgmma serialized\n" << r.log;
+  }
+}
+
+// fwd_sm90 on the shared Hopper parts (templates/sm90/) compiles to the same
+// cubin bytes as the single-file kernel it was split from (main at fd693fe),
+// at every valid setting. The hashes hold only for the NVRTC that made them
+// (13.0) and the options of testing::CompileVariant; with another NVRTC the
+// test is skipped. A deliberate change to fwd_sm90's code changes them:
+// regenerate with `kforge-kernels-compile --cubin-sha256 fwd_sm90` and say so
+// in the commit (kernels/notes/parts.md).
+TEST(TemplatesCompileSm90, FwdSm90CubinsArePinned) {
+  bool listed = false;
+  for (const auto& t : ListTemplates()) listed = listed || t.name == "fwd_sm90";
+  if (!listed) GTEST_SKIP() << "fwd_sm90 is not in this build";
+  const auto version = testing::GetNvrtcVersion();
+  if (version.major != 13 || version.minor != 0) {
+    GTEST_SKIP() << "cubin hashes were taken with NVRTC 13.0, this is " << version.major << "."
+                 << version.minor;
+  }
+  const std::map<std::string, std::string> pinned = {
+      {"d64 BLOCK_M=128 BLOCK_N=64 PERSISTENT=0 STAGES=2", "6db23252ee7f0477114bc6d7b0087d7bcd55d53bc342ff99c869aab6b6f6b3cc"},
+      {"d64 BLOCK_M=128 BLOCK_N=64 PERSISTENT=1 STAGES=2", "80efd1931d39f6aa0b3f480f480fa67b14d53b0af2b1390c84a01bba7962c269"},
+      {"d64 BLOCK_M=128 BLOCK_N=64 PERSISTENT=0 STAGES=3", "64777377eeb19ab3de5a2592e0fe397d7caefab5d9056f6669163e17b4642242"},
+      {"d64 BLOCK_M=128 BLOCK_N=64 PERSISTENT=1 STAGES=3", "6205d047224f4e9b7b9c0f79341c283f37b6dd82cfd3924ad3f57ed49d776612"},
+      {"d64 BLOCK_M=128 BLOCK_N=64 PERSISTENT=0 STAGES=4", "80aa29cfbd068504bdb452a697f5301bb6d2ef245c22b5b2fb0f4495296a6f9a"},
+      {"d64 BLOCK_M=128 BLOCK_N=64 PERSISTENT=1 STAGES=4", "ea28c47ec7f3988bf3b01f18bc7cc22befa9ada0d40c9fb4a6629dbbec0bc7d2"},
+      {"d64 BLOCK_M=128 BLOCK_N=96 PERSISTENT=0 STAGES=2", "0d2e26650fc718b3bd1e4fd155b5ab3a40d180904f96c3a8a3c71913a08f67f8"},
+      {"d64 BLOCK_M=128 BLOCK_N=96 PERSISTENT=1 STAGES=2", "0be1c5e6dee430ac5e72da16f05f3d5a6ed8edaabb9ceaf0e6197b2c4ac3de6d"},
+      {"d64 BLOCK_M=128 BLOCK_N=96 PERSISTENT=0 STAGES=3", "750d796475637fbf97d4e1be10c2132a8c83b65fef7f406fb9c41186b9b980ef"},
+      {"d64 BLOCK_M=128 BLOCK_N=96 PERSISTENT=1 STAGES=3", "35b4392b34d39399b412d3d2cf34cf3257bd2d58147c2692d0b05f748d29b5e0"},
+      {"d64 BLOCK_M=128 BLOCK_N=96 PERSISTENT=0 STAGES=4", "fd0e81197ee6b2d9aa2cfecd84e90fe40efc896798fe0f73708b7d66897ce383"},
+      {"d64 BLOCK_M=128 BLOCK_N=96 PERSISTENT=1 STAGES=4", "86c79b0ed4b166077e770287fecaf9e3feeb283ac51388eafd33c97e679e64c9"},
+      {"d64 BLOCK_M=128 BLOCK_N=128 PERSISTENT=0 STAGES=2", "040344bda729aa320550ee4b438e47a6884272ba2f4ed5e99753d1480be3ac7e"},
+      {"d64 BLOCK_M=128 BLOCK_N=128 PERSISTENT=1 STAGES=2", "e887b4f1cbc5893031e41d76b4ae0a7a5c5cbdbe9a2d97b15a383c701f556946"},
+      {"d64 BLOCK_M=128 BLOCK_N=128 PERSISTENT=0 STAGES=3", "f4e347657d5c8902fffdbf1cf03feea712ef9da961b2aba0ed1f19b4b116010f"},
+      {"d64 BLOCK_M=128 BLOCK_N=128 PERSISTENT=1 STAGES=3", "9df8e1a77c2b9b9ca23ba2398819890be9735ab972749d1b58877f2ffdb5cca1"},
+      {"d64 BLOCK_M=128 BLOCK_N=128 PERSISTENT=0 STAGES=4", "fecec22671873d45ac3333628ff8a606a2f5fd70bba1ce5ef55efbc0ec436a00"},
+      {"d64 BLOCK_M=128 BLOCK_N=128 PERSISTENT=1 STAGES=4", "ee122633496d9d9e683ae3fa82488dc55159fb556e33f09144996df16f1877f8"},
+      {"d64 BLOCK_M=128 BLOCK_N=176 PERSISTENT=0 STAGES=2", "63037f616f317d0527a9229529c55625f5a0ac042f2eb375ad221e743246b08c"},
+      {"d64 BLOCK_M=128 BLOCK_N=176 PERSISTENT=1 STAGES=2", "03eaa463ed12fa9bf201fc6bd22824c113631e3afc3d6854ec5f2045759ddc5d"},
+      {"d64 BLOCK_M=128 BLOCK_N=176 PERSISTENT=0 STAGES=3", "dc6c915c823912974050049c4be62db026488adbf331f147f729708c49620aea"},
+      {"d64 BLOCK_M=128 BLOCK_N=176 PERSISTENT=1 STAGES=3", "4d118f7ba7c8ede613d836b872ab3c6c85432f2cb0adbb4cdb51226507d9bf7a"},
+      {"d64 BLOCK_M=128 BLOCK_N=176 PERSISTENT=0 STAGES=4", "42a7840526d72d2d365eb727847682bb594feb4de7537aeb86c897db9ec52627"},
+      {"d64 BLOCK_M=128 BLOCK_N=176 PERSISTENT=1 STAGES=4", "2dc5eda1594352b7f1bc1f20df60d9d91eace0b8b78cfaca9b5bf7061f2b337d"},
+      {"d64 BLOCK_M=128 BLOCK_N=192 PERSISTENT=0 STAGES=2", "1417d4d134905ece9398bb0b4e4978b817a84b9bb89137d55ed93bf16ae42fac"},
+      {"d64 BLOCK_M=128 BLOCK_N=192 PERSISTENT=1 STAGES=2", "aeb9de6ba4b5a389fb62c00d56e50b9c20a26bb40032d2ae484dad42141fbb4d"},
+      {"d64 BLOCK_M=128 BLOCK_N=192 PERSISTENT=0 STAGES=3", "eaca453e42eb68850bbd5132278ffa6475f276f5b5ce39e51d574a4aa3ece2dc"},
+      {"d64 BLOCK_M=128 BLOCK_N=192 PERSISTENT=1 STAGES=3", "7c08cb2336e11f8d1c3a7707135450ff622688f7ad83cb4d5fdd4b516082af67"},
+      {"d64 BLOCK_M=128 BLOCK_N=192 PERSISTENT=0 STAGES=4", "89cb80fae169c356c659919516886c118f947eeb5a84c766879f16d4f95dba03"},
+      {"d64 BLOCK_M=128 BLOCK_N=192 PERSISTENT=1 STAGES=4", "03096a66c3967d5600347feb1129ec0acc6160280978ac230e2b61a3b2f29487"},
+      {"d128 BLOCK_M=128 BLOCK_N=64 PERSISTENT=0 STAGES=2", "98b42260f7275e63ad58f9ac5e6807a32231c93bbf4e0d0a49c6abd789aafc91"},
+      {"d128 BLOCK_M=128 BLOCK_N=64 PERSISTENT=1 STAGES=2", "211b97e69d151c39873ab34b50f9eae59ee7343f41edd865c6b8181835227d0c"},
+      {"d128 BLOCK_M=128 BLOCK_N=64 PERSISTENT=0 STAGES=3", "8a9b8848b15274973f5e2dfaceee892c63713f3b6ef246a702176fada43fd747"},
+      {"d128 BLOCK_M=128 BLOCK_N=64 PERSISTENT=1 STAGES=3", "157a2897d04f7135d6f796fa74f5113e9414ce7e7e1a960c6ea362c5c7954875"},
+      {"d128 BLOCK_M=128 BLOCK_N=64 PERSISTENT=0 STAGES=4", "ee81722d28306f59d11b597ffed709d33c7e3254922193edb8b14f9702e4a72a"},
+      {"d128 BLOCK_M=128 BLOCK_N=64 PERSISTENT=1 STAGES=4", "492acedfdb16b302015d2d39c55161fec5216091e73bad0b28b4ebcdbeaec9cf"},
+      {"d128 BLOCK_M=128 BLOCK_N=96 PERSISTENT=0 STAGES=2", "d56eb4fcfa0ee2d3a2396c299a2beb34a85c7577ca14cc1459c923ff49b28dbc"},
+      {"d128 BLOCK_M=128 BLOCK_N=96 PERSISTENT=1 STAGES=2", "79dbb7f9f6bfb60daa3be3513339cbf98ce33234f50ac504c6605c04f63cdcfc"},
+      {"d128 BLOCK_M=128 BLOCK_N=96 PERSISTENT=0 STAGES=3", "dc5f33ebca17aef9f8f6e817b5ff03f4ef7cf6f0b1a39878f196c570c09cea46"},
+      {"d128 BLOCK_M=128 BLOCK_N=96 PERSISTENT=1 STAGES=3", "0a4413073cbdc8da4e0c0b0d9c867c5fbb78109c5c79cef31e2e65d7c1e55f3b"},
+      {"d128 BLOCK_M=128 BLOCK_N=96 PERSISTENT=0 STAGES=4", "510dbbbfb915d6fbd18f76a75f03c7ec01dee85fa5f7c2139880fb708264ad77"},
+      {"d128 BLOCK_M=128 BLOCK_N=96 PERSISTENT=1 STAGES=4", "99bc6a1a382ed892e32edc2c8d165844e3c5b89906b81a28556ab06942ec5efa"},
+      {"d128 BLOCK_M=128 BLOCK_N=128 PERSISTENT=0 STAGES=2", "701349232524163753fc7aab9e822ddc494e93a55232019c1b5254ce52dba89a"},
+      {"d128 BLOCK_M=128 BLOCK_N=128 PERSISTENT=1 STAGES=2", "8df0f889f6efb4bd0dd9bfbd1c3dfcfa90a6432e12c2591ebca3644c5262b816"},
+      {"d128 BLOCK_M=128 BLOCK_N=128 PERSISTENT=0 STAGES=3", "3143065f06e5ec20cc703eebce7fefd76fa0a91cd5f925582f19720a5d5fe010"},
+      {"d128 BLOCK_M=128 BLOCK_N=128 PERSISTENT=1 STAGES=3", "99e92a8635cb94dc2a52fb99e22c39944abeec004dd8acdf328185879c313f73"},
+      {"d128 BLOCK_M=128 BLOCK_N=176 PERSISTENT=0 STAGES=2", "53616ee0291792e63adff2c073d3a056567bed2c47dc731195f5239c09216fd3"},
+      {"d128 BLOCK_M=128 BLOCK_N=176 PERSISTENT=1 STAGES=2", "99ada8d93c57a0f85701d65825da4582622af96b51662359d362e1874795bca0"},
+  };
+  std::vector<std::pair<std::string, std::string>> jobs;  // (setting, source)
+  for (int d : {64, 128}) {
+    for (int bn : {64, 96, 128, 176, 192}) {
+      for (int st : {2, 3, 4}) {
+        for (int pers : {0, 1}) {
+          auto v = Instantiate("fwd_sm90",
+                               {{"BLOCK_M", 128}, {"BLOCK_N", bn}, {"STAGES", st},
+                                {"PERSISTENT", pers}},
+                               d);
+          if (!v.ok()) continue;
+          jobs.emplace_back(Describe(v->knobs, d), v->source);
+        }
+      }
+    }
+  }
+  ASSERT_EQ(jobs.size(), pinned.size());
+  const unsigned workers = std::max(2u, std::thread::hardware_concurrency());
+  for (size_t start = 0; start < jobs.size(); start += workers) {
+    std::vector<std::future<testing::CompileReport>> fut;
+    for (size_t i = start; i < std::min(jobs.size(), start + workers); ++i) {
+      fut.push_back(std::async(std::launch::async,
+                               [&, i] { return testing::CompileVariant(jobs[i].second, "sm_90a"); }));
+    }
+    for (size_t i = 0; i < fut.size(); ++i) {
+      const auto r = fut[i].get();
+      const std::string& what = jobs[start + i].first;
+      ASSERT_TRUE(r.ok) << what << "\n" << r.log;
+      ASSERT_TRUE(pinned.count(what)) << what;
+      EXPECT_EQ(Sha256Hex(r.cubin), pinned.at(what)) << what;
+    }
   }
 }
 

@@ -1,6 +1,8 @@
-# Compile-check fwd_sm90.cuh with NVRTC (no GPU needed). Prints the ptxas report.
+# Compile-check fwd_sm90 (its parts + fwd_sm90.cuh, sm90_source.py) with NVRTC (no GPU
+# needed). Prints the ptxas report. KF_SRC=file compiles that file instead (a whole kernel).
 # usage: python3 nvrtc_check.py [KEY=VAL ...]   (knobs without the KF_ prefix)
 import ctypes, sys, os, glob, time
+from sm90_source import fwd_sm90_text
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 def find_nvrtc():
@@ -13,7 +15,7 @@ nv = ctypes.CDLL(find_nvrtc())
 
 def compile_src(knobs, arch="sm_90a", extra=()):
     src = "".join(f"#define KF_{k} {v}\n" for k, v in knobs.items())
-    src += open(os.environ.get("KF_SRC") or os.path.join(ROOT, "templates", "fwd_sm90.cuh")).read()
+    src += open(os.environ["KF_SRC"]).read() if os.environ.get("KF_SRC") else fwd_sm90_text()
     hdr = open(os.path.join(ROOT, "include", "kforge", "attn_params.h")).read()
     prog = ctypes.c_void_p()
     hdrs = (ctypes.c_char_p * 1)(hdr.encode())

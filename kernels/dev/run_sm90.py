@@ -1,4 +1,4 @@
-# sm90 dev harness (runs on the GPU machine): NVRTC-compiles fwd_sm90.cuh for several knob
+# sm90 dev harness (runs on the GPU machine): NVRTC-compiles fwd_sm90 (parts + fwd_sm90.cuh, sm90_source.py) for several knob
 # sets, checks correctness on random jagged batches against torch float32 attention, and times
 # the benchmark shapes. Env: SHAPES_ONLY=a,b  CONFIGS="HEAD_DIM=128,BLOCK_N=128;..."  SKIP_CHECK=1
 import ctypes, json, math, os, sys, time

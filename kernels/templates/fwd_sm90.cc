@@ -1,24 +1,21 @@
-// TemplateDef of the Hopper wgmma forward (templates/fwd_sm90.cuh), owned by sm90.
-// Notes and measurements: kernels/notes/sm90.md.
+// TemplateDef of the Hopper wgmma forward (templates/fwd_sm90.cuh on the
+// shared parts in templates/sm90/), owned by sm90.
+// Notes and measurements: kernels/notes/sm90.md, kernels/notes/parts.md.
 #include <fmt/format.h>
 
 #include "kernels/template_def.h"
-
-namespace kforge::embedded {
-extern const char fwd_sm90_cuh[];
-}
+#include "kernels/templates/sm90/layout.h"
+#include "kernels/templates/sm90/parts.h"
 
 namespace kforge::templates {
 namespace {
 
 int Knob(const std::map<std::string, int>& k, const char* name) { return k.at(name); }
 
-// Must match KF_SMEM_BYTES in fwd_sm90.cuh: Q (128 x d), STAGES K and V tiles
-// (BLOCK_N x d), 4*STAGES mbarriers, + 1024 B for the manual 1024-B alignment.
+// The kernel's own layout (templates/sm90/layout.h), evaluated here.
 int SmemBytes(const std::map<std::string, int>& k, int d) {
-  const int q = 128 * d * 2;
-  const int kv = Knob(k, "STAGES") * 2 * Knob(k, "BLOCK_N") * d * 2;
-  return q + kv + 4 * Knob(k, "STAGES") * 8 + 1024;
+  return kf_fwd_sm90_layout(d, Knob(k, "BLOCK_M"), Knob(k, "BLOCK_N"), Knob(k, "STAGES"))
+      .dynamic_bytes;
 }
 
 }  // namespace
@@ -57,7 +54,7 @@ TemplateDef FwdSm90Template() {
   def.build = [archs = def.info.archs](const std::map<std::string, int>& k,
                                        int d) -> absl::StatusOr<Variant> {
     Variant v;
-    v.source = KnobPrelude(k, d) + embedded::fwd_sm90_cuh;
+    v.source = KnobPrelude(k, d) + sm90::Assemble(sm90::FwdSm90Parts());
     Manifest& m = v.manifest;
     m.entry_point = "kf_attn_fwd";
     m.threads = 384;

@@ -1,10 +1,18 @@
 // kforge-kernels-compile: NVRTC-compiles template instances and prints the
 // ptxas resource report (registers, spills) per configuration.
 //   kforge-kernels-compile [--all] [template] [arch] [head_dim] [KNOB=V ...]
+//   kforge-kernels-compile --cubin-sha256 template [arch]
+//       sha256 of the cubin of every valid knob setting at each head dim (the
+//       table in templates_compile_test.cc's cubin pin)
+//   kforge-kernels-compile --text fwd_sm90
+//       fwd_sm90's source without the knob prelude (parts + kernel), for
+//       kernels/dev/ scripts that prepend their own #defines
 #include <cstdio>
 #include <string>
 
+#include "core/hash.h"
 #include "kernels/catalog.h"
+#include "kernels/templates/sm90/parts.h"
 #include "kernels/testing/nvrtc_util.h"
 
 using namespace kforge;
@@ -28,10 +36,58 @@ void Report(const std::string& name, const std::map<std::string, int>& knobs, in
   if (!r.ok || verbose) std::printf("%s\n", r.log.c_str());
 }
 
+// Every combination of the template's knob values.
+std::vector<std::map<std::string, int>> KnobProduct(const TemplateInfo& t) {
+  std::vector<std::map<std::string, int>> out = {{}};
+  for (const auto& k : t.knobs) {
+    std::vector<std::map<std::string, int>> next;
+    for (const auto& partial : out) {
+      for (int v : k.values) {
+        auto m = partial;
+        m[k.name] = v;
+        next.push_back(m);
+      }
+    }
+    out = std::move(next);
+  }
+  return out;
+}
+
+int CubinHashes(const std::string& name, const std::string& arch) {
+  for (const auto& t : ListTemplates()) {
+    if (t.name != name) continue;
+    const auto v = testing::GetNvrtcVersion();
+    std::printf("// NVRTC %d.%d, %s\n", v.major, v.minor, arch.c_str());
+    for (int d : t.head_dims) {
+      for (const auto& knobs : KnobProduct(t)) {
+        auto var = Instantiate(name, knobs, d);
+        if (!var.ok()) continue;
+        auto r = testing::CompileVariant(var->source, arch);
+        std::string desc = "d" + std::to_string(d);
+        for (const auto& [k, x] : var->knobs) desc += " " + k + "=" + std::to_string(x);
+        std::printf("{\"%s\", \"%s\"},\n", desc.c_str(),
+                    r.ok ? Sha256Hex(r.cubin).c_str() : "compile error");
+      }
+    }
+    return 0;
+  }
+  std::fprintf(stderr, "no template %s\n", name.c_str());
+  return 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string name = argc > 1 ? argv[1] : "fwd_mma";
+  if (name == "--cubin-sha256" && argc > 2) {
+    return CubinHashes(argv[2], argc > 3 ? argv[3] : "sm_90a");
+  }
+#ifdef KFORGE_HAVE_FWD_SM90
+  if (name == "--text" && argc > 2 && std::string(argv[2]) == "fwd_sm90") {
+    std::fputs(templates::sm90::Assemble(templates::sm90::FwdSm90Parts()).c_str(), stdout);
+    return 0;
+  }
+#endif
   if (name == "--all") {
     for (const char* arch : {"sm_80", "sm_90a", "sm_100a"}) {
       for (int d : {64, 128}) {

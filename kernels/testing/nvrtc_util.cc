@@ -33,6 +33,8 @@ CompileReport CompileVariant(const std::string& source, const std::string& arch)
   if (r == NVRTC_SUCCESS) {
     rep.ok = true;
     nvrtcGetCUBINSize(prog, &rep.cubin_bytes);
+    rep.cubin.resize(rep.cubin_bytes);
+    if (rep.cubin_bytes > 0) nvrtcGetCUBIN(prog, rep.cubin.data());
   }
   nvrtcDestroyProgram(&prog);
   rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -46,6 +48,12 @@ CompileReport CompileVariant(const std::string& source, const std::string& arch)
     rep.spill_loads = std::stoi(m[3]);
   }
   return rep;
+}
+
+NvrtcVersion GetNvrtcVersion() {
+  NvrtcVersion v;
+  nvrtcVersion(&v.major, &v.minor);
+  return v;
 }
 
 }  // namespace kforge::testing

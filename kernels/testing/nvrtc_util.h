@@ -15,8 +15,16 @@ struct CompileReport {
   int spill_loads = -1;   // bytes
   int stack_frame = -1;   // bytes
   size_t cubin_bytes = 0;
+  std::string cubin;  // the image, when ok
   double seconds = 0;
 };
+
+// NVRTC's version, e.g. {13, 0}.
+struct NvrtcVersion {
+  int major = 0;
+  int minor = 0;
+};
+NvrtcVersion GetNvrtcVersion();
 
 // `arch` e.g. "sm_90a"; the source may #include "kforge/attn_params.h" only.
 CompileReport CompileVariant(const std::string& source, const std::string& arch);
