@@ -256,6 +256,31 @@ TEST(TemplatesCompileSm90, FwdSm90CubinsArePinned) {
       EXPECT_EQ(Sha256Hex(r.cubin), pinned.at(what)) << what;
     }
   }
+
+// bwd_sm90 v2 (OVERLAP=1): every setting validate() accepts compiles without
+// spills or wgmma serialization (kernels/notes/bwd.md, bwd_sm90 v2).
+TEST(TemplatesCompileSm90, BwdSm90OverlapDoesNotSpill) {
+  bool listed = false;
+  for (const auto& t : ListTemplates()) listed = listed || t.name == "bwd_sm90";
+  if (!listed) GTEST_SKIP() << "bwd_sm90 is not in this build";
+  for (int d : {64, 128}) {
+    for (int bm : {64, 128}) {
+      for (int st : {1, 2}) {
+        auto v = Instantiate("bwd_sm90",
+                             {{"BLOCK_M", bm}, {"BLOCK_N", 128}, {"STAGES", st}, {"OVERLAP", 1}}, d);
+        if (!v.ok()) continue;  // refused by validate()
+        auto r = testing::CompileVariant(v->source, "sm_90a");
+        ASSERT_TRUE(r.ok) << r.log;
+        const std::string what = "d" + std::to_string(d) + " BM" + std::to_string(bm) + " ST" +
+                                 std::to_string(st);
+        EXPECT_EQ(r.spill_stores, 0) << what << "\n" << r.log;
+        EXPECT_EQ(r.spill_loads, 0) << what << "\n" << r.log;
+        EXPECT_EQ(r.log.find("C7517"), std::string::npos) << what << "\n" << r.log;
+        EXPECT_EQ(r.log.find("C7511"), std::string::npos) << what << "\n" << r.log;
+        EXPECT_EQ(r.log.find("C7512"), std::string::npos) << what << "\n" << r.log;
+      }
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, TemplatesCompile,

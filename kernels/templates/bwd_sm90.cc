@@ -32,6 +32,10 @@ TemplateDef BwdSm90Template() {
       {"BLOCK_M", {64, 128}, 64},  // query rows per step (128: head dim 64 only)
       {"BLOCK_N", {128}, 128},     // keys per CTA: 64 per consumer warpgroup
       {"STAGES", {1, 2}, 2},       // Q/dO/LSE/delta ring depth
+      // v2 (notes/bwd.md "bwd_sm90 v2"): 1 = dV issued before the dS store, dK
+      // before the consumer barrier, dQ while dK completes, the stage freed
+      // before the dQ wait. 0 = v1's step, compiled byte for byte as validated.
+      {"OVERLAP", {0, 1}, 0},
   };
   def.info.description =
       "Hopper backward (FA3-style): a CTA per key block of 128 keys, 1 producer warpgroup "
@@ -50,6 +54,7 @@ TemplateDef BwdSm90Template() {
       return absl::InvalidArgumentError(
           "bwd_sm90: BLOCK_M=128 with STAGES=1 spills (12 B, ptxas 13.0); use STAGES=2");
     }
+    // (OVERLAP=1 with BLOCK_M=128 and STAGES=1 spills too: refused above.)
     const int bytes = Layout(k, d).dynamic_bytes;
     if (bytes > 232448) {
       return absl::InvalidArgumentError(fmt::format(
