@@ -256,6 +256,7 @@ TEST(TemplatesCompileSm90, FwdSm90CubinsArePinned) {
       EXPECT_EQ(Sha256Hex(r.cubin), pinned.at(what)) << what;
     }
   }
+}
 
 // bwd_sm90 v2 (OVERLAP=1): every setting validate() accepts compiles without
 // spills or wgmma serialization (kernels/notes/bwd.md, bwd_sm90 v2).
