@@ -72,7 +72,7 @@ class CliTest(unittest.TestCase):
         # On sm_90a the served backward default is bwd_sm90 (sequences that
         # fill its key blocks); bwd_mma's default follows.
         self.assertEqual(got[("bwd", "tiny_causal")],
-                         ["bwd_sm90 BLOCK_M=64 BLOCK_N=128 STAGES=2", "bwd_mma BLOCK_M=32 BLOCK_N=64 MIN_BLOCKS=1"])
+                         ["bwd_sm90 BLOCK_M=64 BLOCK_N=128 OVERLAP=0 STAGES=2", "bwd_mma BLOCK_M=32 BLOCK_N=64 MIN_BLOCKS=1"])
         self.assertEqual(got[("bwd", "tiny_d64_cross")][1], "bwd_mma BLOCK_M=64 BLOCK_N=64 MIN_BLOCKS=1")
         self.assertTrue(got[("bwd", "tiny_d64_cross")][0].startswith("bwd_sm90 "))
 
