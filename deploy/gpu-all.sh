@@ -42,6 +42,7 @@ if [ "${BENCH_S:-0}" -gt 0 ]; then
   # anchors get their turn (the outer timeout does not reach the process
   # groups of the inner ones); the rest draws the lengths and reports.
   part=$(( BENCH_S * 45 / 100 ))
+  [ -n "${SKIP_ANCHORS:-}" ] && part=$(( BENCH_S * 90 / 100 ))  # kforge alone
   OP="${BENCH_OP:-both}" BUNDLE="$bundle" OUT="$work/bench" OURS_TIMEOUT=$part ANCHOR_TIMEOUT=$part \
     timeout "$BENCH_S" bench/attention/run.sh > "$work/bench.txt" 2>&1
   echo "bench rc=$?" >> "$work/bench.txt"
