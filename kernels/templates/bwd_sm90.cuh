@@ -144,6 +144,13 @@ __device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_gene
 __device__ __forceinline__ void mbar_init(u32 bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
+// One lane arrives for its warp on the "empty" barriers, and an arrive
+// releases only its own thread's earlier accesses (PTX memory model): the
+// other lanes' reads of the stage (LSE, delta) must be ordered before it, or
+// the producer's refill races them. racecheck on the H200 reported exactly
+// that WAR hazard before this __syncwarp.
+__device__ __forceinline__ void release_warp() { __syncwarp(); }
+
 __device__ __forceinline__ void mbar_arrive(u32 bar) {
   asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
@@ -580,6 +587,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         // dV and dK done before dQ starts (P^T and dS^T registers free: the
         // register budget), and Q, dO, LSE and delta of this stage are free.
         wgmma_wait<0>();
+        kf9::release_warp();
         if (lane == 0) mbar_arrive(bar_empty + 8 * s);
         // A 64 x 64 slice of dQ = dS K: A = dS (K-major, key panels kBM * 128 B
         // apart), B = K (MN-major: head-dim panels kBN * 128 B apart, 16 key
@@ -735,6 +743,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         // delta are free.
         wgmma_wait<1>();
         reg_fence_u<kBM / 4>(da);
+        kf9::release_warp();
         if (lane == 0) mbar_arrive(bar_empty + 8 * s);
         wgmma_wait<0>();
         reg_fence<32>(dq);
@@ -786,6 +795,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
       }
       // Every wgmma of the tile has completed (wait_group 0 above): K and V
       // may be refilled.
+      kf9::release_warp();
       if (lane == 0) mbar_arrive(bar_kv_empty);
       ++kt;
     }
