@@ -811,7 +811,9 @@ absl::Status KforgeApi::DecideAndComplete(const TaskRecord& task, const WorkerIn
           w != workers_.end() ? w->second.nvrtc_version : in.origin->nvrtc_version;
     }
   }
-  const PromotionDecision decision = DecidePromotion(in);
+  PromotionDecision decision = DecidePromotion(in);
+  absl::StatusOr<std::optional<TaskRecord>> held = HeldPromotion(task, eval, in.current, decision);
+  if (!held.ok()) return held.status();
   if (!decision.note.empty()) {
     eval.message = ClipMiddle(
         eval.message.empty() ? decision.note : decision.note + "; " + eval.message,
@@ -847,6 +849,7 @@ absl::Status KforgeApi::DecideAndComplete(const TaskRecord& task, const WorkerIn
     }
     c.follow_ups.push_back(std::move(t));
   }
+  if (*held) c.follow_ups.push_back(**std::move(held));
   c.eval = eval;
   auto done = store_->CompleteTask(task.id, worker.record.id, Now(), std::move(c));
   if (!done.ok()) return done.status();
@@ -863,6 +866,80 @@ absl::Status KforgeApi::DecideAndComplete(const TaskRecord& task, const WorkerIn
   engine_->OnTaskCompleted(task, eval);
   if (!done->follow_up_ids.empty()) NotifyTasks();
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<TaskRecord>> KforgeApi::HeldPromotion(
+    const TaskRecord& task, const EvaluationRecord& eval, const std::optional<BestRecord>& current,
+    PromotionDecision& decision) {
+  if (task.kind == TaskKind::kCompile) return std::nullopt;
+  // A promotion that asks for another (its best changed meanwhile) goes on.
+  if (IsPromotion(task.kind) && decision.follow_up) return std::nullopt;
+  auto tasks = store_->ListTasks(task.job_id);
+  if (!tasks.ok()) return tasks.status();
+  int in_flight = 0;
+  std::set<std::string> tried;  // variants that had a promotion task in this job
+  std::vector<const TaskRecord*> done;
+  for (const TaskRecord& t : *tasks) {
+    if (t.bucket != task.bucket || t.id == task.id) continue;
+    const bool active = t.state == TaskState::kQueued || t.state == TaskState::kLeased;
+    if (IsPromotion(t.kind)) {
+      tried.insert(t.variant_id);
+      in_flight += active;
+    } else if (t.kind == TaskKind::kEvaluate) {
+      if (active) ++in_flight;
+      if (t.state == TaskState::kDone) done.push_back(&t);
+    }
+  }
+  if (IsPromotion(task.kind)) tried.insert(task.variant_id);
+  const bool candidate = task.kind == TaskKind::kEvaluate && eval.outcome == Outcome::kVerified;
+  if (task.kind == TaskKind::kEvaluate) decision.follow_up.reset();  // decided here
+  if (in_flight > 0) {
+    if (candidate) {
+      decision.note = "held: the bucket's other evaluations or its promotion come first, then its "
+                      "fastest verified candidate is promoted";
+    }
+    return std::nullopt;
+  }
+  std::deque<EvaluationRecord> kept;  // stable addresses for the candidates
+  std::vector<HeldCandidate> candidates;
+  if (candidate && !tried.count(task.variant_id))
+    candidates.push_back({.variant_id = task.variant_id, .task_id = task.id, .eval = &eval, .seed = task.seed});
+  for (const TaskRecord* t : done) {
+    if (tried.count(t->variant_id) || t->variant_id == task.variant_id) continue;
+    auto evals = store_->ListEvaluations(t->variant_id);
+    if (!evals.ok()) return evals.status();
+    for (EvaluationRecord& e : *evals) {
+      if (e.task_id != t->id || e.outcome != Outcome::kVerified) continue;
+      kept.push_back(std::move(e));
+      candidates.push_back(
+          {.variant_id = t->variant_id, .task_id = t->id, .eval = &kept.back(), .seed = t->seed});
+      break;
+    }
+  }
+  std::optional<BestRecord> best = current;
+  if (decision.promote) {
+    best = BestRecord{};
+    best->variant_id = task.variant_id;
+    best->timing = eval.timing;
+  }
+  const std::optional<HeldChoice> choice = ChooseHeldCandidate(candidates, best);
+  if (!choice) return std::nullopt;
+  TaskRecord t;
+  t.job_id = task.job_id;
+  t.kind = choice->kind;
+  t.variant_id = choice->candidate->variant_id;
+  t.incumbent_variant_id = choice->incumbent_variant_id;
+  t.bucket = task.bucket;
+  t.arch = task.arch;
+  t.shape_json = task.shape_json;
+  t.seed = choice->candidate->seed ^ (t.kind == TaskKind::kRetime ? 0x5bd1e995ULL : 0x27d4eb2fULL);
+  // The candidate's EVALUATE is its origin; the store fills it in when that
+  // is the report being recorded.
+  if (choice->candidate->eval != &eval) {
+    t.origin_worker_id = choice->candidate->eval->worker_id;
+    t.origin_evaluation_id = choice->candidate->eval->id;
+  }
+  return std::optional<TaskRecord>(std::move(t));
 }
 
 void KforgeApi::NotifyTasks() {

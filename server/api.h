@@ -33,6 +33,7 @@
 #include "kforge/v1/kforge.pb.h"
 #include "server/convert.h"
 #include "server/jobs.h"
+#include "server/promotion.h"
 #include "server/kernel_cache.h"
 #include "storage/store.h"
 
@@ -166,6 +167,14 @@ class KforgeApi {
   absl::Status DecideAndComplete(const TaskRecord& task, const WorkerInfo& worker,
                                  TimingRecord incumbent_timing, bool incumbent_failed,
                                  EvaluationRecord eval, std::string cubin);
+  // The promotion held back for `task`'s bucket (promotion.h,
+  // ChooseHeldCandidate) to ask for with this report, if any; clears an
+  // EVALUATE's own follow-up from `decision` (held promotions replace it)
+  // and notes why a verified candidate waits.
+  absl::StatusOr<std::optional<TaskRecord>> HeldPromotion(const TaskRecord& task,
+                                                          const EvaluationRecord& eval,
+                                                          const std::optional<BestRecord>& current,
+                                                          PromotionDecision& decision);
   // Records a task that exhausted max_task_attempts as crashed; `worker`
   // holds its current lease.
   absl::Status GiveUp(const TaskRecord& task, const WorkerInfo& worker);

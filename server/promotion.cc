@@ -109,4 +109,20 @@ PromotionDecision DecidePromotion(const PromotionInput& in) {
   return d;
 }
 
+std::optional<HeldChoice> ChooseHeldCandidate(const std::vector<HeldCandidate>& candidates,
+                                              const std::optional<BestRecord>& best) {
+  const HeldCandidate* fastest = nullptr;
+  for (const HeldCandidate& c : candidates) {
+    if (c.eval == nullptr || c.eval->outcome != Outcome::kVerified) continue;
+    if (best && c.variant_id == best->variant_id) continue;
+    if (fastest == nullptr || c.eval->timing.median_us < fastest->eval->timing.median_us)
+      fastest = &c;
+  }
+  if (fastest == nullptr) return std::nullopt;
+  if (!best) return HeldChoice{.kind = TaskKind::kConfirm, .candidate = fastest};
+  if (fastest->eval->timing.median_us >= best->timing.median_us) return std::nullopt;
+  return HeldChoice{
+      .kind = TaskKind::kRetime, .candidate = fastest, .incumbent_variant_id = best->variant_id};
+}
+
 }  // namespace kforge::server

@@ -2,7 +2,9 @@
 //
 // A worker's report is a claim; what it may change depends on the task:
 //   EVALUATE  never promotes. With no best yet it asks for a CONFIRM of its
-//             candidate; faster than the best, for a RETIME against it.
+//             candidate; faster than the best, for a RETIME against it. The
+//             API holds those requests until the bucket's round is in and
+//             asks for one, for the round's fastest (ChooseHeldCandidate).
 //   CONFIRM   the candidate verified and timed alone, after the sanitizer
 //             gates, on the worker the lease rule chose (another than the
 //             EVALUATE's when one is connected): promotes when the bucket
@@ -29,6 +31,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "storage/store.h"
 
@@ -64,5 +67,31 @@ struct PromotionDecision {
 };
 
 PromotionDecision DecidePromotion(const PromotionInput& in);
+
+// One promotion at a time per bucket, for the best candidate of a round.
+// Every promotion runs the sanitizer gates (seconds each), so asking one for
+// every verified EVALUATE that beats the best, while its bucket's other
+// evaluations are still running, spends the worker's time on candidates the
+// next result may already beat. The API therefore holds an EVALUATE's
+// follow-up while the bucket (of the same job) has evaluations or a
+// promotion in flight, and when the last of them ends it asks for one
+// promotion: the fastest verified EVALUATE of the bucket whose variant has
+// had no promotion task yet, a CONFIRM when the bucket has no best after
+// this report, else a RETIME against that best when faster.
+struct HeldCandidate {
+  std::string variant_id;
+  std::string task_id;           // its EVALUATE task (seed and origin)
+  const EvaluationRecord* eval;  // verified; id 0 when it is the report being recorded
+  uint64_t seed = 0;
+};
+struct HeldChoice {
+  TaskKind kind = TaskKind::kConfirm;
+  const HeldCandidate* candidate = nullptr;
+  std::string incumbent_variant_id;  // kRetime
+};
+// `best` is the bucket's best once the report being recorded is applied
+// (empty: none). nullopt when no candidate qualifies.
+std::optional<HeldChoice> ChooseHeldCandidate(const std::vector<HeldCandidate>& candidates,
+                                              const std::optional<BestRecord>& best);
 
 }  // namespace kforge::server

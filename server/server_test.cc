@@ -772,6 +772,31 @@ TEST_F(ServerTest, UntunedBucketGetsTheSeedDefaultAndCanEnqueueTuning) {
   EXPECT_EQ(GetJob(tuned.tuning_job_id()).state(), v1::JOB_STATE_RUNNING);
 }
 
+// One promotion per round: the bucket's fastest verified candidate is
+// confirmed once its round is in, not the first to arrive, and a slower one
+// asks for nothing after it (every promotion costs the sanitizer gates).
+TEST_F(ServerTest, TheRoundsFastestCandidateIsConfirmedNotTheFirst) {
+  Start({}, /*proposals=*/3);
+  const v1::Job job = SubmitJob(/*max_variants=*/3);
+  const std::string w = RegisterWorker();
+  auto t1 = Lease(w);
+  auto t2 = Lease(w);
+  auto t3 = Lease(w);
+  ASSERT_TRUE(t1 && t2 && t3);
+  ASSERT_TRUE(Report(w, *t1, 150.0));
+  ASSERT_TRUE(Report(w, *t2, 100.0));
+  ASSERT_TRUE(Report(w, *t3, 120.0));
+  auto confirm = Lease(w);
+  ASSERT_TRUE(confirm);
+  EXPECT_EQ(confirm->kind(), v1::TASK_KIND_CONFIRM);
+  EXPECT_EQ(confirm->variant().variant_id(), t2->variant().variant_id());
+  ASSERT_TRUE(Report(w, *confirm, 100.0));
+  v1::GetKernelResponse k;
+  ASSERT_TRUE(GetKernel(MakeShape(), &k).ok());
+  EXPECT_EQ(k.kernel().variant_id(), t2->variant().variant_id());
+  EXPECT_FALSE(Lease(w, 300)) << "a slower candidate asked for a promotion";
+}
+
 TEST_F(ServerTest, WorkerFlowReplacesTheBestOnlyAfterARetimeWin) {
   Start({}, /*proposals=*/3);
   const v1::Job job = SubmitJob(/*max_variants=*/3);
@@ -801,12 +826,16 @@ TEST_F(ServerTest, WorkerFlowReplacesTheBestOnlyAfterARetimeWin) {
   EXPECT_EQ(t1->variant().manifest_json(), kManifest);
 
   // First verified result: nothing to beat, but an EVALUATE alone never
-  // promotes: it asks for a CONFIRM (gates, then a timing alone), which is
-  // leased before the other evaluations.
+  // promotes, and while the bucket's other evaluations run its promotion is
+  // held (promotion.h). A slower candidate and a wrong one complete the
+  // round; then the fastest verified one gets a CONFIRM (gates, then a
+  // timing alone), leased before other work.
   ASSERT_TRUE(Report(w, *t1, 100.0));
   v1::GetKernelResponse k;
   ASSERT_TRUE(GetKernel(MakeShape(), &k).ok());
   EXPECT_FALSE(k.kernel().tuned()) << "promoted before its CONFIRM";
+  ASSERT_TRUE(Report(w, *t2, 150.0));
+  ASSERT_TRUE(Report(w, *t3, 0, 1, 0, v1::EVAL_OUTCOME_WRONG));
   auto confirm = Lease(w);
   ASSERT_TRUE(confirm);
   EXPECT_EQ(confirm->kind(), v1::TASK_KIND_CONFIRM);
@@ -821,9 +850,6 @@ TEST_F(ServerTest, WorkerFlowReplacesTheBestOnlyAfterARetimeWin) {
   EXPECT_EQ(k.kernel().served_bucket(), k.kernel().requested_bucket());
   EXPECT_DOUBLE_EQ(k.kernel().timing().median_us(), 100.0);
 
-  // A slower candidate changes nothing; a wrong one neither.
-  ASSERT_TRUE(Report(w, *t2, 150.0));
-  ASSERT_TRUE(Report(w, *t3, 0, 1, 0, v1::EVAL_OUTCOME_WRONG));
   // Re-running the job so that a faster candidate comes along needs a new
   // job; here the third proposal slot was the wrong one, so submit another.
   const v1::Job job2 = SubmitJob(1);
