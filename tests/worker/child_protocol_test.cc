@@ -88,7 +88,7 @@ TEST(ChildProtocol, ResultEventRoundTripsAndNaNStaysNaN) {
   r.message = "O differs";
   r.reference_version = "ref-1";
   r.errors = ErrorStats{std::numeric_limits<double>::quiet_NaN(), 0.5, "O", "row 3: NaN"};
-  r.timing = TimingStats{1.5, 1.0, 2.0, 30};
+  r.timing = Timing{1.5, 1.0, 2.0, 30};
   absl::StatusOr<ChildEvent> e = ParseChildEvent(ResultEventJson(r));
   ASSERT_TRUE(e.ok()) << e.status();
   EXPECT_EQ(e->kind, ChildEvent::Kind::kResult);
