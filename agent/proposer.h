@@ -48,7 +48,7 @@ struct Feedback {
   Candidate candidate;
   Outcome outcome = Outcome::kCompiled;
   double median_us = 0;        // verified only
-  double spread_us = 0;        // max - min of the timing samples
+  double spread_us = 0;        // the interquartile range (max - min for older rows): Timing::Spread
   double rel_l2_error = 0;
   double max_abs_error = 0;
   std::string message;         // compile log excerpt, crash reason, mismatch detail

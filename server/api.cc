@@ -195,7 +195,7 @@ absl::Status KforgeApi::ListShapes(const v1::ListShapesRequest& req,
     s->set_bucket(b.bucket);
     s->set_arch(b.arch);
     s->set_best_variant_id(b.variant_id);
-    TimingToProto(b.timing, s->mutable_best_timing());
+    TimingToProto(b.timing, s->mutable_best_timing(), b.measured_by);
     s->set_updated_at(FormatUnixMs(b.updated_unix_ms));
   }
   resp->set_next_page_token(bests->next_token);
@@ -659,7 +659,7 @@ absl::Status KforgeApi::GiveUp(const TaskRecord& task, const WorkerInfo& worker)
       "candidate; their logs say why)",
       task.attempts - 1);
   spdlog::warn("task {} of job {}: {}", task.id, task.job_id, e.message);
-  return DecideAndComplete(task, worker, TimingRecord{}, false, std::move(e), "");
+  return DecideAndComplete(task, worker, std::move(e), "", /*incumbent_failed=*/false);
 }
 
 absl::Status KforgeApi::ReportResult(const std::string& caller,
@@ -681,8 +681,15 @@ absl::Status KforgeApi::ReportResult(const std::string& caller,
     return Invalid("result.outcome", "a compile task cannot be verified (nothing was run)");
   auto shape = DecodeTaskShape(task->shape_json);
   if (!shape.ok()) return shape.status();
+  // A verified result's timings, as stored and compared: recomputed from
+  // the samples when the worker sent them.
+  Timing timing, incumbent_timing;
+  bool incumbent_failed = false;
   if (*outcome == Outcome::kVerified) {
     if (absl::Status s = CheckTiming("result.timing", r.timing()); !s.ok()) return s;
+    auto t = TimingFromProto(r.timing(), "result.timing");
+    if (!t.ok()) return t.status();
+    timing = *std::move(t);
     // Judged on the arch the worker registered with, never the GPU it names.
     const TimingFloor floor =
         FloorOf(shape->key, worker->record.arch, shape->lengths.cu_q, shape->lengths.cu_k);
@@ -692,21 +699,25 @@ absl::Status KforgeApi::ReportResult(const std::string& caller,
                                         "no GPU of the arch runs it that fast",
                                         us, floor.Describe()));
     };
-    if (absl::Status s = below_floor("result.timing.median_us", r.timing().median_us()); !s.ok())
+    if (absl::Status s = below_floor("result.timing.median_us", timing.median_us); !s.ok())
       return s;
-    const bool incumbent_failed = r.incumbent_outcome() == v1::EVAL_OUTCOME_WRONG ||
-                                  r.incumbent_outcome() == v1::EVAL_OUTCOME_CRASHED ||
-                                  r.incumbent_outcome() == v1::EVAL_OUTCOME_TIMEOUT;
+    incumbent_failed = r.incumbent_outcome() == v1::EVAL_OUTCOME_WRONG ||
+                       r.incumbent_outcome() == v1::EVAL_OUTCOME_CRASHED ||
+                       r.incumbent_outcome() == v1::EVAL_OUTCOME_TIMEOUT;
     if (r.incumbent_outcome() != v1::EVAL_OUTCOME_UNSPECIFIED && !incumbent_failed)
       return Invalid("result.incumbent_outcome", "is WRONG, CRASHED, TIMEOUT or unset");
     if (task->kind == TaskKind::kRetime && !incumbent_failed) {
       if (absl::Status s = CheckTiming("result.incumbent_timing", r.incumbent_timing()); !s.ok())
         return s;
+      auto inc = TimingFromProto(r.incumbent_timing(), "result.incumbent_timing");
+      if (!inc.ok()) return inc.status();
+      incumbent_timing = *std::move(inc);
       if (absl::Status s = below_floor("result.incumbent_timing.median_us",
-                                       r.incumbent_timing().median_us());
+                                       incumbent_timing.median_us);
           !s.ok())
         return s;
     }
+    incumbent_failed = incumbent_failed && task->kind == TaskKind::kRetime;
   }
   for (double v : {r.errors().max_abs_error(), r.errors().rel_l2_error(), r.compile().compile_ms()}) {
     if (std::isnan(v)) return Invalid("result", "error metrics and compile time must not be NaN");
@@ -744,7 +755,7 @@ absl::Status KforgeApi::ReportResult(const std::string& caller,
   e.max_abs_error = r.errors().max_abs_error();
   e.rel_l2_error = r.errors().rel_l2_error();
   if (e.outcome == Outcome::kVerified) {
-    e.timing = TimingFromProto(r.timing());
+    e.timing = timing;
     // Without a reported extent the worker verified at least the shape it
     // was given.
     if (r.has_verified()) {
@@ -756,10 +767,6 @@ absl::Status KforgeApi::ReportResult(const std::string& caller,
     }
   }
   if (!r.compile().cubin().empty()) e.cubin_hash = Sha256Hex(r.compile().cubin());
-  TimingRecord incumbent;
-  const bool incumbent_failed = task->kind == TaskKind::kRetime &&
-                                e.outcome == Outcome::kVerified &&
-                                r.incumbent_outcome() != v1::EVAL_OUTCOME_UNSPECIFIED;
   if (incumbent_failed) {
     e.message = ClipMiddle(fmt::format("retime vs {}: the incumbent failed the same checks ({}){}{}",
                                        task->incumbent_variant_id,
@@ -767,16 +774,16 @@ absl::Status KforgeApi::ReportResult(const std::string& caller,
                                        e.message.empty() ? "" : "; ", e.message),
                            kMaxMessageBytes);
   } else if (task->kind == TaskKind::kRetime && e.outcome == Outcome::kVerified) {
-    incumbent = TimingFromProto(r.incumbent_timing());
+    e.incumbent_timing = incumbent_timing;
     e.message = ClipMiddle(fmt::format("retime vs {}: incumbent {:.2f} us (spread {:.2f}){}{}",
-                                       task->incumbent_variant_id, incumbent.median_us,
-                                       incumbent.Spread(), e.message.empty() ? "" : "; ",
+                                       task->incumbent_variant_id, incumbent_timing.median_us,
+                                       incumbent_timing.Spread(), e.message.empty() ? "" : "; ",
                                        e.message),
                            kMaxMessageBytes);
   }
 
-  if (absl::Status s = DecideAndComplete(*task, *worker, incumbent, incumbent_failed,
-                                         std::move(e), r.compile().cubin());
+  if (absl::Status s = DecideAndComplete(*task, *worker, std::move(e), r.compile().cubin(),
+                                         incumbent_failed);
       !s.ok())
     return s;
   resp->set_accepted(true);
@@ -784,13 +791,12 @@ absl::Status KforgeApi::ReportResult(const std::string& caller,
 }
 
 absl::Status KforgeApi::DecideAndComplete(const TaskRecord& task, const WorkerInfo& worker,
-                                          TimingRecord incumbent_timing, bool incumbent_failed,
-                                          EvaluationRecord eval, std::string cubin) {
+                                          EvaluationRecord eval, std::string cubin,
+                                          bool incumbent_failed) {
   std::unique_lock lock(best_mu_);
   PromotionInput in;
   in.task = &task;
   in.eval = &eval;
-  in.incumbent_timing = incumbent_timing;
   in.incumbent_failed = incumbent_failed;
   in.gated = worker.gated || options_.allow_ungated_promotion;
   if (auto b = store_->GetBest(task.bucket, task.arch); b.ok()) {
@@ -827,6 +833,7 @@ absl::Status KforgeApi::DecideAndComplete(const TaskRecord& task, const WorkerIn
   if (decision.promote) {
     BestRecord best;
     best.verified = decision.extent;
+    best.measured_by = decision.measured_by;
     c.new_best = best;  // the rest defaults to the evaluation being recorded
   }
   if (decision.follow_up) {

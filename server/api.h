@@ -163,10 +163,11 @@ class KforgeApi {
   PromotionLease PromotionsFor(const WorkerInfo& worker);
   absl::Status FillTask(const TaskRecord& t, v1::Task* out);
   // Decides what the result changes (server/promotion.h) and records it
-  // with its follow-ups in one CompleteTask.
+  // with its follow-ups in one CompleteTask. A RETIME's incumbent timing is
+  // eval.incumbent_timing; `incumbent_failed`: the incumbent failed the
+  // checks the candidate passed in that run.
   absl::Status DecideAndComplete(const TaskRecord& task, const WorkerInfo& worker,
-                                 TimingRecord incumbent_timing, bool incumbent_failed,
-                                 EvaluationRecord eval, std::string cubin);
+                                 EvaluationRecord eval, std::string cubin, bool incumbent_failed);
   // The promotion held back for `task`'s bucket (promotion.h,
   // ChooseHeldCandidate) to ask for with this report, if any; clears an
   // EVALUATE's own follow-up from `decision` (held promotions replace it)

@@ -1,5 +1,6 @@
 #include "server/convert.h"
 
+#include <cmath>
 #include <algorithm>
 #include <ctime>
 #include <vector>
@@ -196,18 +197,38 @@ v1::JobState JobStateToProto(JobState s) {
   return v1::JOB_STATE_UNSPECIFIED;
 }
 
-void TimingToProto(const TimingRecord& t, v1::Timing* out) {
+void TimingToProto(const Timing& t, v1::Timing* out, const std::string& measured_by) {
   out->set_median_us(t.median_us);
   out->set_min_us(t.min_us);
   out->set_max_us(t.max_us);
   out->set_samples(t.samples);
   out->set_p25_us(t.p25_us);
   out->set_p75_us(t.p75_us);
+  out->set_measured_by(measured_by);
 }
 
-TimingRecord TimingFromProto(const v1::Timing& t) {
-  return TimingRecord{t.median_us(), t.min_us(), t.max_us(), t.samples(), t.p25_us(),
-                      t.p75_us()};
+absl::StatusOr<Timing> TimingFromProto(const v1::Timing& t, std::string_view field) {
+  if (t.samples_us_size() == 0) {
+    return Timing{.median_us = t.median_us(),
+                  .min_us = t.min_us(),
+                  .max_us = t.max_us(),
+                  .samples = t.samples(),
+                  .p25_us = t.p25_us(),
+                  .p75_us = t.p75_us()};
+  }
+  if (t.samples_us_size() > kMaxTimingSamples)
+    return Invalid(fmt::format("{}.samples_us", field),
+                   fmt::format("holds {} samples, more than {}", t.samples_us_size(),
+                               kMaxTimingSamples));
+  if (t.samples() != 0 && t.samples() != t.samples_us_size())
+    return Invalid(fmt::format("{}.samples", field),
+                   fmt::format("is {} but samples_us holds {}", t.samples(), t.samples_us_size()));
+  std::vector<double> samples(t.samples_us().begin(), t.samples_us().end());
+  for (double v : samples) {
+    if (!std::isfinite(v) || v <= 0)
+      return Invalid(fmt::format("{}.samples_us", field), "times must be finite and positive");
+  }
+  return Summarize(std::move(samples));
 }
 
 void JobToProto(const JobView& job, v1::Job* out) {

@@ -45,8 +45,14 @@ absl::StatusOr<JobSpec> JobSpecFromProto(const v1::SubmitJobRequest& req,
 void JobToProto(const JobView& job, v1::Job* out);
 
 v1::JobState JobStateToProto(JobState s);
-void TimingToProto(const TimingRecord& t, v1::Timing* out);
-TimingRecord TimingFromProto(const v1::Timing& t);
+// A served figure: the summary and how it was measured, never the samples.
+void TimingToProto(const Timing& t, v1::Timing* out, const std::string& measured_by = "");
+// A reported timing. With samples, the summary is recomputed from them
+// (what is stored and compared is what the samples say); INVALID_ARGUMENT
+// naming `field` when they are not finite and positive, more than
+// kMaxTimingSamples, or disagree with `samples`.
+absl::StatusOr<Timing> TimingFromProto(const v1::Timing& t, std::string_view field);
+inline constexpr int kMaxTimingSamples = 4096;
 void ProvenanceToProto(const VariantRecord& v, v1::Provenance* out);
 // Best-effort: the manifest JSON is the kernels component's format; fields
 // it does not have stay at their defaults, and `json` always carries it.

@@ -79,7 +79,7 @@ struct BucketProgress {
   int verified = 0;
   int failed = 0;
   std::string best_variant_id;  // best of this job's candidates on the bucket
-  TimingRecord best_timing;
+  Timing best_timing;
 };
 
 // A job as the API shows it: the record plus its decoded spec and progress.

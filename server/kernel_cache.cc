@@ -96,7 +96,7 @@ absl::StatusOr<std::shared_ptr<const v1::Kernel>> KernelCache::Build(const BestR
   k->set_arch(best.arch);
   ManifestToProto(variant->manifest_json, k->mutable_manifest());
   if (!k->manifest().entry_point().empty()) k->add_entry_points(k->manifest().entry_point());
-  TimingToProto(best.timing, k->mutable_timing());
+  TimingToProto(best.timing, k->mutable_timing(), best.measured_by);
   ProvenanceToProto(*variant, k->mutable_provenance());
   k->set_served_bucket(best.bucket);
   k->set_compile_options(winner->compile_options);

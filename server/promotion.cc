@@ -18,7 +18,7 @@ SizeExtent Intersect(const SizeExtent& a, const SizeExtent& b) {
 }
 
 // The checks every promotion passes; fills `d` either way.
-void Promote(const PromotionInput& in, PromotionDecision& d) {
+void Promote(const PromotionInput& in, std::string measured_by, PromotionDecision& d) {
   const EvaluationRecord& e = *in.eval;
   if (!in.gated) {
     d.note = fmt::format(
@@ -43,6 +43,7 @@ void Promote(const PromotionInput& in, PromotionDecision& d) {
     return;
   }
   d.promote = true;
+  d.measured_by = std::move(measured_by);
   d.extent = e.verified;
   if (in.origin && !in.origin->verified.empty()) d.extent = Intersect(d.extent, in.origin->verified);
 }
@@ -75,12 +76,13 @@ PromotionDecision DecidePromotion(const PromotionInput& in) {
         // Another candidate was promoted while this ran: compare fairly.
         RetimeIfFaster(in, d);
       } else {
-        Promote(in, d);
+        Promote(in, MeasuredAlone("confirm", in.eval->timing), d);
       }
       return d;
     case TaskKind::kRetime: {
       if (!in.current) {
-        Promote(in, d);  // a best that vanished: nothing to beat
+        // A best that vanished: nothing to beat.
+        Promote(in, MeasuredAlone("retime, no incumbent left", in.eval->timing), d);
       } else if (in.current->variant_id != task.incumbent_variant_id) {
         // The best changed while this ran: a fair comparison needs a new
         // interleaved run against the new incumbent.
@@ -88,17 +90,16 @@ PromotionDecision DecidePromotion(const PromotionInput& in) {
       } else if (in.incumbent_failed) {
         // The served kernel failed what the candidate passed: correctness
         // first, whatever the timings.
-        Promote(in, d);
+        Promote(in,
+                fmt::format("{} (incumbent {} failed the same checks)",
+                            MeasuredAlone("retime", in.eval->timing), task.incumbent_variant_id),
+                d);
       } else {
-        const TimingRecord& inc = in.incumbent_timing;
-        const double spread = std::max(in.eval->timing.Spread(), inc.Spread());
-        if (inc.median_us - in.eval->timing.median_us > spread) {
-          Promote(in, d);
+        const Comparison c = CompareTimings(in.eval->timing, in.eval->incumbent_timing, in.rule);
+        if (c.candidate_wins) {
+          Promote(in, MeasuredAgainst(c, task.incumbent_variant_id), d);
         } else {
-          d.note = fmt::format(
-              "kept incumbent {}: {:.2f} us against its {:.2f} us is not faster by more than the "
-              "spread {:.2f} us",
-              task.incumbent_variant_id, in.eval->timing.median_us, inc.median_us, spread);
+          d.note = fmt::format("kept incumbent {}: {}", task.incumbent_variant_id, c.Describe());
         }
       }
       return d;

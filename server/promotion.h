@@ -10,11 +10,18 @@
 //             EVALUATE's when one is connected): promotes when the bucket
 //             still has no best; if a best came meanwhile, a faster
 //             candidate is re-timed against it.
-//   RETIME    candidate and incumbent interleaved in one process: promotes
-//             when the candidate wins by more than either spread
-//             (TimingRecord::Spread), or when the incumbent failed the
-//             checks the candidate passed; against a best that changed
-//             meanwhile, a new RETIME.
+//   RETIME    candidate and incumbent alternating launch by launch on one
+//             batch in one process: promotes when the candidate wins by
+//             core/timing.h's rule (CompareTimings on the evaluation's
+//             timing and incumbent_timing: the 95% sign-test lower bound on
+//             the median of the paired ratios incumbent/candidate above
+//             1.01; the medians apart by more than the larger interquartile
+//             range for a report without samples), or when the incumbent
+//             failed the checks the candidate passed; against a best that
+//             changed meanwhile, a new RETIME.
+// A promotion says how the new best's figure was measured (measured_by),
+// and the RETIME's samples are stored with its evaluation, so the decision
+// can be recomputed from the store.
 // A would-be promotion is refused, and recorded with the reason, when the
 // reporting worker does not gate (no "memcheck" among its sanitizer tools,
 // unless ungated promotion is allowed), when it sent no cubin (the served
@@ -39,8 +46,10 @@ namespace kforge::server {
 
 struct PromotionInput {
   const TaskRecord* task = nullptr;       // the reported task
-  const EvaluationRecord* eval = nullptr;  // what is being recorded for it
-  TimingRecord incumbent_timing;          // RETIME: the incumbent's, same run
+  // What is being recorded for it; a RETIME's incumbent_timing is the
+  // incumbent's in the same run.
+  const EvaluationRecord* eval = nullptr;
+  WinRule rule;                           // how a RETIME is decided
   // RETIME: the incumbent failed the same promotion-strength checks the
   // candidate passed: it is not correct, and the candidate replaces it.
   bool incumbent_failed = false;
@@ -57,6 +66,7 @@ struct PromotionInput {
 struct PromotionDecision {
   bool promote = false;  // the evaluation being recorded becomes the best
   SizeExtent extent;     // promote: the sizes the new best may be served for
+  std::string measured_by;  // promote: how the new best's figure was measured
   // A promotion task to enqueue for the candidate: kConfirm or kRetime
   // (against `incumbent_variant_id`).
   std::optional<TaskKind> follow_up;

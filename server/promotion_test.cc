@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <vector>
+
 namespace kforge::server {
 namespace {
 
@@ -39,13 +42,14 @@ BestRecord Best(const std::string& variant, double us) {
 
 PromotionDecision Decide(const TaskRecord& task, const EvaluationRecord& eval,
                          std::optional<BestRecord> current, bool gated = true,
-                         TimingRecord incumbent = {}) {
+                         Timing incumbent = {}) {
+  EvaluationRecord e = eval;
+  if (incumbent.samples != 0) e.incumbent_timing = incumbent;
   PromotionInput in;
   in.task = &task;
-  in.eval = &eval;
+  in.eval = &e;
   in.current = std::move(current);
   in.gated = gated;
-  in.incumbent_timing = incumbent;
   return DecidePromotion(in);
 }
 
@@ -78,7 +82,7 @@ TEST(Promotion, AConfirmPromotesOnlyWhileTheBucketHasNoBest) {
 
 TEST(Promotion, ARetimeKeepsTheWinRuleAndFollowsAChangedBest) {
   const TaskRecord retime = Task(TaskKind::kRetime, "v2", "v1");
-  TimingRecord inc{100, 99, 101, 10, 99.5, 100.5};
+  Timing inc{100, 99, 101, 10, 99.5, 100.5};
   EXPECT_TRUE(Decide(retime, Verified(90), Best("v1", 100), true, inc).promote);
   PromotionDecision noise = Decide(retime, Verified(99.5), Best("v1", 100), true, inc);
   EXPECT_FALSE(noise.promote);
@@ -87,6 +91,45 @@ TEST(Promotion, ARetimeKeepsTheWinRuleAndFollowsAChangedBest) {
   EXPECT_FALSE(moved.promote);
   EXPECT_EQ(moved.follow_up, TaskKind::kRetime);
   EXPECT_EQ(moved.incumbent_variant_id, "v3");
+}
+
+// The case: clocks moving +-15% between pairs, the candidate at
+// 1554.8 us against 1700.7 us, spreads far above the gap. The pairs all
+// favour the candidate: it promotes, and the best says how it was measured.
+TEST(Promotion, ARetimeDecidesOnThePairedRatios) {
+  const TaskRecord retime = Task(TaskKind::kRetime, "v2", "v1");
+  std::vector<double> cand, inc;
+  for (int i = 0; i < 24; ++i) {
+    const double clock = 1.0 + 0.15 * std::sin(1.7 * i);
+    cand.push_back(1554.8 * clock * (1 + 0.005 * std::sin(2.9 * i)));
+    inc.push_back(1700.7 * clock * (1 + 0.005 * std::cos(3.7 * i)));
+  }
+  EvaluationRecord e = Verified(50);
+  e.timing = Summarize(cand);
+  const Timing incumbent = Summarize(inc);
+  ASSERT_LT(incumbent.median_us - e.timing.median_us,
+            std::max(e.timing.Spread(), incumbent.Spread()));
+  PromotionDecision d = Decide(retime, e, Best("v1", 1700.7), true, incumbent);
+  EXPECT_TRUE(d.promote) << d.note;
+  EXPECT_NE(d.measured_by.find("retime: median of 24 paired ratios"), std::string::npos)
+      << d.measured_by;
+  EXPECT_NE(d.measured_by.find("vs v1"), std::string::npos) << d.measured_by;
+
+  // The same pairs with the incumbent 0.5% slower: below the minimum gain.
+  for (size_t i = 0; i < inc.size(); ++i) inc[i] = cand[i] * 1.005;
+  PromotionDecision hold = Decide(retime, e, Best("v1", 1700.7), true, Summarize(inc));
+  EXPECT_FALSE(hold.promote);
+  EXPECT_NE(hold.note.find("kept incumbent v1: incumbent holds: median of 24 paired ratios"),
+            std::string::npos)
+      << hold.note;
+}
+
+TEST(Promotion, AConfirmSaysItTimedTheCandidateAlone) {
+  EvaluationRecord e = Verified(50);
+  e.timing.samples = 23;
+  PromotionDecision d = Decide(Task(TaskKind::kConfirm), e, std::nullopt);
+  ASSERT_TRUE(d.promote);
+  EXPECT_EQ(d.measured_by, "confirm: median of 23 launches");
 }
 
 // Stronger checks can find the served kernel wrong: a candidate that passed

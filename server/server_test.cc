@@ -19,6 +19,7 @@
 
 #include "core/hash.h"
 #include "core/roofline.h"
+#include "core/timing.h"
 #include "kforge/v1/kforge.grpc.pb.h"
 #include "server/auth.h"
 #include "server/server.h"
@@ -934,6 +935,95 @@ TEST_F(ServerTest, RetimeSpreadIsTheInterquartileRange) {
   v1::GetKernelResponse k;
   ASSERT_TRUE(GetKernel(MakeShape(), &k).ok());
   EXPECT_EQ(k.kernel().variant_id(), r->challenger);
+}
+
+// Fills `t` from per-launch samples as a worker sends them.
+void SetSamples(v1::Timing* t, const std::vector<double>& samples) {
+  const Timing s = Summarize(samples);
+  t->Clear();
+  t->set_median_us(s.median_us);
+  t->set_min_us(s.min_us);
+  t->set_max_us(s.max_us);
+  t->set_p25_us(s.p25_us);
+  t->set_p75_us(s.p75_us);
+  t->set_samples(s.samples);
+  for (double v : samples) t->add_samples_us(v);
+}
+
+// Clocks moving +-15% from pair to pair, the challenger 5% faster in every
+// pair: far inside the spreads, and a win on the pairs. The served figure
+// says how it was measured, and the decision is recomputed from what the
+// store kept.
+TEST_F(ServerTest, RetimeDecidesOnThePairsAndTheStoredSamplesReproduceIt) {
+  std::optional<RetimeSetup> r = SetUpRetime();
+  ASSERT_TRUE(r);
+  std::vector<double> cand, inc;
+  for (int i = 0; i < 24; ++i) {
+    const double clock = 1.0 + 0.15 * std::sin(1.7 * i);
+    cand.push_back(95.0 * clock * (1 + 0.004 * std::sin(2.9 * i)));
+    inc.push_back(100.0 * clock * (1 + 0.004 * std::cos(3.7 * i)));
+  }
+  v1::ReportResultRequest req = Result(r->worker, r->retime, 95.0, 1.0, 100.0);
+  SetSamples(req.mutable_result()->mutable_timing(), cand);
+  SetSamples(req.mutable_result()->mutable_incumbent_timing(), inc);
+  ASSERT_TRUE(Send(r->worker, req).ok());
+
+  v1::GetKernelResponse k;
+  ASSERT_TRUE(GetKernel(MakeShape(), &k).ok());
+  EXPECT_EQ(k.kernel().variant_id(), r->challenger);
+  const std::string& measured_by = k.kernel().timing().measured_by();
+  EXPECT_EQ(measured_by.rfind("retime: median of 24 paired ratios", 0), 0u) << measured_by;
+  EXPECT_EQ(k.kernel().timing().samples_us_size(), 0) << "served figures carry no samples";
+
+  // From the store alone: the RETIME's evaluation holds both kernels'
+  // samples, and the rule gives the same answer and the same description.
+  absl::StatusOr<std::vector<EvaluationRecord>> evals = store_->ListEvaluations(r->challenger);
+  ASSERT_TRUE(evals.ok()) << evals.status();
+  const EvaluationRecord* retime = nullptr;
+  for (const EvaluationRecord& e : *evals)
+    if (e.task_id == r->retime.task_id()) retime = &e;
+  ASSERT_NE(retime, nullptr);
+  EXPECT_EQ(retime->timing.samples_us, cand);
+  EXPECT_EQ(retime->incumbent_timing.samples_us, inc);
+  const Comparison again = CompareTimings(retime->timing, retime->incumbent_timing);
+  EXPECT_TRUE(again.paired);
+  EXPECT_TRUE(again.candidate_wins) << again.Describe();
+  EXPECT_EQ(MeasuredAgainst(again, r->incumbent), measured_by);
+  absl::StatusOr<BestRecord> best =
+      store_->GetBest(k.kernel().served_bucket(), k.kernel().arch());
+  ASSERT_TRUE(best.ok()) << best.status();
+  EXPECT_EQ(best->measured_by, measured_by);
+  EXPECT_EQ(best->evaluation_id, retime->id);
+}
+
+TEST_F(ServerTest, RetimePairsThatAgreeWithinTheMinimumGainKeepTheIncumbent) {
+  std::optional<RetimeSetup> r = SetUpRetime();
+  ASSERT_TRUE(r);
+  std::vector<double> cand, inc;
+  for (int i = 0; i < 24; ++i) {
+    cand.push_back(99.6 + 0.01 * i);
+    inc.push_back(cand.back() * 1.004);  // 0.4% faster, every pair
+  }
+  v1::ReportResultRequest req = Result(r->worker, r->retime, 95.0, 1.0, 100.0);
+  SetSamples(req.mutable_result()->mutable_timing(), cand);
+  SetSamples(req.mutable_result()->mutable_incumbent_timing(), inc);
+  ASSERT_TRUE(Send(r->worker, req).ok());
+  v1::GetKernelResponse k;
+  ASSERT_TRUE(GetKernel(MakeShape(), &k).ok());
+  EXPECT_EQ(k.kernel().variant_id(), r->incumbent);
+}
+
+TEST_F(ServerTest, MalformedTimingSamplesAreInvalidArgument) {
+  std::optional<RetimeSetup> r = SetUpRetime();
+  ASSERT_TRUE(r);
+  v1::ReportResultRequest req = Result(r->worker, r->retime, 95.0, 1.0, 100.0);
+  SetSamples(req.mutable_result()->mutable_timing(), {95, 96, 94});
+  req.mutable_result()->mutable_timing()->set_samples(4);
+  ExpectInvalid(Send(r->worker, req), "result.timing.samples");
+  SetSamples(req.mutable_result()->mutable_timing(), {95, 96, 94});
+  SetSamples(req.mutable_result()->mutable_incumbent_timing(), {100, 101, 99});
+  req.mutable_result()->mutable_incumbent_timing()->set_samples_us(1, -1);
+  ExpectInvalid(Send(r->worker, req), "result.incumbent_timing.samples_us");
 }
 
 // A compile error's message leads with the error lines of the log, which

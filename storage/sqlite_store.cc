@@ -153,7 +153,7 @@ CREATE UNIQUE INDEX workers_by_name ON workers(name) WHERE name <> '';
 // keys enforced (the pragma cannot change inside one), so a migration that
 // rebuilds a table must copy rows in an order that keeps references valid.
 // v2: timing quartiles, for the re-timing rule's spread (interquartile
-// range). Rows from v1 keep 0, which TimingRecord::Spread reads as unknown.
+// range). Rows from v1 keep 0, which Timing::Spread reads as unknown.
 constexpr std::string_view kSchemaV2 = R"sql(
 ALTER TABLE evaluations ADD COLUMN p25_us REAL NOT NULL DEFAULT 0;
 ALTER TABLE evaluations ADD COLUMN p75_us REAL NOT NULL DEFAULT 0;
@@ -229,11 +229,28 @@ ALTER TABLE workers ADD COLUMN principal TEXT NOT NULL DEFAULT '';
 CREATE INDEX workers_by_principal ON workers(principal);
 )sql";
 
+// v5: every timed launch (core/timing.h EncodeSamples, launch order), the
+// incumbent's timing of a RETIME (its samples paired with the candidate's),
+// and how a best's figure was measured. Rows from before keep what they had
+// and get '' / 0: no samples, so their comparisons use the unpaired rule.
+constexpr std::string_view kSchemaV5 = R"sql(
+ALTER TABLE evaluations ADD COLUMN samples_us TEXT NOT NULL DEFAULT '';
+ALTER TABLE evaluations ADD COLUMN incumbent_median_us REAL NOT NULL DEFAULT 0;
+ALTER TABLE evaluations ADD COLUMN incumbent_min_us REAL NOT NULL DEFAULT 0;
+ALTER TABLE evaluations ADD COLUMN incumbent_max_us REAL NOT NULL DEFAULT 0;
+ALTER TABLE evaluations ADD COLUMN incumbent_samples INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE evaluations ADD COLUMN incumbent_p25_us REAL NOT NULL DEFAULT 0;
+ALTER TABLE evaluations ADD COLUMN incumbent_p75_us REAL NOT NULL DEFAULT 0;
+ALTER TABLE evaluations ADD COLUMN incumbent_samples_us TEXT NOT NULL DEFAULT '';
+ALTER TABLE best ADD COLUMN measured_by TEXT NOT NULL DEFAULT '';
+)sql";
+
 constexpr Migration kMigrations[] = {
     {1, "initial schema", kSchemaV1},
     {2, "timing quartiles", kSchemaV2},
     {3, "worker sessions, CONFIRM tasks, verified extents", kSchemaV3},
     {4, "worker principals", kSchemaV4},
+    {5, "timing samples, RETIME incumbent timings, how a best was measured", kSchemaV5},
 };
 
 // ---------------------------------------------------------------------------
@@ -423,7 +440,8 @@ constexpr std::string_view kEvaluationCols =
     "compile_ms, registers, spill_bytes, static_smem_bytes, dynamic_smem_bytes, "
     "max_abs_error, rel_l2_error, median_us, min_us, max_us, samples, cubin_hash, created, "
     "p25_us, p75_us, verified_batch, verified_max_len_q, verified_max_len_k, verified_total_q, "
-    "verified_total_k";
+    "verified_total_k, samples_us, incumbent_median_us, incumbent_min_us, incumbent_max_us, "
+    "incumbent_samples, incumbent_p25_us, incumbent_p75_us, incumbent_samples_us";
 
 absl::StatusOr<EvaluationRecord> ReadEvaluation(Stmt& s) {
   Cols c(s);
@@ -463,13 +481,28 @@ absl::StatusOr<EvaluationRecord> ReadEvaluation(Stmt& s) {
   e.timing.p25_us = c.Real();
   e.timing.p75_us = c.Real();
   e.verified = c.Extent();
+  absl::StatusOr<std::vector<double>> samples = DecodeSamples(c.Text());
+  if (!samples.ok())
+    return absl::InternalError(fmt::format("evaluation {}: {}", e.id, std::string(samples.status().message())));
+  e.timing.samples_us = *std::move(samples);
+  e.incumbent_timing.median_us = c.Real();
+  e.incumbent_timing.min_us = c.Real();
+  e.incumbent_timing.max_us = c.Real();
+  e.incumbent_timing.samples = c.Int32();
+  e.incumbent_timing.p25_us = c.Real();
+  e.incumbent_timing.p75_us = c.Real();
+  samples = DecodeSamples(c.Text());
+  if (!samples.ok())
+    return absl::InternalError(fmt::format("evaluation {}: incumbent {}", e.id,
+                                           std::string(samples.status().message())));
+  e.incumbent_timing.samples_us = *std::move(samples);
   return e;
 }
 
 constexpr std::string_view kBestCols =
     "bucket, arch, variant, evaluation, median_us, min_us, max_us, samples, updated, p25_us, "
     "p75_us, verified_batch, verified_max_len_q, verified_max_len_k, verified_total_q, "
-    "verified_total_k";
+    "verified_total_k, measured_by";
 
 BestRecord ReadBest(Stmt& s) {
   Cols c(s);
@@ -486,6 +519,7 @@ BestRecord ReadBest(Stmt& s) {
   b.timing.p25_us = c.Real();
   b.timing.p75_us = c.Real();
   b.verified = c.Extent();
+  b.measured_by = c.Text();
   return b;
 }
 
@@ -1253,7 +1287,7 @@ class SqliteStore final : public Store {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     absl::StatusOr<Stmt> ins = Prepare("CompleteTask", fmt::format(
         "INSERT INTO evaluations ({}) VALUES (NULL, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
-        "?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         kEvaluationCols));
     if (!ins.ok()) return ins.status();
     ins->Bind(variant, eval.bucket, eval.arch, eval.job_id, eval.task_id, eval.worker_id,
@@ -1264,7 +1298,11 @@ class SqliteStore final : public Store {
               eval.rel_l2_error, eval.timing.median_us, eval.timing.min_us, eval.timing.max_us,
               eval.timing.samples, eval.cubin_hash, eval.created_unix_ms, eval.timing.p25_us,
               eval.timing.p75_us, eval.verified.batch, eval.verified.max_len_q,
-              eval.verified.max_len_k, eval.verified.total_q, eval.verified.total_k);
+              eval.verified.max_len_k, eval.verified.total_q, eval.verified.total_k,
+              EncodeSamples(eval.timing.samples_us), eval.incumbent_timing.median_us,
+              eval.incumbent_timing.min_us, eval.incumbent_timing.max_us,
+              eval.incumbent_timing.samples, eval.incumbent_timing.p25_us,
+              eval.incumbent_timing.p75_us, EncodeSamples(eval.incumbent_timing.samples_us));
     if (absl::Status s = ins->Run(); !s.ok()) return s;
     eval.id = sqlite3_last_insert_rowid(db_);
     return absl::OkStatus();
@@ -1282,7 +1320,7 @@ class SqliteStore final : public Store {
     if (FormatId('v', **eval_variant) != best.variant_id)
       return absl::InvalidArgumentError("best: evaluation is of another variant");
     absl::StatusOr<Stmt> up = Prepare("CompleteTask", fmt::format(
-        "INSERT INTO best ({}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+        "INSERT INTO best ({}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
         "ON CONFLICT (bucket, arch) DO UPDATE SET variant = excluded.variant, "
         "evaluation = excluded.evaluation, median_us = excluded.median_us, "
         "min_us = excluded.min_us, max_us = excluded.max_us, samples = excluded.samples, "
@@ -1291,14 +1329,15 @@ class SqliteStore final : public Store {
         "verified_max_len_q = excluded.verified_max_len_q, "
         "verified_max_len_k = excluded.verified_max_len_k, "
         "verified_total_q = excluded.verified_total_q, "
-        "verified_total_k = excluded.verified_total_k",
+        "verified_total_k = excluded.verified_total_k, measured_by = excluded.measured_by",
         kBestCols));
     if (!up.ok()) return up.status();
     return up->Bind(best.bucket, best.arch, **eval_variant, best.evaluation_id,
                     best.timing.median_us, best.timing.min_us, best.timing.max_us,
                     best.timing.samples, best.updated_unix_ms, best.timing.p25_us,
                     best.timing.p75_us, best.verified.batch, best.verified.max_len_q,
-                    best.verified.max_len_k, best.verified.total_q, best.verified.total_k)
+                    best.verified.max_len_k, best.verified.total_q, best.verified.total_k,
+                    best.measured_by)
         .Run();
   }
 

@@ -204,12 +204,57 @@ TEST(SqliteStore, VersionTwoAddsTimingQuartiles) {
               "2")
         << table;
   }
-  TimingRecord before{.median_us = 10, .min_us = 8, .max_us = 20, .samples = 5};
+  Timing before{.median_us = 10, .min_us = 8, .max_us = 20, .samples = 5};
   EXPECT_DOUBLE_EQ(before.Spread(), 12.0);
-  TimingRecord after = before;
+  Timing after = before;
   after.p25_us = 9.5;
   after.p75_us = 10.5;
   EXPECT_DOUBLE_EQ(after.Spread(), 1.0);
+}
+
+// Version 5 adds the timing samples, a RETIME's incumbent timing and how a
+// best was measured; evaluations and bests stored before keep every figure
+// and read back with none of the new ones (their comparisons are unpaired).
+TEST(SqliteStore, VersionFiveKeepsTimingsAndAddsSamples) {
+  TempDir dir;
+  const std::string path = dir.File("k.db");
+  const std::vector<Migration> v4(SqliteMigrations().begin(), SqliteMigrations().begin() + 4);
+  std::string variant;
+  {
+    SqliteOptions old;
+    old.migrations = v4;
+    std::unique_ptr<Store> store = MustOpen(path, old);
+    ASSERT_NE(store, nullptr);
+    ASSERT_OK_AND_ASSIGN(variant, store->PutVariant(Variant("__global__ void k() {}")));
+  }
+  RawDb(path).Exec(
+      "INSERT INTO evaluations (variant, bucket, arch, job, task, worker, gpu_name, "
+      "compute_capability, driver_version, nvrtc_version, compile_options, reference_version, "
+      "outcome, message, compile_ms, registers, spill_bytes, static_smem_bytes, "
+      "dynamic_smem_bytes, max_abs_error, rel_l2_error, median_us, min_us, max_us, samples, "
+      "cubin_hash, created, p25_us, p75_us) VALUES (1, 'b', 'sm_90a', 'j1', 't1', 'w1', 'H200', "
+      "'9.0', '', '', '', '', 'verified', 'ok', 1, 2, 0, 0, 0, 0, 0, 1700.7, 1500, 1900, 24, '', "
+      "7, 1600, 1800);"
+      "INSERT INTO best (bucket, arch, variant, evaluation, median_us, min_us, max_us, samples, "
+      "updated, p25_us, p75_us) VALUES ('b', 'sm_90a', 1, 1, 1700.7, 1500, 1900, 24, 8, 1600, "
+      "1800);");
+  std::unique_ptr<Store> store = MustOpen(path);
+  ASSERT_NE(store, nullptr);
+  EXPECT_EQ(RawDb(path).One("SELECT version FROM schema_version"), "5");
+  ASSERT_OK_AND_ASSIGN(std::vector<EvaluationRecord> evals, store->ListEvaluations(variant));
+  ASSERT_EQ(evals.size(), 1u);
+  EXPECT_DOUBLE_EQ(evals[0].timing.median_us, 1700.7);
+  EXPECT_DOUBLE_EQ(evals[0].timing.p75_us, 1800);
+  EXPECT_EQ(evals[0].timing.samples, 24);
+  EXPECT_TRUE(evals[0].timing.samples_us.empty());
+  EXPECT_EQ(evals[0].incumbent_timing.samples, 0);
+  ASSERT_OK_AND_ASSIGN(BestRecord best, store->GetBest("b", "sm_90a"));
+  EXPECT_DOUBLE_EQ(best.timing.median_us, 1700.7);
+  EXPECT_DOUBLE_EQ(best.timing.p25_us, 1600);
+  EXPECT_EQ(best.evaluation_id, 1);
+  EXPECT_EQ(best.measured_by, "");
+  ASSERT_OK_AND_ASSIGN(std::string check, store->IntegrityCheck());
+  EXPECT_EQ(check, "ok");
 }
 
 // Version 3 rebuilds the tasks table (kind 'confirm', origin columns) and

@@ -34,6 +34,7 @@
 #include "absl/status/statusor.h"
 #include "core/outcome.h"
 #include "core/shape.h"
+#include "core/timing.h"
 
 namespace kforge {
 
@@ -52,19 +53,6 @@ struct VariantRecord {
   std::string parent_id;
   std::string job_id;
   int64_t created_unix_ms = 0;
-};
-
-struct TimingRecord {
-  double median_us = 0, min_us = 0, max_us = 0;
-  int32_t samples = 0;
-  double p25_us = 0, p75_us = 0;  // quartiles; 0 when unknown (older rows)
-
-  // How much two medians must differ to be told apart: the interquartile
-  // range (max - min for rows stored before quartiles were), the spread the
-  // re-timing rule uses.
-  double Spread() const {
-    return p75_us > 0 ? std::max(0.0, p75_us - p25_us) : std::max(0.0, max_us - min_us);
-  }
 };
 
 struct EvaluationRecord {
@@ -90,7 +78,14 @@ struct EvaluationRecord {
   int32_t dynamic_smem_bytes = 0;
   double max_abs_error = 0;
   double rel_l2_error = 0;
-  TimingRecord timing;        // meaningful only when outcome == kVerified
+  // Meaningful only when outcome == kVerified; samples_us kept from schema
+  // v5 on (what the worker sent, in launch order).
+  Timing timing;
+  // RETIME: the incumbent's timing in the same run, its samples_us[i]
+  // launched back to back with timing.samples_us[i]; the decision is
+  // reproduced from the two (CompareTimings). Empty (samples 0) otherwise,
+  // and on rows from before schema v5.
+  Timing incumbent_timing;
   std::string cubin_hash;     // sha256 hex of the cubin, stored once (CompleteTask)
   int64_t created_unix_ms = 0;
   // The largest sizes the result was verified at (core/shape.h). Empty
@@ -107,7 +102,12 @@ struct BestRecord {
   // EVALUATE of a best from before CONFIRM existed): its cubin is what is
   // served.
   int64_t evaluation_id = 0;
-  TimingRecord timing;
+  Timing timing;  // the promoting evaluation's (its samples are not copied here)
+  // How `timing` was measured, as served (core/timing.h MeasuredAlone,
+  // MeasuredAgainst): "retime: median of 24 paired ratios 1.074 (95% lower
+  // bound 1.052) vs v3; median 1554.80 us", "confirm: median of 23
+  // launches". "" on rows from before schema v5.
+  std::string measured_by;
   int64_t updated_unix_ms = 0;
   // The sizes it may be served for; empty on rows from before schema v3.
   SizeExtent verified;

@@ -165,6 +165,7 @@ void PrepareBest(const EvaluationRecord& eval, int64_t now_ms, BestRecord& best)
   if (best.timing.samples == 0 && best.timing.median_us == 0) best.timing = eval.timing;
   if (best.verified.empty()) best.verified = eval.verified;
   if (best.updated_unix_ms == 0) best.updated_unix_ms = now_ms;
+  best.timing.samples_us.clear();  // they stay with the evaluation
 }
 
 void PrepareFollowUps(const EvaluationRecord& eval, std::vector<TaskRecord>& follow_ups) {

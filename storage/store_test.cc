@@ -374,6 +374,50 @@ TYPED_TEST(StoreTest, CompleteTaskReplacesTheBest) {
   EXPECT_CODE(this->store().GetBest(bucket, "sm_100a"), kNotFound);
 }
 
+// A RETIME's samples, both kernels', come back exactly as reported, so the
+// decision it led to can be recomputed from the store alone; the best says
+// how its figure was measured.
+TYPED_TEST(StoreTest, RetimeSamplesRoundTripAndReproduceTheDecision) {
+  std::string job = this->NewJob("tune");
+  const std::string bucket = this->Task(job).bucket;
+  std::string v = this->NewVariant("retimed");
+  TaskRecord t = this->Task(job, v);
+  std::string task = this->Enqueue({t})[0];
+  EXPECT_EQ(this->Lease("w-eval"), task);
+  std::vector<double> cand, inc;
+  for (int i = 0; i < 24; ++i) {
+    const double clock = 1.0 + 0.15 * ((i * 7) % 11 - 5) / 5.0;  // moves +-15%
+    cand.push_back(1554.8 * clock * (1 + 0.001 * (i % 3)));
+    inc.push_back(1700.7 * clock * (1 + 0.001 * (i % 5)) + 0.1 / 3);
+  }
+  EvaluationRecord e = this->Verified(1);
+  e.timing = Summarize(cand);
+  e.incumbent_timing = Summarize(inc);
+  const Comparison decided = CompareTimings(e.timing, e.incumbent_timing);
+  ASSERT_TRUE(decided.candidate_wins) << decided.Describe();
+  BestRecord best;
+  best.measured_by = MeasuredAgainst(decided, "v0");
+  ASSERT_OK(this->Complete(task, "w-eval", e, best).status());
+
+  ASSERT_OK_AND_ASSIGN(std::vector<EvaluationRecord> evals, this->store().ListEvaluations(v));
+  ASSERT_EQ(evals.size(), 1u);
+  EXPECT_EQ(evals[0].timing.samples_us, cand);
+  EXPECT_EQ(evals[0].incumbent_timing.samples_us, inc);
+  EXPECT_EQ(evals[0].incumbent_timing.samples, 24);
+  EXPECT_DOUBLE_EQ(evals[0].incumbent_timing.median_us, e.incumbent_timing.median_us);
+  EXPECT_DOUBLE_EQ(evals[0].incumbent_timing.p75_us, e.incumbent_timing.p75_us);
+  const Comparison again = CompareTimings(evals[0].timing, evals[0].incumbent_timing);
+  EXPECT_EQ(again.candidate_wins, decided.candidate_wins);
+  EXPECT_EQ(again.ratios.lower_bound, decided.ratios.lower_bound);
+  EXPECT_EQ(again.ratios.median, decided.ratios.median);
+  EXPECT_EQ(MeasuredAgainst(again, "v0"), best.measured_by);
+
+  ASSERT_OK_AND_ASSIGN(BestRecord got, this->store().GetBest(bucket, "sm_90a"));
+  EXPECT_EQ(got.measured_by, best.measured_by);
+  EXPECT_DOUBLE_EQ(got.timing.median_us, e.timing.median_us);
+  EXPECT_TRUE(got.timing.samples_us.empty()) << "the samples stay with the evaluation";
+}
+
 TYPED_TEST(StoreTest, CompleteTaskWithABadBestChangesNothing) {
   std::string job = this->NewJob("tune");
   std::string first = this->Evaluate(job, "first", 20.0, /*best=*/true);

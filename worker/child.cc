@@ -42,7 +42,7 @@ ChildReport FakeVerified() {
   r.message = "self-test";
   r.reference_version = "self-test";
   r.errors = ErrorStats{.max_abs_error = 0.001, .rel_l2_error = 0.002, .worst_output = "O", .detail = ""};
-  r.timing = TimingStats{.median_us = 10, .min_us = 9, .max_us = 12, .samples = 5};
+  r.timing = Timing{.median_us = 10, .min_us = 9, .max_us = 12, .samples = 5};
   return r;
 }
 
@@ -84,7 +84,7 @@ int RunSelfTest(const std::string& mode, int fd) {
   }
   if (mode == "retime") {
     ChildReport r = FakeVerified();
-    r.incumbent_timing = TimingStats{.median_us = 20, .min_us = 19, .max_us = 22, .samples = 5};
+    r.incumbent_timing = Timing{.median_us = 20, .min_us = 19, .max_us = 22, .samples = 5};
     WriteLine(fd, ReferenceEventJson(1.0, 20));
     WriteLine(fd, ResultEventJson(r));
     return 0;

@@ -11,16 +11,6 @@
 namespace kforge::worker {
 namespace {
 
-std::optional<TimingStats> ToTiming(const std::optional<eval::Timing>& t) {
-  if (!t) return std::nullopt;
-  return TimingStats{.median_us = t->median_us,
-                     .min_us = t->min_us,
-                     .max_us = t->max_us,
-                     .samples = t->samples,
-                     .p25_us = t->p25_us,
-                     .p75_us = t->p75_us};
-}
-
 ChildReport ToReport(const eval::EvalResult& r) {
   ChildReport out;
   out.outcome = r.outcome;
@@ -33,7 +23,7 @@ ChildReport ToReport(const eval::EvalResult& r) {
                             .detail = r.errors.detail};
   }
   if (r.outcome == Outcome::kVerified) {
-    out.timing = ToTiming(r.timing);
+    out.timing = r.timing;
     out.verified = r.verified;
   }
   out.operator_note = r.operator_note;
@@ -103,7 +93,7 @@ absl::StatusOr<ChildReport> EvaluateInChild(const ChildRequest& request,
   if (!r.ok()) return r.status();
   ChildReport out = ToReport(r->candidate);
   if (r->incumbent.outcome == Outcome::kVerified) {
-    out.incumbent_timing = ToTiming(r->incumbent.timing);
+    out.incumbent_timing = r->incumbent.timing;
   } else if (r->candidate.outcome == Outcome::kVerified &&
              (r->incumbent.outcome == Outcome::kWrong || r->incumbent.outcome == Outcome::kCrashed ||
               r->incumbent.outcome == Outcome::kTimeout)) {
@@ -113,15 +103,7 @@ absl::StatusOr<ChildReport> EvaluateInChild(const ChildRequest& request,
     out.message = r->incumbent.outcome != Outcome::kVerified
                       ? fmt::format("incumbent {} is {}: {}", request.incumbent->variant_id,
                                     OutcomeName(r->incumbent.outcome), r->incumbent.message)
-                  : r->candidate_wins
-                      ? fmt::format("candidate wins: {:.2f} vs {:.2f} us (spread {:.2f} us)",
-                                    out.timing ? out.timing->median_us : 0.0,
-                                    out.incumbent_timing ? out.incumbent_timing->median_us : 0.0,
-                                    r->spread_us)
-                      : fmt::format("incumbent holds: {:.2f} vs {:.2f} us (spread {:.2f} us)",
-                                    out.timing ? out.timing->median_us : 0.0,
-                                    out.incumbent_timing ? out.incumbent_timing->median_us : 0.0,
-                                    r->spread_us);
+                  : r->comparison.Describe();
   }
   return out;
 }

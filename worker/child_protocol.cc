@@ -45,22 +45,24 @@ absl::StatusOr<ShapeSpec> ShapeFromJson(const json& j) {
   return s;
 }
 
-json TimingToJson(const TimingStats& t) {
+json TimingToJson(const Timing& t) {
   return json{{"median_us", t.median_us},
               {"min_us", t.min_us},
               {"max_us", t.max_us},
               {"samples", t.samples},
               {"p25_us", t.p25_us},
-              {"p75_us", t.p75_us}};
+              {"p75_us", t.p75_us},
+              {"samples_us", t.samples_us}};
 }
 
-TimingStats TimingFromJson(const json& j) {
-  return TimingStats{.median_us = GetDouble(j, "median_us"),
+Timing TimingFromJson(const json& j) {
+  return Timing{.median_us = GetDouble(j, "median_us"),
                      .min_us = GetDouble(j, "min_us"),
                      .max_us = GetDouble(j, "max_us"),
                      .samples = j.value("samples", 0),
                      .p25_us = j.value("p25_us", 0.0),
-                     .p75_us = j.value("p75_us", 0.0)};
+                     .p75_us = j.value("p75_us", 0.0),
+                     .samples_us = j.value("samples_us", std::vector<double>{})};
 }
 
 absl::StatusOr<std::string> ReadFile(const std::filesystem::path& path) {

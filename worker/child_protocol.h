@@ -77,8 +77,8 @@ struct ChildReport {
   std::string message;
   std::string reference_version;
   std::optional<ErrorStats> errors;
-  std::optional<TimingStats> timing;
-  std::optional<TimingStats> incumbent_timing;
+  std::optional<Timing> timing;
+  std::optional<Timing> incumbent_timing;
   std::optional<SizeExtent> verified;  // kVerified: the sizes it was checked at
   std::optional<Outcome> incumbent_failed;  // kRetime: see TaskResult
   // Which problem and launch failed: the worker logs it, never reports it.

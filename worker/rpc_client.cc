@@ -48,13 +48,14 @@ pb::EvalOutcome ToProto(Outcome o) {
   return pb::EVAL_OUTCOME_UNSPECIFIED;
 }
 
-void ToProto(const TimingStats& t, pb::Timing* out) {
+void ToProto(const Timing& t, pb::Timing* out) {
   out->set_median_us(t.median_us);
   out->set_min_us(t.min_us);
   out->set_max_us(t.max_us);
   out->set_samples(t.samples);
   out->set_p25_us(t.p25_us);
   out->set_p75_us(t.p75_us);
+  for (double s : t.samples_us) out->add_samples_us(s);
 }
 
 void ToProto(const TaskResult& r, pb::EvalResult* out) {

@@ -14,6 +14,7 @@
 
 #include "core/outcome.h"
 #include "core/shape.h"
+#include "core/timing.h"
 
 namespace kforge::worker {
 
@@ -105,21 +106,14 @@ struct ErrorStats {
   std::string detail;        // where and why, for the proposer's feedback
 };
 
-struct TimingStats {
-  double median_us = 0;
-  double min_us = 0;
-  double max_us = 0;
-  int samples = 0;
-  double p25_us = 0;  // quartiles: the spread the re-timing rule uses
-  double p75_us = 0;
-};
-
 struct TaskResult {
   Outcome outcome = Outcome::kCrashed;
   CompileStats compile;
   std::optional<ErrorStats> errors;
-  std::optional<TimingStats> timing;
-  std::optional<TimingStats> incumbent_timing;  // RETIME only
+  // core/timing.h, samples in launch order; RETIME: sample i of each ran
+  // back to back (the server decides on the pairs).
+  std::optional<Timing> timing;
+  std::optional<Timing> incumbent_timing;  // RETIME only
   // RETIME: set when the incumbent failed the same run's checks (kWrong,
   // kCrashed, kTimeout) while the candidate passed; no incumbent timing then.
   std::optional<Outcome> incumbent_failed;

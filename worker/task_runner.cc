@@ -60,13 +60,17 @@ constexpr size_t kMaxLogBytes = 64 * 1024;
 constexpr size_t kMaxMessageBytes = 4 * 1024;
 constexpr size_t kMaxShortBytes = 256;
 
-bool ValidTiming(const std::optional<TimingStats>& t) {
+bool ValidTiming(const std::optional<Timing>& t) {
   return t && std::isfinite(t->median_us) && std::isfinite(t->min_us) &&
          std::isfinite(t->max_us) && t->median_us > 0 && t->min_us > 0 &&
          t->min_us <= t->median_us && t->median_us <= t->max_us && t->samples > 0 &&
          std::isfinite(t->p25_us) && std::isfinite(t->p75_us) &&
          (t->p75_us == 0 || (t->min_us <= t->p25_us && t->p25_us <= t->median_us &&
-                             t->median_us <= t->p75_us && t->p75_us <= t->max_us));
+                             t->median_us <= t->p75_us && t->p75_us <= t->max_us)) &&
+         (t->samples_us.empty() ||
+          (t->samples_us.size() == size_t(t->samples) &&
+           std::all_of(t->samples_us.begin(), t->samples_us.end(),
+                       [](double s) { return std::isfinite(s) && s > 0; })));
 }
 
 // What the children and NVRTC reported, made fit to store. Every text that

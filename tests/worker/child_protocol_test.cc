@@ -88,7 +88,7 @@ TEST(ChildProtocol, ResultEventRoundTripsAndNaNStaysNaN) {
   r.message = "O differs";
   r.reference_version = "ref-1";
   r.errors = ErrorStats{std::numeric_limits<double>::quiet_NaN(), 0.5, "O", "row 3: NaN"};
-  r.timing = TimingStats{1.5, 1.0, 2.0, 30};
+  r.timing = Timing{1.5, 1.0, 2.0, 30};
   absl::StatusOr<ChildEvent> e = ParseChildEvent(ResultEventJson(r));
   ASSERT_TRUE(e.ok()) << e.status();
   EXPECT_EQ(e->kind, ChildEvent::Kind::kResult);
@@ -97,6 +97,21 @@ TEST(ChildProtocol, ResultEventRoundTripsAndNaNStaysNaN) {
   EXPECT_EQ(e->report.errors->rel_l2_error, 0.5);
   EXPECT_EQ(e->report.timing->samples, 30);
   EXPECT_FALSE(e->report.incumbent_timing.has_value());
+}
+
+// A RETIME's per-launch samples reach the worker exactly, in launch order:
+// the server decides on the pairs and stores them.
+TEST(ChildProtocol, RetimeSamplesRoundTripExactly) {
+  ChildReport r;
+  r.outcome = Outcome::kVerified;
+  r.timing = Summarize({1554.8123456789, 1601.25, 1499.0000001});
+  r.incumbent_timing = Summarize({1700.7, 1750.3333333333, 1640.1});
+  absl::StatusOr<ChildEvent> e = ParseChildEvent(ResultEventJson(r));
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_TRUE(e->report.timing && e->report.incumbent_timing);
+  EXPECT_EQ(e->report.timing->samples_us, r.timing->samples_us);
+  EXPECT_EQ(e->report.incumbent_timing->samples_us, r.incumbent_timing->samples_us);
+  EXPECT_EQ(e->report.timing->p75_us, r.timing->p75_us);
 }
 
 TEST(ChildProtocol, ReferenceAndFaultEvents) {

@@ -399,8 +399,8 @@ class RecordingRunner final : public TaskRunner {
     seen = task;
     TaskResult r;
     r.outcome = Outcome::kVerified;
-    r.timing = TimingStats{.median_us = 5, .min_us = 4, .max_us = 6, .samples = 10};
-    r.incumbent_timing = TimingStats{.median_us = 7, .min_us = 6, .max_us = 8, .samples = 10};
+    r.timing = Timing{.median_us = 5, .min_us = 4, .max_us = 6, .samples = 10};
+    r.incumbent_timing = Timing{.median_us = 7, .min_us = 6, .max_us = 8, .samples = 10};
     r.verified = SizeExtent{.batch = 3, .max_len_q = 64, .max_len_k = 80, .total_q = 100,
                             .total_k = 150};
     r.errors = ErrorStats{.max_abs_error = HUGE_VAL, .rel_l2_error = 0.001, .worst_output = "LSE",

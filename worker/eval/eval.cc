@@ -196,24 +196,6 @@ std::string ReferenceVersion() {
                      kChecksVersion);
 }
 
-Timing Summarize(std::vector<double> s) {
-  Timing t;
-  if (s.empty()) return t;
-  std::sort(s.begin(), s.end());
-  auto at = [&](double q) {
-    double pos = q * double(s.size() - 1);
-    size_t lo = size_t(std::floor(pos)), hi = size_t(std::ceil(pos));
-    return s[lo] + (s[hi] - s[lo]) * (pos - double(lo));
-  };
-  t.samples = int(s.size());
-  t.min_us = s.front();
-  t.max_us = s.back();
-  t.median_us = at(0.5);
-  t.p25_us = at(0.25);
-  t.p75_us = at(0.75);
-  return t;
-}
-
 struct Evaluator::Impl {
   const gpu::Driver* driver = nullptr;
   std::unique_ptr<gpu::Context> context;
@@ -967,10 +949,9 @@ absl::StatusOr<RetimeResult> Evaluator::Retime(const EvalRequest& req, const Can
     results[i]->reference_timing = ref_time;
   }
   if (result.candidate.timing && result.incumbent.timing) {
-    const Timing& a = *result.candidate.timing;
-    const Timing& b = *result.incumbent.timing;
-    result.spread_us = std::max(a.p75_us - a.p25_us, b.p75_us - b.p25_us);
-    result.candidate_wins = a.median_us < b.median_us - result.spread_us;
+    // RunSteps launched both once per timed step, so sample i of each is
+    // a pair.
+    result.comparison = CompareTimings(*result.candidate.timing, *result.incumbent.timing);
     for (int i = 0; i < 2; ++i) {
       const Timing& t = *results[i]->timing;
       results[i]->message = fmt::format("retimed interleaved: median {:.2f} us (min {:.2f}, max "

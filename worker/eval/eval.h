@@ -56,6 +56,7 @@
 #include "absl/status/statusor.h"
 #include "core/outcome.h"
 #include "core/shape.h"
+#include "core/timing.h"
 #include "gpu/compile.h"
 #include "gpu/compile_cache.h"
 #include "gpu/gpu.h"
@@ -104,15 +105,6 @@ struct ErrorMetrics {
   std::string detail;        // where the first mismatch was, and why
 };
 
-struct Timing {
-  double median_us = 0;
-  double min_us = 0;
-  double max_us = 0;
-  double p25_us = 0;
-  double p75_us = 0;
-  int samples = 0;
-};
-
 struct EvalResult {
   Outcome outcome = Outcome::kCrashed;
   std::string message;  // one line: why it failed, or a summary
@@ -133,11 +125,10 @@ struct EvalResult {
 struct RetimeResult {
   EvalResult candidate;  // kVerified with timing, or why it was not
   EvalResult incumbent;
-  // The rule for replacing an incumbent: the candidate's median beats the
-  // incumbent's by more than the measured spread, the larger of the two
-  // interquartile ranges.
-  bool candidate_wins = false;
-  double spread_us = 0;
+  // The rule for replacing an incumbent (core/timing.h CompareTimings) on
+  // the two timings, whose samples are paired launch by launch; the server
+  // decides again with the same rule.
+  Comparison comparison;
 };
 
 // reference_ms: one reference launch on the timing batch; launches: the
@@ -186,7 +177,5 @@ class Evaluator {
 // stored winners were verified by weaker rules.
 std::string ReferenceVersion();
 
-// Median, min, max and quartiles of samples (microseconds).
-Timing Summarize(std::vector<double> samples_us);
 
 }  // namespace kforge::eval

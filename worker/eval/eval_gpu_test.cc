@@ -245,10 +245,12 @@ TEST_F(EvalGpu, RetimeTimesBothInterleaved) {
   EXPECT_EQ(r->candidate.timing->samples, r->incumbent.timing->samples);
   ASSERT_TRUE(r->candidate.verified.has_value());
   EXPECT_TRUE(ExtentCovers(*r->candidate.verified, req.shape)) << "promotion covers the bucket";
-  std::cout << fmt::format("retime: candidate {:.2f} us, incumbent {:.2f} us, spread {:.2f}, "
-                           "wins {}\n",
+  // Sample i of each is a pair: both were kept, one per timed step.
+  EXPECT_EQ(r->candidate.timing->samples_us.size(), r->incumbent.timing->samples_us.size());
+  EXPECT_TRUE(r->comparison.paired);
+  std::cout << fmt::format("retime: candidate {:.2f} us, incumbent {:.2f} us; {}\n",
                            r->candidate.timing->median_us, r->incumbent.timing->median_us,
-                           r->spread_us, r->candidate_wins);
+                           r->comparison.Describe());
 }
 
 TEST_F(EvalGpu, RealisticShapeTakesSecondsNotMinutes) {
