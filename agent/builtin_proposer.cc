@@ -15,6 +15,7 @@
 #include <spdlog/spdlog.h>
 
 #include "core/hash.h"
+#include "core/outcome.h"
 
 namespace kforge::agent {
 namespace {
@@ -73,11 +74,6 @@ std::optional<std::string> KeyOf(const Candidate& c) {
 
 // Bonus (in log time) for a knob value nothing has been measured with yet.
 constexpr double kOptimism = 0.05;
-
-bool IsFailure(Outcome o) {
-  return o == Outcome::kCompileError || o == Outcome::kWrong || o == Outcome::kCrashed ||
-         o == Outcome::kTimeout;
-}
 
 struct Result {
   Outcome outcome = Outcome::kCompiled;
