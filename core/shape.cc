@@ -8,6 +8,8 @@
 
 #include <fmt/format.h>
 
+#include "core/status.h"
+
 namespace kforge {
 namespace {
 
@@ -18,10 +20,6 @@ std::string Cat(const Args&... args) {
   std::string out;
   (fmt::format_to(std::back_inserter(out), "{}", args), ...);
   return out;
-}
-
-absl::Status Invalid(std::string_view field, std::string_view why) {
-  return absl::InvalidArgumentError(Cat(field, ": ", why));
 }
 
 // Whole-string integer parse (Debian's abseil has its own string_view, so
