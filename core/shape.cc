@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "core/arch.h"
 #include "core/status.h"
 
 namespace kforge {
@@ -73,16 +74,7 @@ int64_t CeilPow2(int64_t v) {
   return static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(v)));
 }
 
-absl::Status ValidateArch(std::string_view arch) {
-  if (arch.size() < 4 || arch.substr(0, 3) != "sm_")
-    return Invalid("arch", Cat("'", arch, "' is not of the form sm_<NN>[a], e.g. sm_90a"));
-  std::string_view num = arch.substr(3);
-  if (!num.empty() && num.back() == 'a') num.remove_suffix(1);
-  int n = 0;
-  if (num.empty() || !ParseInt(num, n) || n < 70 || n > 200)
-    return Invalid("arch", Cat("'", arch, "' names no known GPU architecture"));
-  return absl::OkStatus();
-}
+absl::Status ValidateArch(std::string_view arch) { return ParseArch(arch).status(); }
 
 absl::Status ValidateShapeKey(const ShapeKey& k) {
   if (k.head_dim <= 0) return Invalid("head_dim", Cat(k.head_dim, " must be positive"));
