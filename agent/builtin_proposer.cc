@@ -14,7 +14,9 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "core/arch.h"
 #include "core/hash.h"
+#include "core/outcome.h"
 
 namespace kforge::agent {
 namespace {
@@ -73,11 +75,6 @@ std::optional<std::string> KeyOf(const Candidate& c) {
 
 // Bonus (in log time) for a knob value nothing has been measured with yet.
 constexpr double kOptimism = 0.05;
-
-bool IsFailure(Outcome o) {
-  return o == Outcome::kCompileError || o == Outcome::kWrong || o == Outcome::kCrashed ||
-         o == Outcome::kTimeout;
-}
 
 struct Result {
   Outcome outcome = Outcome::kCompiled;
@@ -462,18 +459,9 @@ class BuiltinProposer final : public Proposer {
 
 bool ArchServes(const std::string& template_arch, const std::string& target_arch) {
   if (template_arch == target_arch) return true;
-  auto number = [](const std::string& a, bool& specific) -> int {
-    if (a.rfind("sm_", 0) != 0) return -1;
-    int v = 0;
-    size_t i = 3;
-    for (; i < a.size() && a[i] >= '0' && a[i] <= '9'; ++i) v = v * 10 + (a[i] - '0');
-    specific = i < a.size();
-    return i == 3 ? -1 : v;
-  };
-  bool t_specific = false, g_specific = false;
-  int t = number(template_arch, t_specific);
-  int g = number(target_arch, g_specific);
-  return t >= 0 && g >= 0 && !t_specific && g >= t;
+  absl::StatusOr<Arch> t = ParseArch(template_arch);
+  absl::StatusOr<Arch> g = ParseArch(target_arch);
+  return t.ok() && g.ok() && !t->arch_specific && g->number() >= t->number();
 }
 
 std::unique_ptr<Proposer> MakeBuiltinProposer(uint64_t seed, BuiltinOptions options) {

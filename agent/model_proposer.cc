@@ -15,12 +15,12 @@
 
 #include "core/hash.h"
 #include "core/redact.h"
+#include "kernels/attn_params_text.h"
 #include "kernels/catalog.h"
 #include "kernels/check.h"
 #include "kernels/manifest.h"
 
 namespace kforge::embedded {
-extern const char agent_attn_params_h[];
 extern const char agent_contract_md[];
 }  // namespace kforge::embedded
 
@@ -264,7 +264,7 @@ class ModelProposer final : public Proposer {
         "The parameter header kforge/attn_params.h:\n```c\n{}```\n\n"
         "Answer with exactly one ```cuda block holding the complete source and one ```json block "
         "holding its manifest{}. Keep the source under {} bytes.",
-        ContractText(), embedded::agent_attn_params_h,
+        ContractText(), embedded::attn_params_h,
         options_.offer_tool ? fmt::format(", or call the function {} with the same two", kToolName) : "",
         options_.max_source_bytes);
 

@@ -15,6 +15,11 @@ constexpr std::array<std::pair<Outcome, std::string_view>, 6> kNames = {{
 }};
 }  // namespace
 
+bool IsFailure(Outcome o) {
+  return o == Outcome::kCompileError || o == Outcome::kWrong || o == Outcome::kCrashed ||
+         o == Outcome::kTimeout;
+}
+
 std::string_view OutcomeName(Outcome o) {
   for (const auto& [v, n] : kNames)
     if (v == o) return n;

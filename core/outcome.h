@@ -16,6 +16,10 @@ enum class Outcome {
   kVerified,      // every check passed; timing is meaningful
 };
 
+// The candidate ran into a wall: it did not compile, was wrong, crashed or
+// hung. kCompiled and kVerified are not failures.
+bool IsFailure(Outcome o);
+
 std::string_view OutcomeName(Outcome o);  // "compiled", "compile_error", ...
 std::optional<Outcome> ParseOutcome(std::string_view name);
 

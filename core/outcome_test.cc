@@ -12,4 +12,13 @@ TEST(Outcome, NamesRoundTrip) {
   }
   EXPECT_FALSE(ParseOutcome("fast").has_value());
 }
+
+TEST(Outcome, FailuresAreCompileErrorWrongCrashedAndTimeout) {
+  EXPECT_TRUE(IsFailure(Outcome::kCompileError));
+  EXPECT_TRUE(IsFailure(Outcome::kWrong));
+  EXPECT_TRUE(IsFailure(Outcome::kCrashed));
+  EXPECT_TRUE(IsFailure(Outcome::kTimeout));
+  EXPECT_FALSE(IsFailure(Outcome::kCompiled));
+  EXPECT_FALSE(IsFailure(Outcome::kVerified));
+}
 }  // namespace kforge

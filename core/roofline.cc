@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include "core/arch.h"
+
 namespace kforge {
 namespace {
 
@@ -40,10 +42,12 @@ double Pairs(double lq, double lk, bool causal) {
 }  // namespace
 
 ArchPeak PeakOf(std::string_view arch) {
-  std::string_view base = arch;
-  if (!base.empty() && base.back() == 'a') base.remove_suffix(1);
-  for (const ArchRow& row : kPeaks)
-    if (row.arch == base) return row.peak;
+  if (absl::StatusOr<Arch> parsed = ParseArch(arch); parsed.ok()) {
+    parsed->arch_specific = false;  // "sm_90a" and "sm_90" share their peaks
+    const std::string base = ArchName(*parsed);
+    for (const ArchRow& row : kPeaks)
+      if (row.arch == base) return row.peak;
+  }
   ArchPeak unknown{"an arch newer than this table (twice its largest peaks)", 0, 0};
   for (const ArchRow& row : kPeaks) {
     unknown.bf16_flops_per_s = std::max(unknown.bf16_flops_per_s, 2 * row.peak.bf16_flops_per_s);

@@ -8,6 +8,9 @@
 
 #include <fmt/format.h>
 
+#include "core/arch.h"
+#include "core/status.h"
+
 namespace kforge {
 namespace {
 
@@ -18,10 +21,6 @@ std::string Cat(const Args&... args) {
   std::string out;
   (fmt::format_to(std::back_inserter(out), "{}", args), ...);
   return out;
-}
-
-absl::Status Invalid(std::string_view field, std::string_view why) {
-  return absl::InvalidArgumentError(Cat(field, ": ", why));
 }
 
 // Whole-string integer parse (Debian's abseil has its own string_view, so
@@ -75,16 +74,7 @@ int64_t CeilPow2(int64_t v) {
   return static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(v)));
 }
 
-absl::Status ValidateArch(std::string_view arch) {
-  if (arch.size() < 4 || arch.substr(0, 3) != "sm_")
-    return Invalid("arch", Cat("'", arch, "' is not of the form sm_<NN>[a], e.g. sm_90a"));
-  std::string_view num = arch.substr(3);
-  if (!num.empty() && num.back() == 'a') num.remove_suffix(1);
-  int n = 0;
-  if (num.empty() || !ParseInt(num, n) || n < 70 || n > 200)
-    return Invalid("arch", Cat("'", arch, "' names no known GPU architecture"));
-  return absl::OkStatus();
-}
+absl::Status ValidateArch(std::string_view arch) { return ParseArch(arch).status(); }
 
 absl::Status ValidateShapeKey(const ShapeKey& k) {
   if (k.head_dim <= 0) return Invalid("head_dim", Cat(k.head_dim, " must be positive"));

@@ -63,8 +63,8 @@ absl::Status ValidateShapeKey(const ShapeKey& key);
 absl::Status FillLengthStats(std::span<const int32_t> cu_seqlens_q,
                              std::span<const int32_t> cu_seqlens_k, ShapeKey& key);
 
-// Architecture names: "sm_" + major*10+minor, with "a" for the
-// architecture-specific targets that enable wgmma/tcgen05 (sm_90a, sm_100a).
+// OK when ParseArch (core/arch.h) reads `arch`: "sm_" + major*10+minor, with
+// "a" for the architecture-specific targets (sm_90a, sm_100a).
 absl::Status ValidateArch(std::string_view arch);
 
 struct Bucket {

@@ -10,11 +10,8 @@
 #include <thread>
 
 #include "fmt/format.h"
+#include "kernels/attn_params_text.h"
 #include "nlohmann/json.hpp"
-
-namespace kforge::embedded {
-extern const char kAttnParamsHeader[];
-}  // namespace kforge::embedded
 
 namespace kforge::gpu {
 namespace {
@@ -62,7 +59,7 @@ absl::StatusOr<CompileResult> CompileNow(const CompileRequest& request,
     if (!result.options.empty()) result.options += ' ';
     result.options += o;
   }
-  const char* header_sources[] = {embedded::kAttnParamsHeader};
+  const char* header_sources[] = {embedded::attn_params_h};
   const char* header_names[] = {"kforge/attn_params.h"};
   auto start = std::chrono::steady_clock::now();
   nvrtcProgram prog;

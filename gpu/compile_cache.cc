@@ -6,10 +6,7 @@
 #include <sstream>
 
 #include "fmt/format.h"
-
-namespace kforge::embedded {
-extern const char kAttnParamsHeader[];
-}  // namespace kforge::embedded
+#include "kernels/attn_params_text.h"
 
 namespace kforge::gpu {
 namespace {
@@ -39,7 +36,7 @@ std::string CompileKey(const CompileRequest& request) {
   for (const std::string& o : CompileOptions(request)) options += o + '\n';
   const std::string version = NvrtcVersion();
   return Sha256Hex({request.source, options, version, request.arch,
-                    embedded::kAttnParamsHeader});
+                    embedded::attn_params_h});
 }
 
 CompileCache::CompileCache(std::filesystem::path dir) : dir_(std::move(dir)) {

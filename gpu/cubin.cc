@@ -12,6 +12,7 @@
 #include <cstring>
 #include <map>
 
+#include "core/arch.h"
 #include "gpu/compile.h"
 #include "gpu/cubin.h"
 
@@ -41,15 +42,6 @@ std::string CString(std::string_view data, uint64_t offset) {
   size_t end = data.find('\0', offset);
   if (end == std::string_view::npos) return "";
   return std::string(data.substr(offset, end - offset));
-}
-
-int ArchMajor(std::string_view arch) {
-  int n = 0;
-  size_t i = arch.rfind('_');
-  for (i = (i == std::string_view::npos ? 0 : i + 1); i < arch.size() && arch[i] >= '0' && arch[i] <= '9'; ++i) {
-    n = n * 10 + (arch[i] - '0');
-  }
-  return n / 10;
 }
 
 // The section headers of a 64-bit little-endian ELF image, names resolved;
@@ -167,7 +159,8 @@ std::vector<FunctionResources> ParseCubinResources(std::string_view cubin, std::
     auto it = by_name.find(s.name.substr(shared_prefix.size()));
     if (it == by_name.end()) continue;
     int64_t bytes = int64_t(s.size);
-    if (ArchMajor(arch) >= 9 && bytes >= 1024) bytes -= 1024;
+    const absl::StatusOr<Arch> parsed = ParseArch(arch);
+    if (parsed.ok() && parsed->major >= 9 && bytes >= 1024) bytes -= 1024;
     it->second.static_smem_bytes = int(bytes);
   }
   // Entry points only: functions with their own .text section and a register count.

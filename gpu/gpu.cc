@@ -4,6 +4,7 @@
 
 #include <utility>
 
+#include "core/arch.h"
 #include "fmt/format.h"
 #include "gpu/driver_api.h"
 
@@ -47,10 +48,8 @@ std::string DescribeError(const DriverApi& api, CUresult r, const char* what) {
   } while (0)
 
 std::string ArchForComputeCapability(int major, int minor) {
-  if ((major == 9 && minor == 0) || (major == 10 && minor == 0)) {
-    return fmt::format("sm_{}{}a", major, minor);
-  }
-  return fmt::format("sm_{}{}", major, minor);
+  const bool arch_specific = (major == 9 && minor == 0) || (major == 10 && minor == 0);
+  return ArchName(Arch{major, minor, arch_specific});
 }
 
 std::string DeviceInfo::ComputeCapability() const {

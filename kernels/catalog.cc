@@ -14,12 +14,8 @@ std::vector<TemplateDef> AllTemplates() {
   std::vector<TemplateDef> defs;
   defs.push_back(templates::FwdMmaTemplate());
   defs.push_back(templates::BwdMmaTemplate());
-#ifdef KFORGE_HAVE_FWD_SM90
   defs.push_back(templates::FwdSm90Template());
-#endif
-#ifdef KFORGE_HAVE_BWD_SM90
   defs.push_back(templates::BwdSm90Template());
-#endif
   return defs;
 }
 

@@ -7,6 +7,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/arch.h"
+
 namespace kforge {
 namespace {
 
@@ -16,15 +18,10 @@ absl::Status Bad(const std::string& msg) {
   return absl::InvalidArgumentError("manifest: " + msg);
 }
 
-bool IsSm90Family(std::string_view arch) { return arch.rfind("sm_90", 0) == 0; }
-
+// 0 for a name ParseArch does not read.
 int ArchNumber(std::string_view arch) {
-  if (arch.rfind("sm_", 0) != 0) return 0;
-  int v = 0;
-  for (size_t i = 3; i < arch.size() && arch[i] >= '0' && arch[i] <= '9'; ++i) {
-    v = v * 10 + (arch[i] - '0');
-  }
-  return v;
+  const absl::StatusOr<Arch> parsed = ParseArch(arch);
+  return parsed.ok() ? parsed->number() : 0;
 }
 
 }  // namespace
@@ -38,8 +35,10 @@ std::string_view TileOrderName(TileOrder o) {
 }
 
 bool ArchHasFeature(std::string_view arch, std::string_view feature) {
-  const int n = ArchNumber(arch);
-  const bool arch_specific = !arch.empty() && arch.back() == 'a';
+  const absl::StatusOr<Arch> parsed = ParseArch(arch);
+  if (!parsed.ok()) return false;
+  const int n = parsed->number();
+  const bool arch_specific = parsed->arch_specific;
   if (feature == "wgmma" || feature == "setmaxnreg") return n == 90 && arch_specific;
   if (feature == "tma" || feature == "mbarrier_tx" || feature == "cluster") return n >= 90;
   if (feature == "tcgen05" || feature == "tmem") return n == 100 && arch_specific;

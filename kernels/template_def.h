@@ -1,21 +1,19 @@
 // How a template plugs into the catalog (for template authors, not callers).
 //
 // Each template is one .cuh file (embedded into the library with
-// kforge_embed) plus a TemplateDef factory. catalog.cc lists the factories;
-// a template whose factory file is absent from the tree is simply not built:
+// kforge_embed) plus a TemplateDef factory. catalog.cc lists the factories:
 //   kernels/templates/fwd_mma.cc   -> templates::FwdMmaTemplate()   (always)
 //   kernels/templates/bwd_mma.cc   -> templates::BwdMmaTemplate()   (always)
 // The two portable templates share their PTX helpers through
 // templates/mma_common.cuh, which their build() prepends to the source.
-//   kernels/templates/fwd_sm90.cc  -> templates::FwdSm90Template()  (if the
-//       file exists; CMake then defines KFORGE_HAVE_FWD_SM90 and embeds
+//   kernels/templates/fwd_sm90.cc  -> templates::FwdSm90Template()  (embeds
 //       kernels/templates/fwd_sm90.cuh as kforge::embedded::fwd_sm90_cuh;
 //       its build() assembles the source from the shared Hopper parts in
 //       templates/sm90/ (sm90/parts.h, notes/parts.md), the kernel file last,
 //       and sizes shared memory with sm90/layout.h, which the kernel also uses)
-//   kernels/templates/bwd_sm90.cc  -> templates::BwdSm90Template()  (likewise,
-//       KFORGE_HAVE_BWD_SM90; its build() prepends templates/bwd_sm90_layout.h,
-//       the shared-memory layout the .cc also evaluates)
+//   kernels/templates/bwd_sm90.cc  -> templates::BwdSm90Template()  (its
+//       build() prepends templates/bwd_sm90_layout.h, the shared-memory
+//       layout the .cc also evaluates)
 #pragma once
 
 #include <functional>
@@ -47,12 +45,8 @@ struct TemplateDef {
 namespace templates {
 TemplateDef FwdMmaTemplate();
 TemplateDef BwdMmaTemplate();
-#ifdef KFORGE_HAVE_FWD_SM90
 TemplateDef FwdSm90Template();
-#endif
-#ifdef KFORGE_HAVE_BWD_SM90
 TemplateDef BwdSm90Template();
-#endif
 }  // namespace templates
 
 }  // namespace kforge

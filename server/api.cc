@@ -15,6 +15,7 @@
 #include "core/hash.h"
 #include "core/redact.h"
 #include "core/roofline.h"
+#include "core/status.h"
 #include "server/auth.h"
 #include "server/export.h"
 #include "server/promotion.h"
@@ -26,10 +27,6 @@ int64_t NowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
-}
-
-absl::Status Invalid(std::string_view field, std::string_view why) {
-  return absl::InvalidArgumentError(fmt::format("{}: {}", field, why));
 }
 
 constexpr size_t kMaxIdLength = 64;

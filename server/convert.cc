@@ -8,12 +8,10 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/status.h"
+
 namespace kforge::server {
 namespace {
-
-absl::Status Invalid(std::string_view field, std::string_view why) {
-  return absl::InvalidArgumentError(fmt::format("{}: {}", field, why));
-}
 
 // Core's messages start with the field name ("head_dim: ..."); prefixing the
 // request path turns them into "shape.head_dim: ...".

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "core/outcome.h"
 #include "core/shape_json.h"
 
 namespace kforge::server {
@@ -145,11 +146,6 @@ agent::Feedback FeedbackOf(const std::string& variant_id, const agent::Candidate
   f.max_abs_error = e.max_abs_error;
   f.message = e.message;
   return f;
-}
-
-bool IsFailure(Outcome o) {
-  return o == Outcome::kCompileError || o == Outcome::kWrong || o == Outcome::kCrashed ||
-         o == Outcome::kTimeout;
 }
 
 }  // namespace

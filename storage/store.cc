@@ -25,12 +25,6 @@ constexpr std::array<std::pair<TaskState, std::string_view>, 4> kTaskStates = {{
     {TaskState::kDone, "done"},
     {TaskState::kCancelled, "cancelled"},
 }};
-constexpr std::array<std::pair<TaskKind, std::string_view>, 4> kTaskKinds = {{
-    {TaskKind::kEvaluate, "evaluate"},
-    {TaskKind::kRetime, "retime"},
-    {TaskKind::kCompile, "compile"},
-    {TaskKind::kConfirm, "confirm"},
-}};
 
 template <typename E, size_t N>
 std::string_view NameOf(const std::array<std::pair<E, std::string_view>, N>& names, E e) {
@@ -51,7 +45,6 @@ std::optional<E> Parse(const std::array<std::pair<E, std::string_view>, N>& name
 
 std::string_view JobStateName(JobState s) { return NameOf(kJobStates, s); }
 std::string_view TaskStateName(TaskState s) { return NameOf(kTaskStates, s); }
-std::string_view TaskKindName(TaskKind k) { return NameOf(kTaskKinds, k); }
 
 absl::Status CheckLease(const TaskRecord& task, const std::string& worker_id,
                         int64_t now_unix_ms) {
@@ -86,7 +79,6 @@ std::optional<JobState> ParseJobState(std::string_view name) { return Parse(kJob
 std::optional<TaskState> ParseTaskState(std::string_view name) {
   return Parse(kTaskStates, name);
 }
-std::optional<TaskKind> ParseTaskKind(std::string_view name) { return Parse(kTaskKinds, name); }
 }  // namespace storage_internal
 
 }  // namespace kforge

@@ -34,6 +34,7 @@
 #include "absl/status/statusor.h"
 #include "core/outcome.h"
 #include "core/shape.h"
+#include "core/task_kind.h"
 #include "core/timing.h"
 
 namespace kforge {
@@ -130,7 +131,6 @@ struct JobRecord {
 };
 
 enum class TaskState { kQueued, kLeased, kDone, kCancelled };
-enum class TaskKind { kEvaluate, kRetime, kCompile, kConfirm };
 
 // RETIME and CONFIRM decide which kernel a bucket serves ("promotion
 // tasks"): they are leased before all others.
@@ -348,7 +348,6 @@ std::unique_ptr<Store> NewMemoryStore();
 
 std::string_view JobStateName(JobState s);   // "queued", "running", ...
 std::string_view TaskStateName(TaskState s);
-std::string_view TaskKindName(TaskKind k);
 
 // CompleteTask's lease rule, for callers that want to refuse a report
 // before doing any work for it: OK when `worker_id` holds a lease on `task`

@@ -42,7 +42,6 @@ int32_t PageLimit(const Page& page);
 
 std::optional<JobState> ParseJobState(std::string_view name);
 std::optional<TaskState> ParseTaskState(std::string_view name);
-std::optional<TaskKind> ParseTaskKind(std::string_view name);
 
 // Validates `v` and fills the store's defaults: the source hash (checked
 // when given), the creation time. INVALID_ARGUMENT on a malformed record.

@@ -14,6 +14,7 @@
 
 #include "core/outcome.h"
 #include "core/shape.h"
+#include "core/task_kind.h"
 #include "core/timing.h"
 
 namespace kforge::worker {
@@ -50,13 +51,6 @@ struct Session {
   std::string session_token;
   int heartbeat_interval_ms = 5000;
   int lease_ttl_ms = 30000;
-};
-
-enum class TaskKind {
-  kEvaluate,  // compile, verify, time one variant (sandboxed)
-  kRetime,    // promotion: gates, then candidate and incumbent interleaved in one child
-  kCompile,   // compile only
-  kConfirm,   // promotion of a bucket's first best: gates, then verify and time it alone
 };
 
 struct VariantSpec {
@@ -128,7 +122,5 @@ struct TaskResult {
   // when its lease expires; `message` says why.
   bool worker_fault = false;
 };
-
-std::string_view TaskKindName(TaskKind kind);  // "evaluate" | "retime" | "compile" | "confirm"
 
 }  // namespace kforge::worker

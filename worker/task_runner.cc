@@ -583,14 +583,4 @@ std::vector<std::string> ProbeSanitizerTools(const std::string& path,
   return working;
 }
 
-std::string_view TaskKindName(TaskKind kind) {
-  switch (kind) {
-    case TaskKind::kEvaluate: return "evaluate";
-    case TaskKind::kRetime: return "retime";
-    case TaskKind::kCompile: return "compile";
-    case TaskKind::kConfirm: return "confirm";
-  }
-  return "unknown";
-}
-
 }  // namespace kforge::worker

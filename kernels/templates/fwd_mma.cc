@@ -1,6 +1,7 @@
 // TemplateDef of the portable mma.sync forward (templates/fwd_mma.cuh).
 #include <fmt/format.h>
 
+#include "core/arch.h"
 #include "kernels/template_def.h"
 
 namespace kforge::embedded {
@@ -18,6 +19,11 @@ int SmemBytes(const std::map<std::string, int>& k, int d) {
   const int q = Knob(k, "BLOCK_M") * d * 2;
   const int kv = Knob(k, "STAGES") * 2 * Knob(k, "BLOCK_N") * d * 2;
   return q + kv;
+}
+
+bool IsSm100(const std::string& arch) {
+  const absl::StatusOr<Arch> a = ParseArch(arch);
+  return a.ok() && a->number() == 100;
 }
 
 }  // namespace
@@ -103,7 +109,7 @@ TemplateDef FwdMmaTemplate() {
       k["BLOCK_N"] = 64;
     }
     // sm_100a's ptxas spills BLOCK_N=128 with two stages (8-16 B); one stage fits.
-    if (s.head_dim == 128 && k["BLOCK_N"] == 128 && s.arch.rfind("sm_100", 0) == 0) {
+    if (s.head_dim == 128 && k["BLOCK_N"] == 128 && IsSm100(s.arch)) {
       k["STAGES"] = 1;
     }
     return k;

@@ -82,12 +82,10 @@ int main(int argc, char** argv) {
   if (name == "--cubin-sha256" && argc > 2) {
     return CubinHashes(argv[2], argc > 3 ? argv[3] : "sm_90a");
   }
-#ifdef KFORGE_HAVE_FWD_SM90
   if (name == "--text" && argc > 2 && std::string(argv[2]) == "fwd_sm90") {
     std::fputs(templates::sm90::Assemble(templates::sm90::FwdSm90Parts()).c_str(), stdout);
     return 0;
   }
-#endif
   if (name == "--all") {
     for (const char* arch : {"sm_80", "sm_90a", "sm_100a"}) {
       for (int d : {64, 128}) {

@@ -6,9 +6,7 @@
 #include <regex>
 #include <vector>
 
-namespace kforge::embedded {
-extern const char attn_params_h[];
-}
+#include "kernels/attn_params_text.h"
 
 namespace kforge::testing {
 

@@ -10,14 +10,11 @@ extern const char sm90_fwd_ring_cuh[];
 extern const char sm90_fwd_producer_cuh[];
 extern const char sm90_fwd_consumer_cuh[];
 extern const char sm90_fwd_epilogue_cuh[];
-#ifdef KFORGE_HAVE_FWD_SM90
 extern const char fwd_sm90_cuh[];
-#endif
 }  // namespace kforge::embedded
 
 namespace kforge::templates::sm90 {
 
-#ifdef KFORGE_HAVE_FWD_SM90
 const std::vector<Part>& FwdSm90Parts() {
   // Order: each part uses only what comes before it.
   static const std::vector<Part>* parts = new std::vector<Part>{
@@ -34,7 +31,6 @@ const std::vector<Part>& FwdSm90Parts() {
   };
   return *parts;
 }
-#endif
 
 std::string Assemble(const std::vector<Part>& parts) {
   std::string out;

@@ -18,11 +18,9 @@ struct Part {
   std::string_view text;  // the file's text
 };
 
-#ifdef KFORGE_HAVE_FWD_SM90
 // fwd_sm90's source after its knob prelude, in order: the parts it uses, then
 // its kernel file "fwd_sm90.cuh" (always last).
 const std::vector<Part>& FwdSm90Parts();
-#endif
 
 // The texts of `parts` concatenated in order.
 std::string Assemble(const std::vector<Part>& parts);

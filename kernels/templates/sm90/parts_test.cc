@@ -12,7 +12,6 @@
 namespace kforge {
 namespace {
 
-#ifdef KFORGE_HAVE_FWD_SM90
 
 using templates::sm90::FwdSm90Parts;
 using templates::sm90::Part;
@@ -116,7 +115,6 @@ TEST(Sm90Parts, ManifestSharedMemoryIsTheFwdLayout) {
 static_assert(kf_fwd_sm90_layout(128, 128, 128, 2).dynamic_bytes == 164928);
 static_assert(kf_fwd_sm90_layout(64, 128, 128, 2).dynamic_bytes == 83008);
 
-#endif  // KFORGE_HAVE_FWD_SM90
 
 }  // namespace
 }  // namespace kforge
