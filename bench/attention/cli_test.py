@@ -69,12 +69,11 @@ class CliTest(unittest.TestCase):
         self.assertEqual(len([l for l in got[("bwd", "tiny_causal")] if l.startswith("bwd_mma ")]), 12)
         # --variants default: each template's defaults only, the served default first.
         got = listing("--op", "bwd", "--variants", "default")
-        # On sm_90a the served backward default is bwd_sm90 (sequences that
-        # fill its key blocks); bwd_mma's default follows.
+        # The served backward default (bwd_mma) first, then bwd_sm90's.
         self.assertEqual(got[("bwd", "tiny_causal")],
-                         ["bwd_sm90 BLOCK_M=64 BLOCK_N=128 OVERLAP=0 STAGES=2", "bwd_mma BLOCK_M=32 BLOCK_N=64 MIN_BLOCKS=1"])
-        self.assertEqual(got[("bwd", "tiny_d64_cross")][1], "bwd_mma BLOCK_M=64 BLOCK_N=64 MIN_BLOCKS=1")
-        self.assertTrue(got[("bwd", "tiny_d64_cross")][0].startswith("bwd_sm90 "))
+                         ["bwd_mma BLOCK_M=32 BLOCK_N=64 MIN_BLOCKS=1", "bwd_sm90 BLOCK_M=64 BLOCK_N=128 OVERLAP=0 STAGES=2"])
+        self.assertEqual(got[("bwd", "tiny_d64_cross")][0], "bwd_mma BLOCK_M=64 BLOCK_N=64 MIN_BLOCKS=1")
+        self.assertTrue(got[("bwd", "tiny_d64_cross")][1].startswith("bwd_sm90 "))
 
     def test_both_and_the_per_op_template_filter(self):
         got = listing("--op", "both", "--templates", "fwd_mma", "--only", "tiny_causal")

@@ -146,9 +146,11 @@ __device__ __forceinline__ void mbar_init(u32 bar, int count) {
 }
 // One lane arrives for its warp on the "empty" barriers, and an arrive
 // releases only its own thread's earlier accesses (PTX memory model): the
-// other lanes' reads of the stage (LSE, delta) must be ordered before it, or
-// the producer's refill races them. racecheck on the H200 reported exactly
-// that WAR hazard before this __syncwarp.
+// other lanes' reads of the stage (LSE, delta) are ordered before it by this
+// __syncwarp. racecheck on the H200 still reports WAR hazards between those
+// reads and the producer's refill (it counts only each thread's own arrive);
+// every consumer thread arriving (counts 256) would satisfy it, but spills
+// 4 B at one default setting (notes/bwd.md).
 __device__ __forceinline__ void release_warp() { __syncwarp(); }
 
 __device__ __forceinline__ void mbar_arrive(u32 bar) {
