@@ -709,6 +709,16 @@ absl::Status KforgeApi::ReportResult(const std::string& caller,
       auto inc = TimingFromProto(r.incumbent_timing(), "result.incumbent_timing");
       if (!inc.ok()) return inc.status();
       incumbent_timing = *std::move(inc);
+      // The pairs decide a RETIME (core/timing.h); samples on one side only,
+      // or counts that do not pair up, would fall back to the weaker spread
+      // rule at the reporter's choice.
+      if ((!timing.samples_us.empty() || !incumbent_timing.samples_us.empty()) &&
+          timing.samples_us.size() != incumbent_timing.samples_us.size()) {
+        return Invalid("result.incumbent_timing.samples_us",
+                       fmt::format("holds {} samples and result.timing.samples_us {}: a re-timing "
+                                   "reports one pair per timed launch",
+                                   incumbent_timing.samples_us.size(), timing.samples_us.size()));
+      }
       if (absl::Status s = below_floor("result.incumbent_timing.median_us",
                                        incumbent_timing.median_us);
           !s.ok())

@@ -1024,6 +1024,15 @@ TEST_F(ServerTest, MalformedTimingSamplesAreInvalidArgument) {
   SetSamples(req.mutable_result()->mutable_incumbent_timing(), {100, 101, 99});
   req.mutable_result()->mutable_incumbent_timing()->set_samples_us(1, -1);
   ExpectInvalid(Send(r->worker, req), "result.incumbent_timing.samples_us");
+  // Samples on one side only, or sides that do not pair up, would let the
+  // reporter pick the weaker spread rule.
+  SetSamples(req.mutable_result()->mutable_incumbent_timing(), {100, 101, 99});
+  SetSamples(req.mutable_result()->mutable_timing(), {95, 96, 94, 95});
+  ExpectInvalid(Send(r->worker, req), "result.incumbent_timing.samples_us");
+  req.mutable_result()->mutable_incumbent_timing()->clear_samples_us();
+  req.mutable_result()->mutable_incumbent_timing()->set_samples(0);
+  SetSamples(req.mutable_result()->mutable_timing(), {95, 96, 94});
+  ExpectInvalid(Send(r->worker, req), "result.incumbent_timing.samples_us");
 }
 
 // A compile error's message leads with the error lines of the log, which
