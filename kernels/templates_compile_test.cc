@@ -284,6 +284,32 @@ TEST(TemplatesCompileSm90, BwdSm90OverlapDoesNotSpill) {
   }
 }
 
+// ARRIVE=1 (every consumer thread releases a stage): every setting
+// validate() accepts compiles without spills or wgmma serialization.
+TEST(TemplatesCompileSm90, BwdSm90ArriveDoesNotSpill) {
+  for (int d : {64, 128}) {
+    for (int bm : {64, 128}) {
+      for (int st : {1, 2}) {
+        for (int ov : {0, 1}) {
+          auto v = Instantiate("bwd_sm90",
+                               {{"BLOCK_M", bm}, {"BLOCK_N", 128}, {"STAGES", st},
+                                {"OVERLAP", ov}, {"ARRIVE", 1}},
+                               d);
+          if (!v.ok()) continue;  // refused by validate()
+          auto r = testing::CompileVariant(v->source, "sm_90a");
+          ASSERT_TRUE(r.ok) << r.log;
+          const std::string what = "d" + std::to_string(d) + " BM" + std::to_string(bm) + " ST" +
+                                   std::to_string(st) + " OVERLAP" + std::to_string(ov);
+          EXPECT_EQ(r.spill_stores, 0) << what << "\n" << r.log;
+          EXPECT_EQ(r.spill_loads, 0) << what << "\n" << r.log;
+          EXPECT_EQ(r.log.find("C7517"), std::string::npos) << what << "\n" << r.log;
+          EXPECT_EQ(r.log.find("C7511"), std::string::npos) << what << "\n" << r.log;
+        }
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Archs, TemplatesCompile,
                          ::testing::Values("sm_80", "sm_90a", "sm_100a"),
                          [](const auto& info) { return info.param; });

@@ -71,7 +71,7 @@ class CliTest(unittest.TestCase):
         got = listing("--op", "bwd", "--variants", "default")
         # The served backward default (bwd_mma) first, then bwd_sm90's.
         self.assertEqual(got[("bwd", "tiny_causal")],
-                         ["bwd_mma BLOCK_M=32 BLOCK_N=64 MIN_BLOCKS=1", "bwd_sm90 BLOCK_M=64 BLOCK_N=128 OVERLAP=0 STAGES=2"])
+                         ["bwd_mma BLOCK_M=32 BLOCK_N=64 MIN_BLOCKS=1", "bwd_sm90 ARRIVE=0 BLOCK_M=64 BLOCK_N=128 OVERLAP=0 STAGES=2"])
         self.assertEqual(got[("bwd", "tiny_d64_cross")][0], "bwd_mma BLOCK_M=64 BLOCK_N=64 MIN_BLOCKS=1")
         self.assertTrue(got[("bwd", "tiny_d64_cross")][1].startswith("bwd_sm90 "))
 

@@ -36,6 +36,9 @@ TemplateDef BwdSm90Template() {
       // before the consumer barrier, dQ while dK completes, the stage freed
       // before the dQ wait. 0 = v1's step, compiled byte for byte as validated.
       {"OVERLAP", {0, 1}, 0},
+      // 1: every consumer thread arrives on the empty barriers (racecheck's
+      // form); 0: one elected lane per warp (v1). Not yet run on a GPU.
+      {"ARRIVE", {0, 1}, 0},
   };
   def.info.description =
       "Hopper backward (FA3-style): a CTA per key block of 128 keys, 1 producer warpgroup "
@@ -55,6 +58,11 @@ TemplateDef BwdSm90Template() {
           "bwd_sm90: BLOCK_M=128 with STAGES=1 spills (12 B, ptxas 13.0); use STAGES=2");
     }
     // (OVERLAP=1 with BLOCK_M=128 and STAGES=1 spills too: refused above.)
+    if (d == 64 && bm == 128 && Knob(k, "ARRIVE") == 1 && Knob(k, "OVERLAP") == 0) {
+      return absl::InvalidArgumentError(
+          "bwd_sm90: ARRIVE=1 with head_dim 64, BLOCK_M=128 and OVERLAP=0 spills (4 B, ptxas "
+          "13.0); use OVERLAP=1");
+    }
     const int bytes = Layout(k, d).dynamic_bytes;
     if (bytes > 232448) {
       return absl::InvalidArgumentError(fmt::format(

@@ -59,6 +59,17 @@
 #ifndef KF_STAGES
 #define KF_STAGES 2
 #endif
+#ifndef KF_ARRIVE
+#define KF_ARRIVE 0
+#endif
+// How the consumers release a stage and the K/V tiles: 0, one elected lane
+// per warp after a __syncwarp (counts 8); 1, every consumer thread (counts
+// 256), the form compute-sanitizer's racecheck accepts (see release_warp).
+#if KF_ARRIVE
+#define KF9_EMPTY_ARRIVALS 256
+#else
+#define KF9_EMPTY_ARRIVALS 8
+#endif
 #ifndef KF_OVERLAP
 #define KF_OVERLAP 0
 #endif
@@ -371,10 +382,10 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
     KF9_SMEM_ADDRESSES;
     for (int s = 0; s < kS; ++s) {
       mbar_init(bar_full + 8 * s, 128);  // every producer thread arrives
-      mbar_init(bar_empty + 8 * s, 8);   // one arrival per consumer warp
+      mbar_init(bar_empty + 8 * s, KF9_EMPTY_ARRIVALS);  // see KF_ARRIVE
     }
     mbar_init(bar_kv_full, 128);
-    mbar_init(bar_kv_empty, 8);
+    mbar_init(bar_kv_empty, KF9_EMPTY_ARRIVALS);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
@@ -589,8 +600,12 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         // dV and dK done before dQ starts (P^T and dS^T registers free: the
         // register budget), and Q, dO, LSE and delta of this stage are free.
         wgmma_wait<0>();
+#if KF_ARRIVE
+        mbar_arrive(bar_empty + 8 * s);
+#else
         kf9::release_warp();
         if (lane == 0) mbar_arrive(bar_empty + 8 * s);
+#endif
         // A 64 x 64 slice of dQ = dS K: A = dS (K-major, key panels kBM * 128 B
         // apart), B = K (MN-major: head-dim panels kBN * 128 B apart, 16 key
         // rows = 2048 B per k-step).
@@ -745,8 +760,12 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         // delta are free.
         wgmma_wait<1>();
         reg_fence_u<kBM / 4>(da);
+#if KF_ARRIVE
+        mbar_arrive(bar_empty + 8 * s);
+#else
         kf9::release_warp();
         if (lane == 0) mbar_arrive(bar_empty + 8 * s);
+#endif
         wgmma_wait<0>();
         reg_fence<32>(dq);
         {
@@ -797,8 +816,12 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
       }
       // Every wgmma of the tile has completed (wait_group 0 above): K and V
       // may be refilled.
+#if KF_ARRIVE
+      mbar_arrive(bar_kv_empty);
+#else
       kf9::release_warp();
       if (lane == 0) mbar_arrive(bar_kv_empty);
+#endif
       ++kt;
     }
     reg_fence<kD / 2>(dk);

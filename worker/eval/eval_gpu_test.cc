@@ -151,7 +151,7 @@ TEST_F(EvalGpu, BwdSm90Verifies) {
   bool listed = false;
   for (const auto& t : ListTemplates()) listed = listed || t.name == "bwd_sm90";
   if (!listed) GTEST_SKIP() << "bwd_sm90 is not in this build";
-  struct S { int d, h, kvh; bool causal, cross; int bm, stages, overlap = 0; };
+  struct S { int d, h, kvh; bool causal, cross; int bm, stages, overlap = 0, arrive = 0; };
   for (S s : {S{128, 4, 4, true, false, 64, 2}, S{128, 4, 2, false, true, 64, 2},
               S{128, 2, 1, true, true, 64, 1}, S{64, 4, 1, true, true, 128, 2},
               S{64, 2, 2, false, false, 128, 2}, S{64, 4, 2, true, false, 64, 2},
@@ -160,12 +160,17 @@ TEST_F(EvalGpu, BwdSm90Verifies) {
               S{128, 4, 4, true, false, 64, 2, 1}, S{128, 4, 2, false, true, 64, 2, 1},
               S{128, 2, 1, true, true, 64, 1, 1}, S{64, 4, 1, true, true, 128, 2, 1},
               S{64, 2, 2, false, false, 128, 2, 1}, S{64, 4, 2, true, false, 64, 2, 1},
-              S{64, 2, 2, false, true, 64, 1, 1}}) {
-    SCOPED_TRACE(fmt::format("d{} h{}/{} causal {} cross {} BM{} STAGES{} OVERLAP{}", s.d, s.h,
-                             s.kvh, s.causal, s.cross, s.bm, s.stages, s.overlap));
+              S{64, 2, 2, false, true, 64, 1, 1},
+              // every consumer thread arriving on the empty barriers (ARRIVE=1)
+              S{128, 4, 2, true, true, 64, 2, 0, 1}, S{64, 4, 1, false, true, 128, 2, 1, 1},
+              S{64, 2, 2, true, false, 64, 1, 0, 1}}) {
+    SCOPED_TRACE(fmt::format("d{} h{}/{} causal {} cross {} BM{} STAGES{} OVERLAP{} ARRIVE{}", s.d,
+                             s.h, s.kvh, s.causal, s.cross, s.bm, s.stages, s.overlap, s.arrive));
     absl::StatusOr<Variant> v = Instantiate(
         "bwd_sm90",
-        {{"BLOCK_M", s.bm}, {"BLOCK_N", 128}, {"STAGES", s.stages}, {"OVERLAP", s.overlap}}, s.d);
+        {{"BLOCK_M", s.bm}, {"BLOCK_N", 128}, {"STAGES", s.stages}, {"OVERLAP", s.overlap},
+         {"ARRIVE", s.arrive}},
+        s.d);
     ASSERT_TRUE(v.ok()) << v.status();
     EvalRequest req;
     req.shape = Shape(Op::kBackward, s.d, s.h, s.kvh, s.causal, s.cross);
