@@ -6,6 +6,7 @@
 //   kforge jobs | kforge jobs show j3 | kforge jobs cancel j3
 //   kforge variants [--bucket B] | kforge shapes [--arch sm_90a]
 //   kforge export --arch sm_90a --out kernels.kfpack   (every best, for the runtime offline)
+//   kforge workers                                      (registered workers, connected or not)
 //
 // Tables by default, --json for scripts. --server (env KFORGE_SERVER) and
 // --token (env KFORGE_TOKEN). Exit status: 0 ok, 1 server/RPC error, 2 usage.
@@ -272,6 +273,27 @@ std::string StateName(v1::JobState s) {
   return n;
 }
 
+std::string WorkerStateName(v1::WorkerState s) {
+  std::string n = v1::WorkerState_Name(s);
+  if (n.rfind("WORKER_STATE_", 0) == 0) n = n.substr(13);
+  std::transform(n.begin(), n.end(), n.begin(), [](unsigned char c) { return std::tolower(c); });
+  return n;
+}
+
+void PrintWorkers(const v1::ListWorkersResponse& resp) {
+  constexpr const char* kRow = "{:<6} {:<16} {:<8} {:<7} {:<12} {:<24} {:<20} {:<12} {}\n";
+  fmt::print(kRow, "ID", "NAME", "ARCH", "KIND", "STATE", "LAST SEEN", "GPU", "PRINCIPAL",
+             "SANITIZERS");
+  for (const auto& w : resp.workers()) {
+    std::string tools;
+    for (const auto& t : w.sanitizer_tools()) tools += (tools.empty() ? "" : ",") + t;
+    fmt::print(kRow, w.id(), w.name(), w.arch(), w.compile_only() ? "compile" : "gpu",
+               WorkerStateName(w.state()), w.last_seen().empty() ? "-" : w.last_seen(),
+               w.gpu().name().empty() ? "-" : w.gpu().name(),
+               w.principal().empty() ? "-" : w.principal(), tools.empty() ? "-" : tools);
+  }
+}
+
 std::string Us(const v1::Timing& t) {
   return t.median_us() > 0 ? fmt::format("{:.1f} us", t.median_us()) : "-";
 }
@@ -436,6 +458,8 @@ int main(int argc, char** argv) {
   export_cmd->add_option("--op", export_op, "fwd | bwd | all")->capture_default_str();
   export_cmd->add_option("--out", export_out, "pack file to write")->required();
 
+  auto* workers = app.add_subcommand("workers", "list the registered workers and whether they are connected");
+
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -564,6 +588,13 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*export_cmd) return Export(c, g, export_arch, export_op, export_out);
+    if (*workers) {
+      v1::ListWorkersResponse resp;
+      c.Check(c.stub().ListWorkers(c.Ctx().get(), v1::ListWorkersRequest(), &resp), "ListWorkers");
+      if (g.json) fmt::print("{}\n", ToJson(resp));
+      else PrintWorkers(resp);
+      return 0;
+    }
     if (*shapes) {
       v1::ListShapesRequest req;
       req.set_arch(arch_filter);

@@ -1,13 +1,15 @@
 """The kforge CLI against the real kforge-server: get (table, --json, --out),
 tune with a shapes file and a progress display until the job ends, jobs
-list/show/cancel, variants, shapes, and the unreachable-server message.
+list/show/cancel, variants, shapes, workers (with a real kforge-worker), and
+the unreachable-server message.
 
-usage: cli_test.py <kforge-server binary> <repo root> <kforge binary>
+usage: cli_test.py <kforge-server binary> <repo root> <kforge binary> <kforge-worker binary>
 """
 import json
 import os
 import subprocess
 import sys
+import time
 
 import kfe2e
 
@@ -22,7 +24,7 @@ def run(cli, server, *args, ok=True):
 
 
 def main():
-    binary, repo, cli = sys.argv[1], sys.argv[2], sys.argv[3]
+    binary, repo, cli, worker_bin = sys.argv[1:5]
     work = kfe2e.tempdir()
     p = run(cli, "127.0.0.1:1", "shapes", ok=False)
     assert p.returncode == 1 and "cannot reach kforge-server at 127.0.0.1:1" in p.stderr, p.stderr
@@ -89,6 +91,35 @@ def main():
     assert p.stdout.startswith("BUCKET"), p.stdout
     p = run(cli, addr, "--json", "shapes")
     json.loads(p.stdout)
+
+    # Workers: none yet; then a real compile-only worker (no CUDA driver
+    # here) over loopback, listed as connected once it has registered.
+    p = run(cli, addr, "--json", "workers")
+    assert json.loads(p.stdout).get("workers", []) == [], p.stdout
+    env = dict(os.environ, KFORGE_WORKER_TOKEN=kfe2e.WORKER_TOKEN)
+    worker_log = open(os.path.join(work, "worker.log"), "wb")
+    worker = subprocess.Popen(
+        [worker_bin, "--server", addr, "--compile-only", "--arch", "sm_100a", "--name", "cli-w0",
+         "--cache-dir", os.path.join(work, "cache"), "--compile-threads", "1"],
+        stdout=worker_log, stderr=subprocess.STDOUT, env=env)
+    try:
+        listed = []
+        deadline = time.time() + 60
+        while not listed and time.time() < deadline:
+            listed = json.loads(run(cli, addr, "--json", "workers").stdout).get("workers", [])
+            time.sleep(0.2)
+        assert len(listed) == 1, (listed, open(os.path.join(work, "worker.log")).read()[-2000:])
+        w = listed[0]
+        assert w["name"] == "cli-w0" and w["arch"] == "sm_100a" and w["compile_only"], w
+        assert w["state"] == "WORKER_STATE_CONNECTED" and w["last_seen"], w
+        assert w["principal"], w
+        p = run(cli, addr, "workers")
+        header, row = p.stdout.splitlines()
+        assert header.split()[:5] == ["ID", "NAME", "ARCH", "KIND", "STATE"], p.stdout
+        assert row.split()[:5] == [w["id"], "cli-w0", "sm_100a", "compile", "connected"], p.stdout
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
     assert server.terminate() == 0
     print("OK: kforge CLI")
 
