@@ -31,6 +31,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kforge/v1/kforge.grpc.pb.h"
+#include "kforge/version.h"
 #include "pack/proto.h"
 
 namespace v1 = kforge::v1;
@@ -403,6 +404,7 @@ int main(int argc, char** argv) {
   if (const char* s = std::getenv("KFORGE_SERVER")) g.server = s;
   if (const char* t = std::getenv("KFORGE_TOKEN")) g.token = t;
   CLI::App app{"kforge: get tuned jagged attention kernels, run and watch tuning jobs"};
+  app.set_version_flag("--version", "kforge " KFORGE_VERSION, "print the version and exit");
   app.require_subcommand(1);
   app.fallthrough();  // global flags (--json, --server...) also after the subcommand
   app.add_option("--server", g.server, "kforge-server address (env KFORGE_SERVER)")->capture_default_str();

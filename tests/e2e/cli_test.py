@@ -1,12 +1,13 @@
 """The kforge CLI against the real kforge-server: get (table, --json, --out),
 tune with a shapes file and a progress display until the job ends, jobs
-list/show/cancel, variants, shapes, workers (with a real kforge-worker), and
-the unreachable-server message.
+list/show/cancel, variants, shapes, workers (with a real kforge-worker),
+--version of every binary, and the unreachable-server message.
 
 usage: cli_test.py <kforge-server binary> <repo root> <kforge binary> <kforge-worker binary>
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -26,6 +27,14 @@ def run(cli, server, *args, ok=True):
 def main():
     binary, repo, cli, worker_bin = sys.argv[1:5]
     work = kfe2e.tempdir()
+    # --version: every binary prints the project(VERSION) of CMakeLists.txt
+    # and exits 0, with no server and no other flag needed.
+    version = re.search(r"project\(kforge VERSION ([0-9.]+)",
+                        open(os.path.join(repo, "CMakeLists.txt")).read()).group(1)
+    for b, name in ((cli, "kforge"), (binary, "kforge-server"), (worker_bin, "kforge-worker")):
+        p = subprocess.run([b, "--version"], capture_output=True, text=True, timeout=30)
+        assert p.returncode == 0 and p.stdout.strip() == "%s %s" % (name, version), \
+            (b, p.returncode, p.stdout, p.stderr)
     p = run(cli, "127.0.0.1:1", "shapes", ok=False)
     assert p.returncode == 1 and "cannot reach kforge-server at 127.0.0.1:1" in p.stderr, p.stderr
 
