@@ -329,7 +329,10 @@ void ProgressLine(const v1::Job& job, const std::string& msg, bool tty) {
     fmt::print("\r\033[K{}", line);
     std::fflush(stdout);
   } else {
+    // One line per event, flushed: a file or pipe (a log, `| tee`) sees each
+    // line as it happens, not a block of them when stdio's buffer fills.
     fmt::print("{}\n", line);
+    std::fflush(stdout);
   }
 }
 
@@ -530,8 +533,11 @@ int main(int argc, char** argv) {
         else fmt::print("submitted job {} ({} bucket(s))\n", job.id(), job.progress_size());
         return 0;
       }
-      if (!g.json) fmt::print("submitted job {} ({} bucket(s)); watching (Ctrl-C stops watching, not the job)\n",
-                              job.id(), job.progress_size());
+      if (!g.json) {
+        fmt::print("submitted job {} ({} bucket(s)); watching (Ctrl-C stops watching, not the job)\n",
+                   job.id(), job.progress_size());
+        std::fflush(stdout);
+      }
       return Watch(c, g, job.id());
     }
     if (*jobs) {

@@ -69,6 +69,25 @@ def main():
             "--max-variants", "4", "--max-seconds", "2", "--name", "cli")
     assert "submitted job" in p.stdout and "evaluated" in p.stdout, p.stdout
     assert "state=succeeded" in p.stdout and "time budget" in p.stdout, p.stdout
+    # With stdout to a file, each progress line is there while the job still
+    # runs (flushed per line, not when the process exits).
+    out_path = os.path.join(work, "tune.out")
+    with open(out_path, "w") as out:
+        proc = subprocess.Popen([cli, "--server", addr, "tune", *shape, "--max-variants", "4",
+                                 "--max-seconds", "6", "--name", "to-file"], stdout=out,
+                                stderr=subprocess.STDOUT,
+                                env=dict(os.environ, KFORGE_TOKEN=kfe2e.CLIENT_TOKEN))
+        try:
+            seen = ""
+            deadline = time.time() + 4
+            while time.time() < deadline and "evaluated" not in seen:
+                time.sleep(0.1)
+                seen = open(out_path).read()
+            assert proc.poll() is None, "the job ended before the check: " + seen
+            assert "submitted job" in seen and "0/4 evaluated" in seen, seen
+        finally:
+            assert proc.wait(timeout=60) == 0, open(out_path).read()
+    assert "state=succeeded" in open(out_path).read()
     # A shapes file with exact lengths (bench/attention/lengths.py's output):
     # the job's buckets come from the offsets; bad lengths name the shape.
     with open(os.path.join(work, "exact.json"), "w") as f:
