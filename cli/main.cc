@@ -61,13 +61,48 @@ struct Failure {
   std::string message;
 };
 
-std::string ToJson(const google::protobuf::Message& m) {
+// proto3 JSON writes 64-bit integers as strings (the spec's guard for
+// JavaScript, whose numbers are doubles). Scripts reading kforge's --json
+// (jq, Python) compare them as numbers, so every 64-bit integer field is
+// turned back into a JSON number, walking the message's descriptor: only
+// fields declared int64/uint64 (and their fixed/sint forms) change.
+void Int64sAsNumbers(json& j, const google::protobuf::Descriptor* d) {
+  using FD = google::protobuf::FieldDescriptor;
+  if (!j.is_object()) return;
+  for (int i = 0; i < d->field_count(); ++i) {
+    const FD* f = d->field(i);
+    auto it = j.find(f->name());
+    if (it == j.end()) continue;
+    auto convert = [&](json& v) {
+      if (f->cpp_type() == FD::CPPTYPE_MESSAGE) {
+        Int64sAsNumbers(v, f->message_type());
+      } else if (v.is_string() && f->cpp_type() == FD::CPPTYPE_INT64) {
+        v = std::stoll(v.get<std::string>());
+      } else if (v.is_string() && f->cpp_type() == FD::CPPTYPE_UINT64) {
+        v = std::stoull(v.get<std::string>());
+      }
+    };
+    if (f->is_map()) continue;  // none in kforge.proto
+    if (f->is_repeated() && it->is_array()) {
+      for (json& v : *it) convert(v);
+    } else {
+      convert(*it);
+    }
+  }
+}
+
+// --json: proto field names, every field (defaults included: tuned false,
+// counts 0, empty lists) and 64-bit integers as numbers. `indent` < 0: one line.
+std::string ToJson(const google::protobuf::Message& m, int indent = 2) {
   std::string out;
   google::protobuf::util::JsonPrintOptions o;
-  o.add_whitespace = true;
   o.preserve_proto_field_names = true;
+  o.always_print_primitive_fields = true;  // protobuf 3.21 (Debian 12); later: always_print_fields_with_no_presence
   (void)google::protobuf::util::MessageToJsonString(m, &out, o);
-  return out;
+  json j = json::parse(out, nullptr, false);
+  if (j.is_discarded()) return out;
+  Int64sAsNumbers(j, m.GetDescriptor());
+  return j.dump(indent);
 }
 
 class Client {
@@ -347,8 +382,7 @@ int Watch(Client& c, const Globals& g, const std::string& id) {
   while (reader->Read(&ev)) {
     last = ev.job();
     if (g.json) {
-      json line = json::parse(ToJson(ev), nullptr, false);
-      fmt::print("{}\n", line.dump());
+      fmt::print("{}\n", ToJson(ev, -1));
       std::fflush(stdout);
     } else {
       ProgressLine(ev.job(), ev.message(), tty);

@@ -49,6 +49,10 @@ def main():
     assert json.load(open(os.path.join(work, "k", "manifest.json")))["entry_point"]
     p = run(cli, addr, "--json", "get", *shape)
     assert json.loads(p.stdout)["kernel"]["requested_bucket"].startswith("fwd.bf16.d128.h4"), p.stdout
+    # --json writes defaults (an untuned kernel says tuned: false) and
+    # 64-bit integers as numbers, not proto3 JSON's strings.
+    got = json.loads(p.stdout)
+    assert got["kernel"]["tuned"] is False and got["tuning_job_id"] == "", p.stdout
     # Backward shapes are served too: the seed is the key-major backward template.
     p = run(cli, addr, "get", "--op", "bwd", *shape, "--out", os.path.join(work, "kb"))
     assert "tuned        no" in p.stdout, p.stdout
@@ -107,6 +111,13 @@ def main():
     job_id = json.loads(p.stdout)["id"]
     p = run(cli, addr, "jobs")
     assert job_id in p.stdout and "cli" in p.stdout, p.stdout
+    listed = json.loads(run(cli, addr, "--json", "jobs").stdout)["jobs"]
+    for j in listed:
+        assert type(j["tokens_used"]) is int and type(j["seed"]) is int, j
+        assert j["compile_only"] is False and j["message"] is not None, j
+        assert all(type(p["proposed"]) is int for p in j["progress"]), j
+    shape_sizes = listed[0]["shapes"][0]
+    assert type(shape_sizes["batch"]) is int and type(shape_sizes["total_q"]) is int, shape_sizes
     p = run(cli, addr, "jobs", "show", job_id)
     assert "state=running" in p.stdout, p.stdout
     p = run(cli, addr, "jobs", "cancel", job_id)
@@ -141,6 +152,8 @@ def main():
         assert w["name"] == "cli-w0" and w["arch"] == "sm_100a" and w["compile_only"], w
         assert w["state"] == "WORKER_STATE_CONNECTED" and w["last_seen"], w
         assert w["principal"], w
+        assert type(w["last_seen_unix_ms"]) is int and w["last_seen_unix_ms"] > 0, w
+        assert type(w["gpu"]["memory_bytes"]) is int, w
         p = run(cli, addr, "workers")
         header, row = p.stdout.splitlines()
         assert header.split()[:5] == ["ID", "NAME", "ARCH", "KIND", "STATE"], p.stdout
