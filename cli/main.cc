@@ -6,6 +6,7 @@
 //   kforge jobs | kforge jobs show j3 | kforge jobs cancel j3
 //   kforge variants [--bucket B] | kforge shapes [--arch sm_90a]
 //   kforge export --arch sm_90a --out kernels.kfpack   (every best, for the runtime offline)
+//   kforge workers                                      (registered workers, connected or not)
 //
 // Tables by default, --json for scripts. --server (env KFORGE_SERVER) and
 // --token (env KFORGE_TOKEN). Exit status: 0 ok, 1 server/RPC error, 2 usage.
@@ -30,6 +31,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kforge/v1/kforge.grpc.pb.h"
+#include "kforge/version.h"
 #include "pack/proto.h"
 
 namespace v1 = kforge::v1;
@@ -59,13 +61,48 @@ struct Failure {
   std::string message;
 };
 
-std::string ToJson(const google::protobuf::Message& m) {
+// proto3 JSON writes 64-bit integers as strings (the spec's guard for
+// JavaScript, whose numbers are doubles). Scripts reading kforge's --json
+// (jq, Python) compare them as numbers, so every 64-bit integer field is
+// turned back into a JSON number, walking the message's descriptor: only
+// fields declared int64/uint64 (and their fixed/sint forms) change.
+void Int64sAsNumbers(json& j, const google::protobuf::Descriptor* d) {
+  using FD = google::protobuf::FieldDescriptor;
+  if (!j.is_object()) return;
+  for (int i = 0; i < d->field_count(); ++i) {
+    const FD* f = d->field(i);
+    auto it = j.find(f->name());
+    if (it == j.end()) continue;
+    auto convert = [&](json& v) {
+      if (f->cpp_type() == FD::CPPTYPE_MESSAGE) {
+        Int64sAsNumbers(v, f->message_type());
+      } else if (v.is_string() && f->cpp_type() == FD::CPPTYPE_INT64) {
+        v = std::stoll(v.get<std::string>());
+      } else if (v.is_string() && f->cpp_type() == FD::CPPTYPE_UINT64) {
+        v = std::stoull(v.get<std::string>());
+      }
+    };
+    if (f->is_map()) continue;  // none in kforge.proto
+    if (f->is_repeated() && it->is_array()) {
+      for (json& v : *it) convert(v);
+    } else {
+      convert(*it);
+    }
+  }
+}
+
+// --json: proto field names, every field (defaults included: tuned false,
+// counts 0, empty lists) and 64-bit integers as numbers. `indent` < 0: one line.
+std::string ToJson(const google::protobuf::Message& m, int indent = 2) {
   std::string out;
   google::protobuf::util::JsonPrintOptions o;
-  o.add_whitespace = true;
   o.preserve_proto_field_names = true;
+  o.always_print_primitive_fields = true;  // protobuf 3.21 (Debian 12); later: always_print_fields_with_no_presence
   (void)google::protobuf::util::MessageToJsonString(m, &out, o);
-  return out;
+  json j = json::parse(out, nullptr, false);
+  if (j.is_discarded()) return out;
+  Int64sAsNumbers(j, m.GetDescriptor());
+  return j.dump(indent);
 }
 
 class Client {
@@ -272,6 +309,27 @@ std::string StateName(v1::JobState s) {
   return n;
 }
 
+std::string WorkerStateName(v1::WorkerState s) {
+  std::string n = v1::WorkerState_Name(s);
+  if (n.rfind("WORKER_STATE_", 0) == 0) n = n.substr(13);
+  std::transform(n.begin(), n.end(), n.begin(), [](unsigned char c) { return std::tolower(c); });
+  return n;
+}
+
+void PrintWorkers(const v1::ListWorkersResponse& resp) {
+  constexpr const char* kRow = "{:<6} {:<16} {:<8} {:<7} {:<12} {:<24} {:<20} {:<12} {}\n";
+  fmt::print(kRow, "ID", "NAME", "ARCH", "KIND", "STATE", "LAST SEEN", "GPU", "PRINCIPAL",
+             "SANITIZERS");
+  for (const auto& w : resp.workers()) {
+    std::string tools;
+    for (const auto& t : w.sanitizer_tools()) tools += (tools.empty() ? "" : ",") + t;
+    fmt::print(kRow, w.id(), w.name(), w.arch(), w.compile_only() ? "compile" : "gpu",
+               WorkerStateName(w.state()), w.last_seen().empty() ? "-" : w.last_seen(),
+               w.gpu().name().empty() ? "-" : w.gpu().name(),
+               w.principal().empty() ? "-" : w.principal(), tools.empty() ? "-" : tools);
+  }
+}
+
 std::string Us(const v1::Timing& t) {
   return t.median_us() > 0 ? fmt::format("{:.1f} us", t.median_us()) : "-";
 }
@@ -306,7 +364,10 @@ void ProgressLine(const v1::Job& job, const std::string& msg, bool tty) {
     fmt::print("\r\033[K{}", line);
     std::fflush(stdout);
   } else {
+    // One line per event, flushed: a file or pipe (a log, `| tee`) sees each
+    // line as it happens, not a block of them when stdio's buffer fills.
     fmt::print("{}\n", line);
+    std::fflush(stdout);
   }
 }
 
@@ -321,8 +382,7 @@ int Watch(Client& c, const Globals& g, const std::string& id) {
   while (reader->Read(&ev)) {
     last = ev.job();
     if (g.json) {
-      json line = json::parse(ToJson(ev), nullptr, false);
-      fmt::print("{}\n", line.dump());
+      fmt::print("{}\n", ToJson(ev, -1));
       std::fflush(stdout);
     } else {
       ProgressLine(ev.job(), ev.message(), tty);
@@ -381,6 +441,7 @@ int main(int argc, char** argv) {
   if (const char* s = std::getenv("KFORGE_SERVER")) g.server = s;
   if (const char* t = std::getenv("KFORGE_TOKEN")) g.token = t;
   CLI::App app{"kforge: get tuned jagged attention kernels, run and watch tuning jobs"};
+  app.set_version_flag("--version", "kforge " KFORGE_VERSION, "print the version and exit");
   app.require_subcommand(1);
   app.fallthrough();  // global flags (--json, --server...) also after the subcommand
   app.add_option("--server", g.server, "kforge-server address (env KFORGE_SERVER)")->capture_default_str();
@@ -435,6 +496,8 @@ int main(int argc, char** argv) {
   export_cmd->add_option("--arch", export_arch, "only this architecture (e.g. sm_90a); default: all");
   export_cmd->add_option("--op", export_op, "fwd | bwd | all")->capture_default_str();
   export_cmd->add_option("--out", export_out, "pack file to write")->required();
+
+  auto* workers = app.add_subcommand("workers", "list the registered workers and whether they are connected");
 
   CLI11_PARSE(app, argc, argv);
 
@@ -504,8 +567,11 @@ int main(int argc, char** argv) {
         else fmt::print("submitted job {} ({} bucket(s))\n", job.id(), job.progress_size());
         return 0;
       }
-      if (!g.json) fmt::print("submitted job {} ({} bucket(s)); watching (Ctrl-C stops watching, not the job)\n",
-                              job.id(), job.progress_size());
+      if (!g.json) {
+        fmt::print("submitted job {} ({} bucket(s)); watching (Ctrl-C stops watching, not the job)\n",
+                   job.id(), job.progress_size());
+        std::fflush(stdout);
+      }
       return Watch(c, g, job.id());
     }
     if (*jobs) {
@@ -564,6 +630,13 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*export_cmd) return Export(c, g, export_arch, export_op, export_out);
+    if (*workers) {
+      v1::ListWorkersResponse resp;
+      c.Check(c.stub().ListWorkers(c.Ctx().get(), v1::ListWorkersRequest(), &resp), "ListWorkers");
+      if (g.json) fmt::print("{}\n", ToJson(resp));
+      else PrintWorkers(resp);
+      return 0;
+    }
     if (*shapes) {
       v1::ListShapesRequest req;
       req.set_arch(arch_filter);

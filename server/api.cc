@@ -282,6 +282,25 @@ absl::Status KforgeApi::CancelJob(const v1::CancelJobRequest& req, v1::Job* resp
   return absl::OkStatus();
 }
 
+absl::Status KforgeApi::ListWorkers(const v1::ListWorkersRequest&,
+                                    v1::ListWorkersResponse* resp) {
+  auto workers = store_->ListWorkers();
+  if (!workers.ok()) return workers.status();
+  const int64_t now = Now();
+  std::lock_guard lock(workers_mu_);
+  for (const auto& w : *workers) {
+    // The stored last_seen is written at most every 10 s; the last call
+    // this server saw is fresher. A worker stored but not loaded (none, as
+    // Init loads every row) counts as silent since its stored time.
+    int64_t last = w.last_seen_unix_ms;
+    if (auto it = workers_.find(w.id); it != workers_.end())
+      last = std::max(last, it->second.last_call_ms);
+    const bool connected = last > 0 && now - last <= options_.lease_ttl_ms;
+    WorkerToProto(w, last, connected, resp->add_workers());
+  }
+  return absl::OkStatus();
+}
+
 absl::Status KforgeApi::ExportKernels(
     const v1::ExportKernelsRequest& req,
     const std::function<bool(const v1::ExportedKernel&)>& write) {

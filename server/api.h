@@ -97,6 +97,9 @@ class KforgeApi {
   absl::Status GetJob(const v1::GetJobRequest& req, v1::Job* resp);
   absl::Status ListJobs(const v1::ListJobsRequest& req, v1::ListJobsResponse* resp);
   absl::Status CancelJob(const v1::CancelJobRequest& req, v1::Job* resp);
+  // The stored workers, by id; a worker is connected when its last call
+  // (heartbeats included) is within the lease TTL.
+  absl::Status ListWorkers(const v1::ListWorkersRequest& req, v1::ListWorkersResponse* resp);
   // Every best as served (server/export.h), one `write` per kernel.
   absl::Status ExportKernels(const v1::ExportKernelsRequest& req,
                              const std::function<bool(const v1::ExportedKernel&)>& write);

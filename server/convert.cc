@@ -369,4 +369,36 @@ std::string FormatUnixMs(int64_t unix_ms) {
                      unix_ms % 1000);
 }
 
+void WorkerToProto(const WorkerRecord& w, int64_t last_seen_unix_ms, bool connected,
+                   v1::Worker* out) {
+  out->set_id(w.id);
+  out->set_name(w.name);
+  out->set_arch(w.arch);
+  out->set_compile_only(w.compile_only);
+  out->set_principal(w.principal);
+  out->set_state(connected ? v1::WORKER_STATE_CONNECTED : v1::WORKER_STATE_DISCONNECTED);
+  out->set_last_seen_unix_ms(last_seen_unix_ms);
+  if (last_seen_unix_ms > 0) out->set_last_seen(FormatUnixMs(last_seen_unix_ms));
+  v1::GpuInfo* gpu = out->mutable_gpu();
+  gpu->set_arch(w.arch);
+  const nlohmann::json j = nlohmann::json::parse(w.gpu_json, nullptr, false);
+  if (j.is_object()) {
+    auto str = [&](const char* k) {
+      auto it = j.find(k);
+      return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+    };
+    auto num = [&](const char* k) {
+      auto it = j.find(k);
+      return it != j.end() && it->is_number_integer() ? it->get<int64_t>() : int64_t{0};
+    };
+    gpu->set_name(str("name"));
+    gpu->set_compute_capability(str("compute_capability"));
+    gpu->set_sm_count(static_cast<int32_t>(num("sm_count")));
+    gpu->set_memory_bytes(num("memory_bytes"));
+    gpu->set_driver_version(str("driver_version"));
+    gpu->set_nvrtc_version(str("nvrtc_version"));
+  }
+  for (const auto& t : w.sanitizer_tools) out->add_sanitizer_tools(t);
+}
+
 }  // namespace kforge::server

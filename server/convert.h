@@ -69,4 +69,11 @@ SizeExtent ExtentOf(const ShapeKey& key);
 
 std::string FormatUnixMs(int64_t unix_ms);  // RFC 3339, UTC
 
+// A registered worker as ListWorkers serves it: the stored record, the time
+// of its last call (`last_seen_unix_ms`, 0: never) and whether that is
+// recent enough to call it connected. The GPU is read from the record's
+// gpu_json; fields it lacks (or a malformed one) stay at their defaults.
+void WorkerToProto(const WorkerRecord& w, int64_t last_seen_unix_ms, bool connected,
+                   v1::Worker* out);
+
 }  // namespace kforge::server

@@ -12,6 +12,7 @@
 #include "core/secrets.h"
 #include "server/auth.h"
 #include "server/components.h"
+#include "kforge/version.h"
 #include "server/config.h"
 #include "server/server.h"
 #include "storage/store.h"
@@ -19,6 +20,7 @@
 int main(int argc, char** argv) {
   using kforge::server::ServerConfig;
   CLI::App app{"kforge-server: finds, verifies and serves the fastest jagged attention kernels"};
+  app.set_version_flag("--version", "kforge-server " KFORGE_VERSION, "print the version and exit");
   std::string config_path, listen, database, log_level;
   std::vector<std::string> client_tokens, worker_tokens;
   bool insecure = false, allow_ungated = false;

@@ -164,6 +164,10 @@ class KernelServiceImpl final
                          v1::Job* resp) override {
     return Run(ctx, [&] { return api_->CancelJob(*req, resp); });
   }
+  grpc::Status ListWorkers(grpc::ServerContext* ctx, const v1::ListWorkersRequest* req,
+                           v1::ListWorkersResponse* resp) override {
+    return Run(ctx, [&] { return api_->ListWorkers(*req, resp); });
+  }
   grpc::Status ExportKernels(grpc::ServerContext* ctx, const v1::ExportKernelsRequest* req,
                              grpc::ServerWriter<v1::ExportedKernel>* writer) override {
     return Run(ctx, [&] {

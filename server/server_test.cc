@@ -1489,6 +1489,49 @@ TEST_F(ClaimsTest, AReportAfterTheLeaseEndedIsRefusedAndStoresNothing) {
   EXPECT_FALSE(StoredFor(*t).cubin);
 }
 
+TEST_F(ClaimsTest, ListWorkersSaysWhoIsConnected) {
+  ServerOptions o = WithClock();
+  Start(o, 1);
+  v1::ListWorkersRequest req;
+  v1::ListWorkersResponse resp;
+  ASSERT_TRUE(kernels_->ListWorkers(Ctx(kClient).get(), req, &resp).ok());
+  EXPECT_EQ(resp.workers_size(), 0);
+  EXPECT_EQ(kernels_->ListWorkers(Ctx(kWorker).get(), req, &resp).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  const std::string a = RegisterWorker("a", {"memcheck", "racecheck"});
+  *clock_ += o.api.lease_ttl_ms / 2;
+  const std::string b = RegisterWorker("b", {});
+  *clock_ += o.api.lease_ttl_ms / 2 + 1;  // a silent past the TTL, b not
+  resp.Clear();
+  grpc::Status s = kernels_->ListWorkers(Ctx(kClient).get(), req, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_EQ(resp.workers_size(), 2);
+  const v1::Worker& wa = resp.workers(0);
+  const v1::Worker& wb = resp.workers(1);
+  EXPECT_EQ(wa.id(), a);
+  EXPECT_EQ(wa.name(), "a");
+  EXPECT_EQ(wa.arch(), "sm_90a");
+  EXPECT_FALSE(wa.compile_only());
+  EXPECT_EQ(wa.gpu().name(), "Fake H200");
+  EXPECT_EQ(wa.gpu().nvrtc_version(), "13.0");
+  EXPECT_FALSE(wa.principal().empty()) << "bound from the worker token";
+  EXPECT_EQ(std::vector<std::string>(wa.sanitizer_tools().begin(), wa.sanitizer_tools().end()),
+            (std::vector<std::string>{"memcheck", "racecheck"}));
+  EXPECT_EQ(wa.state(), v1::WORKER_STATE_DISCONNECTED);
+  EXPECT_EQ(wa.last_seen_unix_ms(), 1'700'000'000'000);
+  EXPECT_EQ(wa.last_seen(), "2023-11-14T22:13:20.000Z");
+  EXPECT_EQ(wb.id(), b);
+  EXPECT_EQ(wb.state(), v1::WORKER_STATE_CONNECTED);
+  EXPECT_TRUE(wb.sanitizer_tools().empty());
+  // A heartbeat is a call: a comes back.
+  v1::HeartbeatRequest hb;
+  v1::HeartbeatResponse hr;
+  ASSERT_TRUE(workers_->Heartbeat(WCtx(a).get(), hb, &hr).ok());
+  resp.Clear();
+  ASSERT_TRUE(kernels_->ListWorkers(Ctx(kClient).get(), req, &resp).ok());
+  EXPECT_EQ(resp.workers(0).state(), v1::WORKER_STATE_CONNECTED);
+}
+
 TEST_F(ClaimsTest, TimingsBelowThePhysicalFloorAreRefused) {
   Start({}, 1);
   SubmitJob(1);

@@ -22,6 +22,7 @@
 #include <spdlog/spdlog.h>
 
 #include "core/secrets.h"
+#include "kforge/version.h"
 #include "core/shape.h"
 #include "gpu/compile.h"
 #include "gpu/compile_cache.h"
@@ -72,6 +73,7 @@ std::string DefaultSanitizer() {
 
 int main(int argc, char** argv) {
   CLI::App app{"kforge-worker: compiles, verifies and times kernel variants for a kforge server"};
+  app.set_version_flag("--version", "kforge-worker " KFORGE_VERSION, "print the version and exit");
   std::string server = "127.0.0.1:50051";
   std::string token;
   std::string token_file;

@@ -1,13 +1,16 @@
 """The kforge CLI against the real kforge-server: get (table, --json, --out),
 tune with a shapes file and a progress display until the job ends, jobs
-list/show/cancel, variants, shapes, and the unreachable-server message.
+list/show/cancel, variants, shapes, workers (with a real kforge-worker),
+--version of every binary, and the unreachable-server message.
 
-usage: cli_test.py <kforge-server binary> <repo root> <kforge binary>
+usage: cli_test.py <kforge-server binary> <repo root> <kforge binary> <kforge-worker binary>
 """
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 
 import kfe2e
 
@@ -22,8 +25,16 @@ def run(cli, server, *args, ok=True):
 
 
 def main():
-    binary, repo, cli = sys.argv[1], sys.argv[2], sys.argv[3]
+    binary, repo, cli, worker_bin = sys.argv[1:5]
     work = kfe2e.tempdir()
+    # --version: every binary prints the project(VERSION) of CMakeLists.txt
+    # and exits 0, with no server and no other flag needed.
+    version = re.search(r"project\(kforge VERSION ([0-9.]+)",
+                        open(os.path.join(repo, "CMakeLists.txt")).read()).group(1)
+    for b, name in ((cli, "kforge"), (binary, "kforge-server"), (worker_bin, "kforge-worker")):
+        p = subprocess.run([b, "--version"], capture_output=True, text=True, timeout=30)
+        assert p.returncode == 0 and p.stdout.strip() == "%s %s" % (name, version), \
+            (b, p.returncode, p.stdout, p.stderr)
     p = run(cli, "127.0.0.1:1", "shapes", ok=False)
     assert p.returncode == 1 and "cannot reach kforge-server at 127.0.0.1:1" in p.stderr, p.stderr
 
@@ -38,6 +49,10 @@ def main():
     assert json.load(open(os.path.join(work, "k", "manifest.json")))["entry_point"]
     p = run(cli, addr, "--json", "get", *shape)
     assert json.loads(p.stdout)["kernel"]["requested_bucket"].startswith("fwd.bf16.d128.h4"), p.stdout
+    # --json writes defaults (an untuned kernel says tuned: false) and
+    # 64-bit integers as numbers, not proto3 JSON's strings.
+    got = json.loads(p.stdout)
+    assert got["kernel"]["tuned"] is False and got["tuning_job_id"] == "", p.stdout
     # Backward shapes are served too: the seed is the key-major backward template.
     p = run(cli, addr, "get", "--op", "bwd", *shape, "--out", os.path.join(work, "kb"))
     assert "tuned        no" in p.stdout, p.stdout
@@ -58,6 +73,25 @@ def main():
             "--max-variants", "4", "--max-seconds", "2", "--name", "cli")
     assert "submitted job" in p.stdout and "evaluated" in p.stdout, p.stdout
     assert "state=succeeded" in p.stdout and "time budget" in p.stdout, p.stdout
+    # With stdout to a file, each progress line is there while the job still
+    # runs (flushed per line, not when the process exits).
+    out_path = os.path.join(work, "tune.out")
+    with open(out_path, "w") as out:
+        proc = subprocess.Popen([cli, "--server", addr, "tune", *shape, "--max-variants", "4",
+                                 "--max-seconds", "6", "--name", "to-file"], stdout=out,
+                                stderr=subprocess.STDOUT,
+                                env=dict(os.environ, KFORGE_TOKEN=kfe2e.CLIENT_TOKEN))
+        try:
+            seen = ""
+            deadline = time.time() + 4
+            while time.time() < deadline and "evaluated" not in seen:
+                time.sleep(0.1)
+                seen = open(out_path).read()
+            assert proc.poll() is None, "the job ended before the check: " + seen
+            assert "submitted job" in seen and "0/4 evaluated" in seen, seen
+        finally:
+            assert proc.wait(timeout=60) == 0, open(out_path).read()
+    assert "state=succeeded" in open(out_path).read()
     # A shapes file with exact lengths (bench/attention/lengths.py's output):
     # the job's buckets come from the offsets; bad lengths name the shape.
     with open(os.path.join(work, "exact.json"), "w") as f:
@@ -77,6 +111,13 @@ def main():
     job_id = json.loads(p.stdout)["id"]
     p = run(cli, addr, "jobs")
     assert job_id in p.stdout and "cli" in p.stdout, p.stdout
+    listed = json.loads(run(cli, addr, "--json", "jobs").stdout)["jobs"]
+    for j in listed:
+        assert type(j["tokens_used"]) is int and type(j["seed"]) is int, j
+        assert j["compile_only"] is False and j["message"] is not None, j
+        assert all(type(p["proposed"]) is int for p in j["progress"]), j
+    shape_sizes = listed[0]["shapes"][0]
+    assert type(shape_sizes["batch"]) is int and type(shape_sizes["total_q"]) is int, shape_sizes
     p = run(cli, addr, "jobs", "show", job_id)
     assert "state=running" in p.stdout, p.stdout
     p = run(cli, addr, "jobs", "cancel", job_id)
@@ -89,6 +130,37 @@ def main():
     assert p.stdout.startswith("BUCKET"), p.stdout
     p = run(cli, addr, "--json", "shapes")
     json.loads(p.stdout)
+
+    # Workers: none yet; then a real compile-only worker (no CUDA driver
+    # here) over loopback, listed as connected once it has registered.
+    p = run(cli, addr, "--json", "workers")
+    assert json.loads(p.stdout).get("workers", []) == [], p.stdout
+    env = dict(os.environ, KFORGE_WORKER_TOKEN=kfe2e.WORKER_TOKEN)
+    worker_log = open(os.path.join(work, "worker.log"), "wb")
+    worker = subprocess.Popen(
+        [worker_bin, "--server", addr, "--compile-only", "--arch", "sm_100a", "--name", "cli-w0",
+         "--cache-dir", os.path.join(work, "cache"), "--compile-threads", "1"],
+        stdout=worker_log, stderr=subprocess.STDOUT, env=env)
+    try:
+        listed = []
+        deadline = time.time() + 60
+        while not listed and time.time() < deadline:
+            listed = json.loads(run(cli, addr, "--json", "workers").stdout).get("workers", [])
+            time.sleep(0.2)
+        assert len(listed) == 1, (listed, open(os.path.join(work, "worker.log")).read()[-2000:])
+        w = listed[0]
+        assert w["name"] == "cli-w0" and w["arch"] == "sm_100a" and w["compile_only"], w
+        assert w["state"] == "WORKER_STATE_CONNECTED" and w["last_seen"], w
+        assert w["principal"], w
+        assert type(w["last_seen_unix_ms"]) is int and w["last_seen_unix_ms"] > 0, w
+        assert type(w["gpu"]["memory_bytes"]) is int, w
+        p = run(cli, addr, "workers")
+        header, row = p.stdout.splitlines()
+        assert header.split()[:5] == ["ID", "NAME", "ARCH", "KIND", "STATE"], p.stdout
+        assert row.split()[:5] == [w["id"], "cli-w0", "sm_100a", "compile", "connected"], p.stdout
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
     assert server.terminate() == 0
     print("OK: kforge CLI")
 
