@@ -816,6 +816,27 @@ absl::Status KforgeApi::ReportResult(const std::string& caller,
   return absl::OkStatus();
 }
 
+namespace {
+
+// A CONFIRM or RETIME of `variant` in `task`'s job, bucket and shape, with a
+// seed of its own drawn from the candidate's EVALUATE seed. Origin fields are
+// the caller's to set.
+TaskRecord PromotionTask(const TaskRecord& task, TaskKind kind, std::string variant,
+                         std::string incumbent, uint64_t candidate_seed) {
+  TaskRecord t;
+  t.job_id = task.job_id;
+  t.kind = kind;
+  t.variant_id = std::move(variant);
+  t.incumbent_variant_id = std::move(incumbent);
+  t.bucket = task.bucket;
+  t.arch = task.arch;
+  t.shape_json = task.shape_json;
+  t.seed = candidate_seed ^ (kind == TaskKind::kRetime ? 0x5bd1e995ULL : 0x27d4eb2fULL);
+  return t;
+}
+
+}  // namespace
+
 absl::Status KforgeApi::DecideAndComplete(const TaskRecord& task, const WorkerInfo& worker,
                                           EvaluationRecord eval, std::string cubin,
                                           bool incumbent_failed) {
@@ -863,15 +884,8 @@ absl::Status KforgeApi::DecideAndComplete(const TaskRecord& task, const WorkerIn
     c.new_best = best;  // the rest defaults to the evaluation being recorded
   }
   if (decision.follow_up) {
-    TaskRecord t;
-    t.job_id = task.job_id;
-    t.kind = *decision.follow_up;
-    t.variant_id = task.variant_id;
-    t.incumbent_variant_id = decision.incumbent_variant_id;
-    t.bucket = task.bucket;
-    t.arch = task.arch;
-    t.shape_json = task.shape_json;
-    t.seed = task.seed ^ (t.kind == TaskKind::kRetime ? 0x5bd1e995ULL : 0x27d4eb2fULL);
+    TaskRecord t = PromotionTask(task, *decision.follow_up, task.variant_id,
+                                 decision.incumbent_variant_id, task.seed);
     // The candidate's producer stays its origin through every re-timing;
     // from an EVALUATE the store fills in the evaluation being recorded.
     t.origin_worker_id = task.origin_worker_id;
@@ -957,15 +971,8 @@ absl::StatusOr<std::optional<TaskRecord>> KforgeApi::HeldPromotion(
   }
   const std::optional<HeldChoice> choice = ChooseHeldCandidate(candidates, best);
   if (!choice) return std::nullopt;
-  TaskRecord t;
-  t.job_id = task.job_id;
-  t.kind = choice->kind;
-  t.variant_id = choice->candidate->variant_id;
-  t.incumbent_variant_id = choice->incumbent_variant_id;
-  t.bucket = task.bucket;
-  t.arch = task.arch;
-  t.shape_json = task.shape_json;
-  t.seed = choice->candidate->seed ^ (t.kind == TaskKind::kRetime ? 0x5bd1e995ULL : 0x27d4eb2fULL);
+  TaskRecord t = PromotionTask(task, choice->kind, choice->candidate->variant_id,
+                               choice->incumbent_variant_id, choice->candidate->seed);
   // The candidate's EVALUATE is its origin; the store fills it in when that
   // is the report being recorded.
   if (choice->candidate->eval != &eval) {

@@ -130,16 +130,36 @@ std::string LocalTaskRunner::TargetArch(const TaskSpec& task) const {
   return task.shape.key.arch;
 }
 
+namespace {
+
+// The static checks a variant passes before NVRTC sees it. The server checked
+// the variant when it was proposed, but a worker does not take that on
+// trust: a source or option that could make NVRTC read a file never reaches
+// NVRTC.
+absl::Status Refused(const VariantSpec& v) {
+  if (v.source.size() > kMaxVariantSourceBytes) {
+    return absl::InvalidArgumentError(fmt::format("source: {} bytes exceeds the limit of {}",
+                                                  v.source.size(), kMaxVariantSourceBytes));
+  }
+  if (absl::Status s = CheckSource(v.source); !s.ok()) return s;
+  return CheckCompileOptions(v.compile_options);
+}
+
+// A gate's finding: the tool said so in its output or by its finding exit
+// code, whatever the child reported.
+bool GateFinding(const SandboxRun& run) {
+  return SanitizerReportsErrors(run.stderr_tail) || run.exit_code == kSanitizerFindingExit;
+}
+
+}  // namespace
+
 void LocalTaskRunner::Prepare(const TaskSpec& task) {
   const std::string arch = TargetArch(task);
   if (arch.empty()) return;
   std::vector<const VariantSpec*> variants = {&task.variant};
   if (task.kind == TaskKind::kRetime && task.incumbent) variants.push_back(&*task.incumbent);
   for (const VariantSpec* v : variants) {
-    // Nothing the static checks refuse reaches NVRTC, ahead of time or not.
-    if (v->source.size() > kMaxVariantSourceBytes || !CheckSource(v->source).ok() ||
-        !CheckCompileOptions(v->compile_options).ok())
-      return;
+    if (!Refused(*v).ok()) return;  // Run() reports it; it never reaches NVRTC
   }
   // The futures are dropped: the pool finishes the compiles, and Run()'s
   // submissions of the same requests join them or hit the cache.
@@ -211,25 +231,14 @@ std::optional<TaskResult> LocalTaskRunner::RunUnchecked(const TaskSpec& task,
     result.message = "no target architecture: the task's shape names none and this worker has no GPU";
     return result;
   }
-  // The server checked the variant when it was proposed, but a worker does
-  // not take that on trust: a source or option that could make NVRTC read a
-  // file never reaches NVRTC.
-  auto refused = [](const VariantSpec& v) -> absl::Status {
-    if (v.source.size() > kMaxVariantSourceBytes) {
-      return absl::InvalidArgumentError(fmt::format("source: {} bytes exceeds the limit of {}",
-                                                    v.source.size(), kMaxVariantSourceBytes));
-    }
-    if (absl::Status s = CheckSource(v.source); !s.ok()) return s;
-    return CheckCompileOptions(v.compile_options);
-  };
-  if (absl::Status s = refused(task.variant); !s.ok()) {
+  if (absl::Status s = Refused(task.variant); !s.ok()) {
     result.outcome = Outcome::kCompileError;
     result.message = std::string(s.message());
     result.compile.log = result.message;
     return result;
   }
   if (task.kind == TaskKind::kRetime && task.incumbent) {
-    if (absl::Status s = refused(*task.incumbent); !s.ok()) {
+    if (absl::Status s = Refused(*task.incumbent); !s.ok()) {
       result.outcome = Outcome::kCompileError;
       result.message =
           fmt::format("incumbent {} is refused: {}", task.incumbent->variant_id,
@@ -413,8 +422,7 @@ std::optional<TaskResult> LocalTaskRunner::RunGates(const TaskSpec& task,
     }
     // A finding is a non-zero error summary even where the tool's exit code
     // did not say so (some report hazards as warnings).
-    const bool finding_in_output = SanitizerReportsErrors(run->stderr_tail) ||
-                                   run->exit_code == kSanitizerFindingExit;
+    const bool finding_in_output = GateFinding(*run);
     if (run->report.outcome != Outcome::kVerified || finding_in_output) {
       failed = TaskResult{};
       // A finding is the verdict, whatever the outputs were under the tool
@@ -561,7 +569,7 @@ std::vector<std::string> ProbeSanitizerTools(const std::string& path,
   for (Probe& p : probes) {
     const std::string& tool = p.tool;
     absl::StatusOr<SandboxRun> run = p.run.get();
-    const bool finding = run.ok() && SanitizerReportsErrors(run->stderr_tail);
+    const bool finding = run.ok() && GateFinding(*run);
     if (!run.ok() || run->report.outcome != Outcome::kVerified || finding) {
       // A tool that cannot run here, or that flags kforge's own verified
       // seed, would stop every promotion: drop it, loudly.

@@ -52,6 +52,7 @@ def main(path):
               f"{verified / span_min if span_min > 0 else 0:.1f} verified a minute")
         kinds = {}
         for kind, outcome in db.execute(
+                # evaluations.task holds the task id as the API names it ("t" + row id).
                 "SELECT t.kind, e.outcome FROM evaluations e JOIN tasks t ON 't' || t.id = e.task"):
             k = kinds.setdefault(kind, [0, 0])
             k[0] += 1
