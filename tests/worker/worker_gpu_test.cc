@@ -356,6 +356,44 @@ INSTANTIATE_TEST_SUITE_P(Corpus, WorkerGpuPromotion, ::testing::ValuesIn(Verifie
                            return name;
                          });
 
+// A bucket shape of the seed-gate tests: GQA 4:2, 24 sequences of up to 700.
+ShapeKey GateShape(Op op, int d, bool causal) {
+  ShapeKey k;
+  k.op = op;
+  k.head_dim = d;
+  k.heads = 4;
+  k.kv_heads = 2;
+  k.causal = causal;
+  k.arch = TheGpu().info.arch;
+  k.batch = 24;
+  k.max_len_q = 700;
+  k.total_q = 24 * 300;
+  k.max_len_k = 700;
+  k.total_k = 24 * 300;
+  return k;
+}
+
+// One CONFIRM through every working gate; prints what it took.
+std::optional<TaskResult> ConfirmThroughGates(LocalTaskRunner& runner, const ShapeKey& k, const Variant& v,
+                               const std::string& label, uint64_t seed) {
+  std::atomic<bool> cancel{false};
+  TaskSpec t;
+  t.task_id = fmt::format("gate-{}-d{}-{}", OpName(k.op), k.head_dim, seed);
+  t.kind = TaskKind::kConfirm;
+  t.shape.key = k;
+  t.variant.variant_id = v.template_name;
+  t.variant.source = v.source;
+  t.variant.manifest_json = ManifestToJson(v.manifest);
+  t.seed = seed;
+  const auto start = std::chrono::steady_clock::now();
+  std::optional<TaskResult> r = runner.Run(t, cancel);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!r) return r;
+  std::cout << fmt::format("confirm {:40} {} d{} {:10} {:6.1f} s  {}\n", label, OpName(k.op),
+                           k.head_dim, OutcomeName(r->outcome), s, r->message.substr(0, 300));
+  return r;
+}
+
 // kforge's own seed kernels must pass every gate: a sanitizer that flags
 // them would stop every bucket from being served a tuned kernel.
 TEST_F(WorkerGpuSequence, SeedDefaultsPassEveryGate) {
@@ -363,40 +401,42 @@ TEST_F(WorkerGpuSequence, SeedDefaultsPassEveryGate) {
   gpu::CompilePool pool(2, nullptr);
   Sandbox sandbox(GpuSandboxOptions());
   LocalTaskRunner runner(&pool, &sandbox, GatedRunnerOptions());
-  std::atomic<bool> cancel{false};
   uint64_t seed = 900;
   for (Op op : {Op::kForward, Op::kBackward}) {
     for (int d : {64, 128}) {
-      ShapeKey k;
-      k.op = op;
-      k.head_dim = d;
-      k.heads = 4;
-      k.kv_heads = 2;
-      k.causal = d == 128;
-      k.arch = TheGpu().info.arch;
-      k.batch = 24;
-      k.max_len_q = 700;
-      k.total_q = 24 * 300;
-      k.max_len_k = 700;
-      k.total_k = 24 * 300;
+      const ShapeKey k = GateShape(op, d, d == 128);
       absl::StatusOr<Variant> v = DefaultVariant(k);
       ASSERT_TRUE(v.ok()) << v.status();
-      TaskSpec t;
-      t.task_id = fmt::format("seed-{}-d{}", OpName(op), d);
-      t.kind = TaskKind::kConfirm;
-      t.shape.key = k;
-      t.variant.variant_id = v->template_name;
-      t.variant.source = v->source;
-      t.variant.manifest_json = ManifestToJson(v->manifest);
-      t.seed = ++seed;
-      const auto start = std::chrono::steady_clock::now();
-      std::optional<TaskResult> r = runner.Run(t, cancel);
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      auto r = ConfirmThroughGates(runner, k, *v, "seed " + v->template_name, ++seed);
       ASSERT_TRUE(r.has_value());
-      std::cout << fmt::format("confirm seed {:8} {} d{} {:10} {:6.1f} s  {}\n", v->template_name,
-                               OpName(op), d, OutcomeName(r->outcome), s, r->message.substr(0, 300));
-      EXPECT_EQ(r->outcome, Outcome::kVerified) << t.task_id << ": " << r->message;
+      EXPECT_EQ(r->outcome, Outcome::kVerified) << v->template_name << " d" << d << ": " << r->message;
     }
+  }
+}
+
+// bwd_sm90 with every consumer thread arriving on the empty barriers
+// (ARRIVE=1): racecheck flagged the elected-lane release of ARRIVE=0
+// (kernels/notes/bwd.md); this form must pass every gate before bwd_sm90 can
+// be a served default. The settings are the candidate defaults at both head
+// dims, and OVERLAP both ways at D=128.
+TEST_F(WorkerGpuSequence, BwdSm90ArrivePassesEveryGate) {
+  if (WorkingGates().empty()) GTEST_SKIP() << "no compute-sanitizer tool runs here";
+  if (TheGpu().info.arch != "sm_90a") GTEST_SKIP() << "bwd_sm90 needs sm_90a";
+  gpu::CompilePool pool(2, nullptr);
+  Sandbox sandbox(GpuSandboxOptions());
+  LocalTaskRunner runner(&pool, &sandbox, GatedRunnerOptions());
+  struct S { int d, bm, overlap; bool causal; };
+  uint64_t seed = 950;
+  for (S s : {S{64, 128, 1, false}, S{128, 64, 0, true}, S{128, 64, 1, false}}) {
+    absl::StatusOr<Variant> v = Instantiate(
+        "bwd_sm90",
+        {{"BLOCK_M", s.bm}, {"BLOCK_N", 128}, {"STAGES", 2}, {"OVERLAP", s.overlap}, {"ARRIVE", 1}},
+        s.d);
+    ASSERT_TRUE(v.ok()) << v.status();
+    const std::string label = fmt::format("bwd_sm90 BM{} OVERLAP{} ARRIVE1", s.bm, s.overlap);
+    auto r = ConfirmThroughGates(runner, GateShape(Op::kBackward, s.d, s.causal), *v, label, ++seed);
+    ASSERT_TRUE(r.has_value());
+    EXPECT_EQ(r->outcome, Outcome::kVerified) << label << " d" << s.d << ": " << r->message;
   }
 }
 
