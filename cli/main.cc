@@ -19,7 +19,6 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -30,6 +29,7 @@
 #include <grpcpp/grpcpp.h>
 #include <nlohmann/json.hpp>
 
+#include "core/lengths.h"
 #include "kforge/v1/kforge.grpc.pb.h"
 #include "kforge/version.h"
 #include "pack/proto.h"
@@ -207,8 +207,10 @@ void AddShapeFlags(CLI::App* cmd, ShapeFlags& f) {
 }
 
 // bench/shapes.json: entries {"name","B","H","D","q":{dist...},"kv":"same"|{dist},
-// "causal"}. Lengths are drawn (seeded) from the distribution and summarised;
-// entries may also give the Shape fields directly (head_dim, batch, ...).
+// "causal"}. Lengths are drawn from the distribution by the one rule
+// (core/lengths.h, seed 1 per shape: the batches bench/ and the anchors time)
+// and summarised; entries may also give the Shape fields directly
+// (head_dim, batch, ...).
 // Entries with "lq" (and "lk" when "kv" is not "same") lists of lengths, as
 // bench/attention/lengths.py writes them, are sent as exact offsets: the
 // workers then time every candidate on exactly that batch.
@@ -218,28 +220,6 @@ std::vector<v1::Shape> ShapesFromFile(const std::string& path, const std::string
   json j = json::parse(in, nullptr, false);
   if (j.is_object() && j.contains("shapes")) j = j["shapes"];
   if (!j.is_array()) throw Failure{2, fmt::format("{}: expected a JSON array of shapes", path)};
-  std::mt19937_64 rng(1234);
-  auto draw = [&](const json& d, int64_t batch, int64_t* max_len, int64_t* total) {
-    const std::string dist = d.value("dist", "fixed");
-    const int64_t hi = d.value("hi", int64_t{1});
-    const int64_t lo = d.value("lo", int64_t{1});
-    *max_len = 0;
-    *total = 0;
-    for (int64_t b = 0; b < batch; ++b) {
-      int64_t len = hi;
-      if (dist == "uniform") {
-        len = lo + static_cast<int64_t>(rng() % static_cast<uint64_t>(std::max<int64_t>(1, hi - lo + 1)));
-      } else if (dist == "pareto") {
-        const double alpha = d.value("alpha", 1.0);
-        const double u = (static_cast<double>(rng() >> 11) + 1) / 9007199254740993.0;
-        len = std::min<int64_t>(hi, static_cast<int64_t>(lo / std::pow(u, 1.0 / alpha)));
-      } else if (dist != "fixed") {
-        throw Failure{2, fmt::format("{}: unknown length distribution '{}'", path, dist)};
-      }
-      *max_len = std::max(*max_len, len);
-      *total += len;
-    }
-  };
   std::vector<v1::Shape> out;
   for (size_t i = 0; i < j.size(); ++i) {
     const json& e = j[i];
@@ -277,12 +257,23 @@ std::vector<v1::Shape> ShapesFromFile(const std::string& path, const std::string
           s.mutable_cu_seqlens_k()->Add(cu_k.begin(), cu_k.end());
         }
       } else if (e.contains("q")) {
+        absl::StatusOr<kforge::DrawnLengths> drawn = kforge::DrawShapeLengths(e);
+        if (!drawn.ok())
+          throw Failure{2, fmt::format("{}: shape {}: {}", path, i, std::string(drawn.status().message()))};
+        auto summarise = [](const std::vector<int64_t>& lengths, int64_t* max_len, int64_t* total) {
+          *max_len = 0;
+          *total = 0;
+          for (int64_t len : lengths) {
+            *max_len = std::max(*max_len, len);
+            *total += len;
+          }
+        };
         int64_t mx = 0, tot = 0;
-        draw(e["q"], batch, &mx, &tot);
+        summarise(drawn->q, &mx, &tot);
         s.set_max_len_q(mx);
         s.set_total_q(tot);
-        if (e.contains("kv") && e["kv"].is_object()) {
-          draw(e["kv"], batch, &mx, &tot);
+        if (drawn->cross) {
+          summarise(drawn->k, &mx, &tot);
           s.set_cross(true);
           s.set_max_len_k(mx);
           s.set_total_k(tot);
