@@ -25,6 +25,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <set>
 
 namespace kforge {
 
@@ -47,6 +48,8 @@ class Clock {
                const std::function<bool()>& done) {
     return WaitUntil(lock, cv, Now() + d, done);
   }
+  // Waits `d` with nothing to wake it early: for a single-threaded retry.
+  void SleepFor(Duration d);
 };
 
 // The steady clock for waits and the system clock for UnixMs.
@@ -60,9 +63,13 @@ class SystemClock final : public Clock {
 
 // Time that moves only when Advance() says. Tests only.
 //
-// A thread in WaitUntil is a "waiter" until its wait ends; AwaitWaiters()
-// lets a test see that the component has reached its wait (its deadline
-// is then fixed) before advancing past it.
+// A thread in WaitUntil whose deadline is still ahead is a "waiter";
+// AwaitWaiters() lets a test see that the component has reached its wait
+// (its deadline is then fixed) before advancing past it, and NextDeadline()
+// says how long that wait is. A waiter whose deadline an Advance() passed
+// no longer counts, though it may take a moment to leave its wait: so after
+// an advance, AwaitWaiters waits for the component's next wait, not the one
+// just ended.
 class ManualClock final : public Clock {
  public:
   // Starts at 2026-01-01T00:00:00Z unless told otherwise.
@@ -75,19 +82,23 @@ class ManualClock final : public Clock {
 
   // Moves time on by `d` (>= 0) and wakes every waiter to look at it.
   void Advance(Duration d);
-  // Threads waiting now.
+  // Threads waiting now for a deadline still ahead.
   int Waiters() const;
   // Blocks, in real time up to `timeout`, until at least `n` threads wait;
   // false on timeout.
   bool AwaitWaiters(int n, std::chrono::milliseconds timeout = std::chrono::seconds(30)) const;
+  // How far ahead the earliest waiter's deadline is; zero when none waits.
+  Duration NextDeadline() const;
 
  private:
+  int WaitersLocked() const;  // mu_ held
+
   const int64_t start_unix_ms_;
   mutable std::mutex mu_;
   mutable std::condition_variable waiters_changed_;
-  Duration elapsed_{0};                            // guarded by mu_
+  Duration elapsed_{0};                              // guarded by mu_
   std::map<std::condition_variable*, int> waiting_;  // cv -> threads on it; guarded by mu_
-  int waiters_ = 0;                                // guarded by mu_
+  std::multiset<TimePoint> deadlines_;               // one per waiter; guarded by mu_
 };
 
 }  // namespace kforge

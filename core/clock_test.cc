@@ -74,6 +74,15 @@ TEST(ManualClock, AWaitEndsWhenThePredicateHoldsWithoutTimeMoving) {
   EXPECT_EQ(result.load(), 1);
 }
 
+TEST(ManualClock, SleepForTakesNoRealTime) {
+  ManualClock clock;
+  std::thread sleeper([&] { clock.SleepFor(1h); });
+  ASSERT_TRUE(clock.AwaitWaiters(1));
+  EXPECT_EQ(clock.NextDeadline(), 1h);
+  clock.Advance(1h);
+  sleeper.join();
+}
+
 TEST(ManualClock, CountsEveryWaiterAndAwaitingMoreTimesOut) {
   ManualClock clock;
   std::mutex mu;
@@ -88,7 +97,11 @@ TEST(ManualClock, CountsEveryWaiterAndAwaitingMoreTimesOut) {
   });
   ASSERT_TRUE(clock.AwaitWaiters(2));
   EXPECT_FALSE(clock.AwaitWaiters(3, 20ms));
+  EXPECT_EQ(clock.NextDeadline(), 10ms);
   clock.Advance(10ms);
+  // a's deadline has passed: it no longer counts, even before it leaves.
+  EXPECT_EQ(clock.Waiters(), 1);
+  EXPECT_EQ(clock.NextDeadline(), 10ms);
   a.join();
   ASSERT_TRUE(clock.AwaitWaiters(1));
   clock.Advance(10ms);
