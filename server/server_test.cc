@@ -972,7 +972,8 @@ TEST_F(ServerTest, RetimeDecidesOnThePairsAndTheStoredSamplesReproduceIt) {
   ASSERT_TRUE(GetKernel(MakeShape(), &k).ok());
   EXPECT_EQ(k.kernel().variant_id(), r->challenger);
   const std::string& measured_by = k.kernel().timing().measured_by();
-  EXPECT_EQ(measured_by.rfind("retime: median of 24 paired ratios", 0), 0u) << measured_by;
+  EXPECT_EQ(measured_by.rfind("retime: median of 16 paired ratios", 0), 0u) << measured_by;
+  EXPECT_NE(measured_by.find("95% overall"), std::string::npos) << measured_by;
   EXPECT_EQ(k.kernel().timing().samples_us_size(), 0) << "served figures carry no samples";
 
   // From the store alone: the RETIME's evaluation holds both kernels'
