@@ -59,17 +59,12 @@
 #ifndef KF_STAGES
 #define KF_STAGES 2
 #endif
-#ifndef KF_ARRIVE
-#define KF_ARRIVE 0
-#endif
-// How the consumers release a stage and the K/V tiles: 0, one elected lane
-// per warp after a __syncwarp (counts 8); 1, every consumer thread (counts
-// 256), the form compute-sanitizer's racecheck accepts (see release_warp).
-#if KF_ARRIVE
+// Every consumer thread arrives on the "empty" barriers of a stage and of the
+// K/V tiles: an arrive releases only its own thread's earlier reads (PTX
+// memory model), so one elected lane per warp would leave the other lanes'
+// LSE/delta reads unordered before the producer's refill. racecheck on the
+// H200 flagged exactly that form (v1, notes/bwd.md) and passes this one.
 #define KF9_EMPTY_ARRIVALS 256
-#else
-#define KF9_EMPTY_ARRIVALS 8
-#endif
 #ifndef KF_OVERLAP
 #define KF_OVERLAP 0
 #endif
@@ -155,15 +150,6 @@ __device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_gene
 __device__ __forceinline__ void mbar_init(u32 bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
-// One lane arrives for its warp on the "empty" barriers, and an arrive
-// releases only its own thread's earlier accesses (PTX memory model): the
-// other lanes' reads of the stage (LSE, delta) are ordered before it by this
-// __syncwarp. racecheck on the H200 still reports WAR hazards between those
-// reads and the producer's refill (it counts only each thread's own arrive);
-// every consumer thread arriving (counts 256) would satisfy it, but spills
-// 4 B at one default setting (notes/bwd.md).
-__device__ __forceinline__ void release_warp() { __syncwarp(); }
-
 __device__ __forceinline__ void mbar_arrive(u32 bar) {
   asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
@@ -382,7 +368,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
     KF9_SMEM_ADDRESSES;
     for (int s = 0; s < kS; ++s) {
       mbar_init(bar_full + 8 * s, 128);  // every producer thread arrives
-      mbar_init(bar_empty + 8 * s, KF9_EMPTY_ARRIVALS);  // see KF_ARRIVE
+      mbar_init(bar_empty + 8 * s, KF9_EMPTY_ARRIVALS);
     }
     mbar_init(bar_kv_full, 128);
     mbar_init(bar_kv_empty, KF9_EMPTY_ARRIVALS);
@@ -600,12 +586,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         // dV and dK done before dQ starts (P^T and dS^T registers free: the
         // register budget), and Q, dO, LSE and delta of this stage are free.
         wgmma_wait<0>();
-#if KF_ARRIVE
         mbar_arrive(bar_empty + 8 * s);
-#else
-        kf9::release_warp();
-        if (lane == 0) mbar_arrive(bar_empty + 8 * s);
-#endif
         // A 64 x 64 slice of dQ = dS K: A = dS (K-major, key panels kBM * 128 B
         // apart), B = K (MN-major: head-dim panels kBN * 128 B apart, 16 key
         // rows = 2048 B per k-step).
@@ -760,12 +741,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         // delta are free.
         wgmma_wait<1>();
         reg_fence_u<kBM / 4>(da);
-#if KF_ARRIVE
         mbar_arrive(bar_empty + 8 * s);
-#else
-        kf9::release_warp();
-        if (lane == 0) mbar_arrive(bar_empty + 8 * s);
-#endif
         wgmma_wait<0>();
         reg_fence<32>(dq);
         {
@@ -816,12 +792,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
       }
       // Every wgmma of the tile has completed (wait_group 0 above): K and V
       // may be refilled.
-#if KF_ARRIVE
       mbar_arrive(bar_kv_empty);
-#else
-      kf9::release_warp();
-      if (lane == 0) mbar_arrive(bar_kv_empty);
-#endif
       ++kt;
     }
     reg_fence<kD / 2>(dk);
