@@ -260,9 +260,8 @@ TEST(TemplatesCompileSm90, FwdSm90CubinsArePinned) {
   }
 }
 
-// bwd_sm90, OVERLAP both ways (v1 and v2, every consumer thread releasing
-// the stages): every setting validate() accepts compiles without spills or
-// wgmma serialization (kernels/notes/bwd.md).
+// bwd_sm90: every setting validate() accepts (OVERLAP, DQ and DELTA both
+// ways) compiles without spills or wgmma serialization (kernels/notes/bwd.md).
 TEST(TemplatesCompileSm90, BwdSm90SettingsDoNotSpill) {
   bool listed = false;
   for (const auto& t : ListTemplates()) listed = listed || t.name == "bwd_sm90";
@@ -272,23 +271,30 @@ TEST(TemplatesCompileSm90, BwdSm90SettingsDoNotSpill) {
     for (int bm : {64, 128}) {
       for (int st : {1, 2}) {
         for (int ov : {0, 1}) {
-          auto v = Instantiate(
-              "bwd_sm90", {{"BLOCK_M", bm}, {"BLOCK_N", 128}, {"STAGES", st}, {"OVERLAP", ov}}, d);
-          if (!v.ok()) continue;  // refused by validate()
-          ++compiled;
-          auto r = testing::CompileVariant(v->source, "sm_90a");
-          ASSERT_TRUE(r.ok) << r.log;
-          const std::string what = fmt::format("d{} BM{} ST{} OVERLAP{}", d, bm, st, ov);
-          EXPECT_EQ(r.spill_stores, 0) << what << "\n" << r.log;
-          EXPECT_EQ(r.spill_loads, 0) << what << "\n" << r.log;
-          EXPECT_EQ(r.log.find("C7517"), std::string::npos) << what << "\n" << r.log;
-          EXPECT_EQ(r.log.find("C7511"), std::string::npos) << what << "\n" << r.log;
-          EXPECT_EQ(r.log.find("C7512"), std::string::npos) << what << "\n" << r.log;
+          for (int dq : {0, 1}) {
+            for (int delta : {0, 1}) {
+              auto v = Instantiate("bwd_sm90",
+                                   {{"BLOCK_M", bm}, {"BLOCK_N", 128}, {"STAGES", st},
+                                    {"OVERLAP", ov}, {"DQ", dq}, {"DELTA", delta}},
+                                   d);
+              if (!v.ok()) continue;  // refused by validate()
+              ++compiled;
+              auto r = testing::CompileVariant(v->source, "sm_90a");
+              ASSERT_TRUE(r.ok) << r.log;
+              const std::string what =
+                  fmt::format("d{} BM{} ST{} OVERLAP{} DQ{} DELTA{}", d, bm, st, ov, dq, delta);
+              EXPECT_EQ(r.spill_stores, 0) << what << "\n" << r.log;
+              EXPECT_EQ(r.spill_loads, 0) << what << "\n" << r.log;
+              EXPECT_EQ(r.log.find("C7517"), std::string::npos) << what << "\n" << r.log;
+              EXPECT_EQ(r.log.find("C7511"), std::string::npos) << what << "\n" << r.log;
+              EXPECT_EQ(r.log.find("C7512"), std::string::npos) << what << "\n" << r.log;
+            }
+          }
         }
       }
     }
   }
-  EXPECT_EQ(compiled, 9);  // d64: 3 of 8 refused; d128: BLOCK_M=128 refused
+  EXPECT_EQ(compiled, 36);  // 9 of the 16 block/stage/overlap settings, x4
 }
 
 

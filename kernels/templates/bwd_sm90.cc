@@ -17,7 +17,8 @@ int Knob(const std::map<std::string, int>& k, const char* name) { return k.at(na
 
 // The kernel's own layout function (bwd_sm90_layout.h), evaluated here.
 KfBwdSm90Layout Layout(const std::map<std::string, int>& k, int d) {
-  return kf_bwd_sm90_layout(d, Knob(k, "BLOCK_M"), Knob(k, "BLOCK_N"), Knob(k, "STAGES"));
+  return kf_bwd_sm90_layout(d, Knob(k, "BLOCK_M"), Knob(k, "BLOCK_N"), Knob(k, "STAGES"),
+                            Knob(k, "DQ"));
 }
 
 }  // namespace
@@ -36,6 +37,15 @@ TemplateDef BwdSm90Template() {
       // before the consumer barrier, dQ while dK completes, the stage freed
       // before the dQ wait. 0 = v1's step, compiled byte for byte as validated.
       {"OVERLAP", {0, 1}, 0},
+      // How dQ reaches dq_accum (notes/bwd.md, v3): 0 = red.global.add.v4 from
+      // the accumulators; 1 = staged in shared memory, then bulk asynchronous
+      // reduce-adds (cp.reduce.async.bulk) issued by one thread per warpgroup.
+      {"DQ", {0, 1}, 0},
+      // delta = rowsum(dO * O): 0 = recomputed by every key block that visits
+      // a query block; 1 = computed by the first visitor, which publishes it
+      // in p.delta (a claim bit and a ready bit in the query block's counter)
+      // for the others to read.
+      {"DELTA", {0, 1}, 0},
   };
   def.info.description =
       "Hopper backward (FA3-style): a CTA per key block of 128 keys, 1 producer warpgroup "
@@ -92,10 +102,12 @@ TemplateDef BwdSm90Template() {
   // D=64: BLOCK_M=128 (dQ split by rows: one dq_accum reduction per element
   // and key block); D=128: BLOCK_M=64 (the only setting that fits). OVERLAP=1
   // at both: 0.3-1% faster on every shape (notes/bwd.md, v2), and at D=64
-  // with BLOCK_M=128 the only setting that does not spill.
+  // with BLOCK_M=128 the only setting that does not spill. DELTA=1: 1.2-1.6x
+  // faster on every public shape but powerlaw_short, DQ=1 slower on all but
+  // that one (notes/bwd.md, v3).
   def.default_knobs = [](const ShapeKey& s) -> std::map<std::string, int> {
     return {{"BLOCK_M", s.head_dim == 64 ? 128 : 64}, {"BLOCK_N", 128}, {"STAGES", 2},
-            {"OVERLAP", 1}};
+            {"OVERLAP", 1}, {"DQ", 0}, {"DELTA", 1}};
   };
   def.preference = [](const ShapeKey& s) {
     if (s.op != Op::kBackward || s.arch != "sm_90a") return 0;
