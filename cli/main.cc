@@ -207,10 +207,10 @@ void AddShapeFlags(CLI::App* cmd, ShapeFlags& f) {
 }
 
 // bench/shapes.json: entries {"name","B","H","D","q":{dist...},"kv":"same"|{dist},
-// "causal"}. Lengths are drawn from the distribution by the one rule
-// (core/lengths.h, seed 1 per shape: the batches bench/ and the anchors time)
-// and summarised; entries may also give the Shape fields directly
-// (head_dim, batch, ...).
+// "causal"}, optionally "KVH" (key/value heads). Lengths are drawn from the
+// distribution by the one rule (core/lengths.h, seed 1 per shape: the
+// batches bench/ and the anchors time) and summarised; entries may also give
+// the Shape fields directly (head_dim, batch, ...).
 // Entries with "lq" (and "lk" when "kv" is not "same") lists of lengths, as
 // bench/attention/lengths.py writes them, are sent as exact offsets: the
 // workers then time every candidate on exactly that batch.
@@ -230,7 +230,7 @@ std::vector<v1::Shape> ShapesFromFile(const std::string& path, const std::string
       s.set_dtype(v1::DTYPE_BF16);
       s.set_head_dim(e.contains("D") ? e["D"].get<int>() : e.value("head_dim", 0));
       s.set_heads(e.contains("H") ? e["H"].get<int>() : e.value("heads", 0));
-      s.set_kv_heads(e.value("kv_heads", 0));
+      s.set_kv_heads(e.contains("KVH") ? e["KVH"].get<int>() : e.value("kv_heads", 0));
       s.set_causal(e.value("causal", false));
       s.set_arch(e.value("arch", arch));
       const int64_t batch = e.contains("B") ? e["B"].get<int64_t>() : e.value("batch", int64_t{0});

@@ -70,6 +70,10 @@ class CrossLanguage(unittest.TestCase):
         with open(os.path.join(REPO, "bench", "shapes.json")) as f:
             shapes = json.load(f)
         self.check(shapes)
+        wide = os.path.join(REPO, "bench", "shapes_wide.json")  # the shape classes beyond them
+        if os.path.exists(wide):
+            with open(wide) as f:
+                self.check(json.load(f))
         # Not trivially equal: the batches are jagged and depend on the seed.
         lq1 = py(shapes, 1)[1]["lq"]
         self.assertGreater(len(set(lq1)), 100)
