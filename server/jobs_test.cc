@@ -3,6 +3,7 @@
 // store with a recording proposer.
 #include "server/jobs.h"
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <mutex>
@@ -78,8 +79,7 @@ int64_t Now() {
 class JobsTest : public ::testing::Test {
  protected:
   void SetUp() override { store_ = NewMemoryStore(); }
-  std::unique_ptr<JobEngine> Engine(int limit, int per_round = 2) {
-    JobEngineOptions o;
+  std::unique_ptr<JobEngine> Engine(int limit, int per_round = 2, JobEngineOptions o = {}) {
     o.candidates_per_round = per_round;
     auto e = std::make_unique<JobEngine>(
         store_.get(),
@@ -331,6 +331,109 @@ TEST_F(JobsTest, CancelStopsTheJobAndItsTasks) {
   EXPECT_EQ(c->record.state, JobState::kCancelled);
   EXPECT_FALSE(CompleteOne(*engine, Outcome::kVerified, 1.0));
   EXPECT_EQ(engine->Cancel("j999999", "x").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(WaitingMessage, NamesEachArchOnceAndWhetherAGpuIsNeeded) {
+  EXPECT_EQ(WaitingMessage({}), "");
+  EXPECT_EQ(WaitingMessage({{"sm_100a", false}}), "waiting for a worker of arch sm_100a");
+  EXPECT_EQ(WaitingMessage({{"sm_90a", true}, {"sm_90a", true}, {"sm_100a", false}, {"sm_80", true}}),
+            "waiting for a GPU worker of arch sm_90a, a worker of arch sm_100a and a GPU worker "
+            "of arch sm_80");
+}
+
+TEST_F(JobsTest, AJobNoConnectedWorkerCanRunSaysWhatItWaitsForUntilOneComes) {
+  std::atomic<bool> available{false};
+  std::vector<WorkerNeed> asked;
+  std::vector<std::string> events;  // before the engine: its watcher writes here
+  std::mutex mu;
+  JobEngineOptions o;
+  o.worker_available = [&](const WorkerNeed& n) {
+    std::lock_guard lock(mu);
+    asked.push_back(n);
+    return available.load();
+  };
+  auto engine = Engine(100, 2, o);
+  JobSpec spec;
+  spec.shapes = {Shape()};
+  spec.compile_only = true;
+  auto job = engine->Submit(spec);
+  ASSERT_TRUE(job.ok());
+  engine->Watch(job->record.id, [&](const JobEvent& ev) {
+    std::lock_guard lock(mu);
+    events.push_back(ev.message + "|" + ev.job.waiting_for);
+  });
+  JobView v = WaitFor(*engine, job->record.id, [](const JobView& v) { return !v.waiting_for.empty(); });
+  EXPECT_EQ(v.waiting_for, "waiting for a worker of arch sm_90a");
+  EXPECT_EQ(engine->WaitingFor(job->record.id), v.waiting_for);
+  {
+    std::lock_guard lock(mu);
+    ASSERT_FALSE(asked.empty());
+    EXPECT_EQ(asked[0].arch, "sm_90a");
+    EXPECT_FALSE(asked[0].gpu) << "a compile-only job needs a compiler, not a GPU";
+  }
+  available = true;
+  v = WaitFor(*engine, job->record.id, [](const JobView& v) { return v.waiting_for.empty(); });
+  EXPECT_EQ(v.waiting_for, "");
+  EXPECT_EQ(v.record.state, JobState::kRunning);
+  engine->Stop();
+  std::lock_guard lock(mu);
+  EXPECT_NE(std::find(events.begin(), events.end(),
+                      "waiting for a worker of arch sm_90a|waiting for a worker of arch sm_90a"),
+            events.end());
+  EXPECT_NE(std::find(events.begin(), events.end(), "a connected worker can run its tasks|"),
+            events.end());
+}
+
+TEST_F(JobsTest, AStuckJobFailsAfterTheTimeoutSayingWhatItWaitedFor) {
+  std::atomic<int64_t> now{Now()};
+  JobEngineOptions o;
+  o.worker_available = [](const WorkerNeed&) { return false; };
+  o.stuck_timeout_ms = 60000;
+  o.clock = [&] { return now.load(); };
+  auto engine = Engine(100, 2, o);
+  JobSpec spec;
+  spec.shapes = {Shape()};
+  auto job = engine->Submit(spec);
+  ASSERT_TRUE(job.ok());
+  JobView v = WaitFor(*engine, job->record.id, [](const JobView& v) { return !v.waiting_for.empty(); });
+  EXPECT_EQ(v.waiting_for, "waiting for a GPU worker of arch sm_90a");
+  now += 30000;
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  ASSERT_TRUE(engine->Get(job->record.id).ok());
+  EXPECT_FALSE(IsFinal(engine->Get(job->record.id)->record.state)) << "not before the timeout";
+  now += 31000;
+  v = WaitFor(*engine, job->record.id, [](const JobView& v) { return IsFinal(v.record.state); });
+  EXPECT_EQ(v.record.state, JobState::kFailed);
+  EXPECT_EQ(v.record.message,
+            "waiting for a GPU worker of arch sm_90a for 60 s: no connected worker can run its tasks");
+  EXPECT_EQ(v.waiting_for, "");
+  EXPECT_FALSE(CompleteOne(*engine, Outcome::kVerified, 1.0)) << "its tasks were cancelled";
+}
+
+TEST_F(JobsTest, CompileOnlyProgressCountsTheCompiledResults) {
+  auto engine = Engine(/*limit=*/3, /*per_round=*/3);
+  JobSpec spec;
+  spec.shapes = {Shape()};
+  spec.compile_only = true;
+  spec.max_variants = 3;
+  auto job = engine->Submit(spec);
+  ASSERT_TRUE(job.ok());
+  int done = 0;
+  for (int i = 0; i < 200 && done < 3; ++i) {
+    if (CompleteOne(*engine, done == 1 ? Outcome::kCompileError : Outcome::kCompiled, 0)) ++done;
+    else std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  JobView v = WaitFor(*engine, job->record.id, [](const JobView& v) { return IsFinal(v.record.state); });
+  ASSERT_EQ(v.progress.size(), 1u);
+  EXPECT_EQ(v.progress[0].evaluated, 3);
+  EXPECT_EQ(v.progress[0].compiled, 2);
+  EXPECT_EQ(v.progress[0].failed, 1);
+  EXPECT_EQ(v.progress[0].verified, 0);
+  // Kept in the stored progress too (a restart recomputes it from the tasks).
+  auto rec = store_->GetJob(job->record.id);
+  ASSERT_TRUE(rec.ok());
+  ASSERT_TRUE(DecodeJob(*rec).ok());
+  EXPECT_EQ(DecodeJob(*rec)->progress[0].compiled, 2);
 }
 
 }  // namespace
