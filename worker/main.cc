@@ -19,8 +19,10 @@
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
+#include "core/logging.h"
 #include "core/secrets.h"
 #include "kforge/version.h"
 #include "core/shape.h"
@@ -95,6 +97,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> sanitizer_tools(std::begin(kSanitizerTools), std::end(kSanitizerTools));
   bool no_sanitizer_gate = false;
   std::string log_level = "info";
+  std::string log_format = "text";
+  std::string compile_archs_flag = "all";
   // Hidden: the sandboxed children (evaluator, compiler).
   bool eval_child = false;
   bool compile_child = false;
@@ -151,7 +155,13 @@ int main(int argc, char** argv) {
   app.add_flag("--no-sanitizer-gate", no_sanitizer_gate,
                "run no sanitizer gates (the server then promotes nothing from this worker "
                "unless it allows ungated promotion)");
+  app.add_option("--compile-archs", compile_archs_flag,
+                 "archs besides its own whose compile-only tasks this worker takes: 'all' (every "
+                 "arch its NVRTC compiles for), 'none', or a comma-separated list")
+      ->capture_default_str();
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error")->capture_default_str();
+  app.add_option("--log-format", log_format, "text | json (one JSON object a line)")
+      ->capture_default_str();
   app.add_flag("--eval-child", eval_child)->group("");
   app.add_flag("--compile-child", compile_child)->group("");
   app.add_flag("--compile-child-unsealed", compile_child_unsealed)->group("");
@@ -170,7 +180,12 @@ int main(int argc, char** argv) {
     }
     return RunEvalChild(request_dir, result_fd, self_test);
   }
-  spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%^%l%$] %v");
+  if (absl::Status s = kforge::ConfigureLogging(log_format, log_level,
+                                                "[%Y-%m-%d %H:%M:%S.%e] [%^%l%$] %v");
+      !s.ok()) {
+    fmt::print(stderr, "kforge-worker: {}\n", std::string(s.message()));
+    return 2;
+  }
   // SIGINT/SIGTERM stop the worker; every thread started from here on (compile pool, gRPC)
   // inherits the blocked mask, so only the waiter below sees them.
   signal(SIGPIPE, SIG_IGN);
@@ -259,6 +274,29 @@ int main(int argc, char** argv) {
     }
     registration.gpu.arch = compile_arch;
   }
+
+  // Compile-only tasks of other archs: a CPU-only machine (or a GPU worker
+  // between its own tasks) screens candidates for every arch its compiler
+  // knows, so a compile-only job never waits for a worker of its arch.
+  const std::vector<std::string> nvrtc_archs = kforge::gpu::NvrtcTargetArchs();
+  if (compile_archs_flag == "all") {
+    registration.compile_archs = nvrtc_archs;
+  } else if (compile_archs_flag != "none") {
+    for (size_t start = 0; start <= compile_archs_flag.size();) {
+      size_t comma = compile_archs_flag.find(',', start);
+      if (comma == std::string::npos) comma = compile_archs_flag.size();
+      const std::string a = compile_archs_flag.substr(start, comma - start);
+      start = comma + 1;
+      if (a.empty()) continue;
+      if (std::find(nvrtc_archs.begin(), nvrtc_archs.end(), a) == nvrtc_archs.end()) {
+        spdlog::error("--compile-archs: NVRTC {} does not compile for '{}' (it does for: {})",
+                      registration.gpu.nvrtc_version, a, fmt::join(nvrtc_archs, " "));
+        return 2;
+      }
+      registration.compile_archs.push_back(a);
+    }
+  }
+  std::erase(registration.compile_archs, registration.gpu.arch);
 
   for (const std::string& n : child_env) {
     if (absl::Status s = CheckChildEnvName(n); !s.ok()) {
@@ -366,8 +404,12 @@ int main(int argc, char** argv) {
     }
   });
 
-  spdlog::info("kforge-worker {} serving {} ({}), cache {}", name, server,
+  spdlog::info("kforge-worker {} serving {} ({}{}), cache {}", name, server,
                (registration.compile_only ? "compile-only, " : "") + registration.gpu.arch,
+               registration.compile_archs.empty()
+                   ? std::string()
+                   : fmt::format("; compile tasks for {} too",
+                                 fmt::join(registration.compile_archs, " ")),
                cache.string());
   worker.Run();
   done.store(true);

@@ -174,6 +174,7 @@ class GrpcServerClient final : public ServerClient {
     ToProto(registration.gpu, req.mutable_gpu());
     req.set_compile_only(registration.compile_only);
     for (const std::string& tool : registration.sanitizer_tools) req.add_sanitizer_tools(tool);
+    for (const std::string& arch : registration.compile_archs) req.add_compile_archs(arch);
     pb::RegisterResponse resp;
     // Register waits for the channel to (re)connect, up to its deadline,
     // instead of failing fast while the channel backs off: a restarted
