@@ -1988,5 +1988,122 @@ TEST_F(ClaimsTest, ACubinThatNoLongerMatchesItsHashIsNotServed) {
   EXPECT_NE(k.kernel().cubin(), "tampered");
 }
 
+// ------------------------------------------------ compile archs, waiting
+
+TEST_F(ServerTest, AWorkerTakesCompileTasksOfItsCompileArchsAfterItsOwnArchsTasks) {
+  Start({}, 2);
+  v1::SubmitJobRequest compile_job;
+  compile_job.set_name("b200");
+  compile_job.set_compile_only(true);
+  v1::Shape b200 = MakeShape();
+  b200.set_arch("sm_100a");
+  *compile_job.add_shapes() = b200;
+  compile_job.mutable_budget()->set_max_variants(2);
+  v1::Job cj;
+  ASSERT_TRUE(kernels_->SubmitJob(Ctx(kClient).get(), compile_job, &cj).ok());
+  // Nobody compiles for sm_100a yet: the job says so.
+  v1::Job got;
+  for (int i = 0; i < 100 && got.waiting_for().empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    got = GetJob(cj.id());
+  }
+  EXPECT_EQ(got.waiting_for(), "waiting for a worker of arch sm_100a");
+  const v1::Job gpu_job = SubmitJob(2);  // sm_90a, after the compile job
+
+  // A worker of its own arch only takes none of the sm_100a tasks.
+  const std::string plain = RegisterWorker("plain");
+  for (int i = 0; i < 2; ++i) {
+    auto t = Lease(plain, 100);
+    ASSERT_TRUE(t);
+    EXPECT_EQ(t->kind(), v1::TASK_KIND_EVALUATE);
+  }
+  EXPECT_FALSE(Lease(plain, 100)) << "sm_100a compile tasks are not for an sm_90a-only worker";
+
+  v1::RegisterRequest req;
+  req.set_worker_name("multi");
+  req.mutable_gpu()->set_arch("sm_90a");
+  req.set_compile_only(true);
+  req.add_compile_archs("sm_100a");
+  req.add_compile_archs("sm_90a");   // its own: dropped
+  req.add_compile_archs("sm_100a");  // twice: once
+  v1::RegisterResponse resp;
+  ASSERT_TRUE(workers_->Register(Ctx(kWorker).get(), req, &resp).ok());
+  sessions_[resp.worker_id()] = resp.session_token();
+  const std::string multi = resp.worker_id();
+  for (int i = 0; i < 2; ++i) {
+    auto t = Lease(multi, 100);
+    ASSERT_TRUE(t);
+    EXPECT_EQ(t->kind(), v1::TASK_KIND_COMPILE);
+    EXPECT_EQ(t->shape().arch(), "sm_100a");
+    EXPECT_EQ(t->job_id(), cj.id());
+    ASSERT_TRUE(Report(multi, *t, 0, 1, 0, v1::EVAL_OUTCOME_COMPILED));
+  }
+  v1::Job done = WaitForState(cj.id(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(done.progress(0).compiled(), 2);
+  EXPECT_EQ(done.waiting_for(), "");
+
+  v1::ListWorkersResponse listed;
+  ASSERT_TRUE(kernels_->ListWorkers(Ctx(kClient).get(), v1::ListWorkersRequest(), &listed).ok());
+  ASSERT_EQ(listed.workers_size(), 2);
+  EXPECT_TRUE(listed.workers(0).compile_archs().empty());
+  EXPECT_EQ(std::vector<std::string>(listed.workers(1).compile_archs().begin(),
+                                     listed.workers(1).compile_archs().end()),
+            std::vector<std::string>{"sm_100a"});
+  EXPECT_EQ(GetJob(gpu_job.id()).waiting_for(), "") << "a GPU worker of sm_90a is connected";
+}
+
+TEST_F(ServerTest, RegisterRefusesACompileArchThatIsNoArchName) {
+  Start();
+  v1::RegisterRequest req;
+  req.set_worker_name("bad");
+  req.mutable_gpu()->set_arch("sm_90a");
+  req.add_compile_archs("sm_100a");
+  req.add_compile_archs("compute_90");
+  v1::RegisterResponse resp;
+  grpc::Status s = workers_->Register(Ctx(kWorker).get(), req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message().rfind("compile_archs[1]: ", 0), 0u) << s.error_message();
+}
+
+TEST_F(ServerTest, MetricsCountEveryRpcByMethodAndCodeAndEveryAcceptedReport) {
+  ServerMetrics metrics;
+  ServerOptions o;
+  o.metrics = &metrics;
+  Start(o, 1);
+  v1::ListJobsResponse jobs;
+  ASSERT_TRUE(kernels_->ListJobs(Ctx(kClient).get(), v1::ListJobsRequest(), &jobs).ok());
+  EXPECT_FALSE(kernels_->ListJobs(Ctx("").get(), v1::ListJobsRequest(), &jobs).ok());
+  v1::GetJobRequest missing;
+  missing.set_job_id("j999");
+  v1::Job job;
+  EXPECT_FALSE(kernels_->GetJob(Ctx(kClient).get(), missing, &job).ok());
+  v1::GetKernelResponse k;
+  ASSERT_TRUE(GetKernel(MakeShape(), &k).ok());  // the raw callback method
+  SubmitJob(1);
+  const std::string w = RegisterWorker();
+  auto t = Lease(w);
+  ASSERT_TRUE(t);
+  v1::ReportResultRequest r = Result(w, *t, 100.0);
+  r.mutable_result()->mutable_compile()->set_compile_ms(1500);
+  ASSERT_TRUE(Send(w, r).ok());
+
+  MetricsSnapshot m = metrics.Snapshot();
+  auto count = [&](const std::string& method, const std::string& code) -> uint64_t {
+    auto it = m.rpcs.find(RpcKey{method, code});
+    return it == m.rpcs.end() ? 0 : it->second.count;
+  };
+  EXPECT_EQ(count("kforge.v1.KernelService/ListJobs", "OK"), 1u);
+  EXPECT_EQ(count("kforge.v1.KernelService/ListJobs", "UNAUTHENTICATED"), 1u);
+  EXPECT_EQ(count("kforge.v1.KernelService/GetJob", "NOT_FOUND"), 1u);
+  EXPECT_EQ(count("kforge.v1.KernelService/GetKernel", "OK"), 1u);
+  EXPECT_EQ(count("kforge.v1.WorkerService/Register", "OK"), 1u);
+  EXPECT_EQ(count("kforge.v1.WorkerService/ReportResult", "OK"), 1u);
+  EXPECT_EQ((m.evaluations[EvaluationKey{TaskKind::kEvaluate, Outcome::kVerified}]), 1u);
+  EXPECT_EQ(m.compile_seconds.count, 1u);
+  EXPECT_DOUBLE_EQ(m.compile_seconds.sum, 1.5);
+  EXPECT_EQ(m.verified_last_minute, 1);
+}
+
 }  // namespace
 }  // namespace kforge::server

@@ -108,8 +108,10 @@ class Dashboard::Impl {
  private:
   // OK when the request may read data.
   absl::Status Authorize(const httplib::Request& req) const {
+    const bool sent = req.has_header("Authorization");
+    const std::string value = sent ? req.get_header_value("Authorization") : std::string();
     std::optional<std::string_view> header;
-    if (req.has_header("Authorization")) header = req.get_header_value("Authorization");
+    if (sent) header = value;
     if (absl::Status s = auth_.Check(Role::kClient, header); !s.ok())
       return absl::UnauthenticatedError(
           header ? "the token is not a client or viewer token of this server"

@@ -133,9 +133,13 @@ function plot(points, line, servedUs, title) {
     add('line', { class: 'grid', x1: L, x2: W - R, y1: Y(v), y2: Y(v) });
     add('text', { x: L - 6, y: Y(v) + 4, 'text-anchor': 'end' }, v.toFixed(v < 100 ? 1 : 0));
   }
+  const span = (t1 - t0) / 1000;
   for (let i = 0; i <= 4; i++) {
     const t = t0 + (t1 - t0) * i / 4;
-    add('text', { x: X(t), y: H - B + 16, 'text-anchor': 'middle' }, ((t - t0) / 1000).toFixed(0) + ' s');
+    const s = (t - t0) / 1000;
+    const label = span >= 600 ? (s / 60).toFixed(span >= 6000 ? 0 : 1) + ' min'
+                              : s.toFixed(span >= 20 ? 0 : 1) + ' s';
+    add('text', { x: X(t), y: H - B + 16, 'text-anchor': 'middle' }, label);
   }
   add('line', { class: 'axis', x1: L, x2: L, y1: T, y2: H - B });
   add('line', { class: 'axis', x1: L, x2: W - R, y1: H - B, y2: H - B });
@@ -265,7 +269,7 @@ function jobPage(j) {
       num(p.proposed, 'proposed'), num(p.evaluated, 'evaluated'), num(p.verified, 'verified'),
       num(p.compiled, 'compiled'), num(p.failed, 'failed'),
       td(p.best_variant ? link('#/variants/' + p.best_variant, p.best_variant) : '-'),
-      num(us(p.best_us), 'best')))),
+      num(us(p.best_us), 'best'))),
     { id: 'progress' }));
   for (const b of j.buckets) {
     const served = b.served ? b.served.us : 0;
