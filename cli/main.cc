@@ -245,7 +245,7 @@ void AddShapeFlags(CLI::App* cmd, ShapeFlags& f) {
 }
 
 // bench/shapes.json: entries {"name","B","H","D","q":{dist...},"kv":"same"|{dist},
-// "causal"}. Lengths are drawn (seeded) from the distribution and summarised;
+// "causal"}, optionally "KVH" (key/value heads). Lengths are drawn (seeded) from the distribution and summarised;
 // entries may also give the Shape fields directly (head_dim, batch, ...).
 // Entries with "lq" (and "lk" when "kv" is not "same") lists of lengths, as
 // bench/attention/lengths.py writes them, are sent as exact offsets: the
@@ -288,7 +288,7 @@ std::vector<v1::Shape> ShapesFromFile(const std::string& path, const std::string
       s.set_dtype(v1::DTYPE_BF16);
       s.set_head_dim(e.contains("D") ? e["D"].get<int>() : e.value("head_dim", 0));
       s.set_heads(e.contains("H") ? e["H"].get<int>() : e.value("heads", 0));
-      s.set_kv_heads(e.value("kv_heads", 0));
+      s.set_kv_heads(e.contains("KVH") ? e["KVH"].get<int>() : e.value("kv_heads", 0));
       s.set_causal(e.value("causal", false));
       s.set_arch(e.value("arch", arch));
       const int64_t batch = e.contains("B") ? e["B"].get<int64_t>() : e.value("batch", int64_t{0});
