@@ -355,16 +355,18 @@ std::string WorkerStateName(v1::WorkerState s) {
 }
 
 void PrintWorkers(const v1::ListWorkersResponse& resp) {
-  constexpr const char* kRow = "{:<6} {:<16} {:<8} {:<7} {:<12} {:<24} {:<20} {:<12} {}\n";
+  constexpr const char* kRow = "{:<6} {:<16} {:<8} {:<7} {:<12} {:<24} {:<20} {:<12} {:<10} {}\n";
   fmt::print(kRow, "ID", "NAME", "ARCH", "KIND", "STATE", "LAST SEEN", "GPU", "PRINCIPAL",
-             "SANITIZERS");
+             "SANITIZERS", "GPU USE");
   for (const auto& w : resp.workers()) {
     std::string tools;
     for (const auto& t : w.sanitizer_tools()) tools += (tools.empty() ? "" : ",") + t;
     fmt::print(kRow, w.id(), w.name(), w.arch(), w.compile_only() ? "compile" : "gpu",
                WorkerStateName(w.state()), w.last_seen().empty() ? "-" : w.last_seen(),
                w.gpu().name().empty() ? "-" : w.gpu().name(),
-               w.principal().empty() ? "-" : w.principal(), tools.empty() ? "-" : tools);
+               w.principal().empty() ? "-" : w.principal(), tools.empty() ? "-" : tools,
+               w.has_gpu_usage() ? fmt::format("{:.0f}%", w.gpu_usage().utilization() * 100)
+                                 : "-");
   }
 }
 

@@ -288,8 +288,16 @@ absl::Status KforgeApi::ListWorkers(const v1::ListWorkersRequest&,
                                     v1::ListWorkersResponse* resp) {
   auto workers = Workers();
   if (!workers.ok()) return workers.status();
-  for (const WorkerStatus& w : *workers)
-    WorkerToProto(w.record, w.last_call_unix_ms, w.connected, resp->add_workers());
+  for (const WorkerStatus& w : *workers) {
+    v1::Worker* out = resp->add_workers();
+    WorkerToProto(w.record, w.last_call_unix_ms, w.connected, out);
+    if (w.gpu_usage) {
+      out->mutable_gpu_usage()->set_utilization(w.gpu_usage->utilization);
+      out->mutable_gpu_usage()->set_memory_used_bytes(w.gpu_usage->memory_used_bytes);
+      out->mutable_gpu_usage()->set_memory_total_bytes(w.gpu_usage->memory_total_bytes);
+      out->set_gpu_usage_at(FormatUnixMs(w.gpu_usage->at_unix_ms));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -304,10 +312,13 @@ absl::StatusOr<std::vector<WorkerStatus>> KforgeApi::Workers() {
     // this server saw is fresher. A worker stored but not loaded (none, as
     // Init loads every row) counts as silent since its stored time.
     int64_t last = w.last_seen_unix_ms;
-    if (auto it = workers_.find(w.id); it != workers_.end())
+    std::optional<ReportedGpuUsage> usage;
+    if (auto it = workers_.find(w.id); it != workers_.end()) {
       last = std::max(last, it->second.last_call_ms);
+      usage = it->second.gpu_usage;
+    }
     const bool connected = last > 0 && now - last <= options_.lease_ttl_ms;
-    out.push_back(WorkerStatus{std::move(w), last, connected});
+    out.push_back(WorkerStatus{std::move(w), last, connected, usage});
   }
   return out;
 }
@@ -658,6 +669,18 @@ absl::Status KforgeApi::Heartbeat(const std::string& caller, const v1::Heartbeat
     if (id.empty() || id.size() > kMaxIdLength) return Invalid("task_ids", "contains a malformed id");
     ids.push_back(id);
   }
+  std::optional<ReportedGpuUsage> usage;
+  if (req.has_gpu_usage()) {
+    const v1::GpuUsage& u = req.gpu_usage();
+    if (!std::isfinite(u.utilization()) || u.utilization() < 0 || u.utilization() > 1)
+      return Invalid("gpu_usage.utilization", fmt::format("{} is not a fraction from 0 to 1",
+                                                          u.utilization()));
+    if (u.memory_used_bytes() < 0 || u.memory_total_bytes() < 0 ||
+        (u.memory_total_bytes() > 0 && u.memory_used_bytes() > u.memory_total_bytes()))
+      return Invalid("gpu_usage.memory_used_bytes",
+                     "must be between 0 and memory_total_bytes");
+    usage = ReportedGpuUsage{u.utilization(), u.memory_used_bytes(), u.memory_total_bytes(), Now()};
+  }
   if (!ids.empty()) {
     if (absl::Status s = store_->RenewLeases(caller, ids, Now(), options_.lease_ttl_ms); !s.ok())
       return s;
@@ -671,6 +694,7 @@ absl::Status KforgeApi::Heartbeat(const std::string& caller, const v1::Heartbeat
   {
     std::lock_guard lock(workers_mu_);
     auto it = workers_.find(caller);
+    if (it != workers_.end() && usage) it->second.gpu_usage = usage;
     const int64_t now = Now();
     if (it != workers_.end() && now - it->second.record.last_seen_unix_ms >= 10000) {
       it->second.record.last_seen_unix_ms = now;

@@ -77,6 +77,15 @@ struct ApiOptions {
   ServerMetrics* metrics = nullptr;
 };
 
+// What a worker's GPU was doing at its last heartbeat (HeartbeatRequest.
+// gpu_usage): kept in memory only, as the worker reports it anew.
+struct ReportedGpuUsage {
+  double utilization = 0;  // 0 to 1
+  int64_t memory_used_bytes = 0;
+  int64_t memory_total_bytes = 0;
+  int64_t at_unix_ms = 0;  // when the heartbeat came
+};
+
 // A stored worker as operators see it.
 struct WorkerStatus {
   WorkerRecord record;
@@ -84,6 +93,7 @@ struct WorkerStatus {
   int64_t last_call_unix_ms = 0;
   // Called within the lease TTL.
   bool connected = false;
+  std::optional<ReportedGpuUsage> gpu_usage;  // none reported (since the server started)
 };
 
 class KforgeApi {
@@ -178,6 +188,7 @@ class KforgeApi {
     bool gated = false;          // registered with the memcheck gate
     std::string nvrtc_version;   // as registered
     bool departed = false;       // its silence was logged (NoteDepartures)
+    std::optional<ReportedGpuUsage> gpu_usage;  // its last heartbeat's
   };
   int64_t Now() const;
   // The caller's record, refreshing its last call; PERMISSION_DENIED when

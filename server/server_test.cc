@@ -2066,6 +2066,34 @@ TEST_F(ServerTest, RegisterRefusesACompileArchThatIsNoArchName) {
   EXPECT_EQ(s.error_message().rfind("compile_archs[1]: ", 0), 0u) << s.error_message();
 }
 
+TEST_F(ServerTest, HeartbeatsReportTheGpuUsageWorkersListShow) {
+  Start();
+  const std::string w = RegisterWorker();
+  v1::HeartbeatRequest hb;
+  v1::HeartbeatResponse hr;
+  hb.mutable_gpu_usage()->set_utilization(1.5);
+  grpc::Status s = workers_->Heartbeat(WCtx(w).get(), hb, &hr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(), "gpu_usage.utilization: 1.5 is not a fraction from 0 to 1");
+  hb.mutable_gpu_usage()->set_utilization(0.25);
+  hb.mutable_gpu_usage()->set_memory_used_bytes(9);
+  hb.mutable_gpu_usage()->set_memory_total_bytes(8);
+  s = workers_->Heartbeat(WCtx(w).get(), hb, &hr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("gpu_usage.memory_used_bytes"), std::string::npos);
+  v1::ListWorkersResponse listed;
+  ASSERT_TRUE(kernels_->ListWorkers(Ctx(kClient).get(), v1::ListWorkersRequest(), &listed).ok());
+  EXPECT_FALSE(listed.workers(0).has_gpu_usage()) << "none reported yet";
+  hb.mutable_gpu_usage()->set_memory_used_bytes(4);
+  ASSERT_TRUE(workers_->Heartbeat(WCtx(w).get(), hb, &hr).ok());
+  ASSERT_TRUE(kernels_->ListWorkers(Ctx(kClient).get(), v1::ListWorkersRequest(), &listed).ok());
+  ASSERT_TRUE(listed.workers(0).has_gpu_usage());
+  EXPECT_DOUBLE_EQ(listed.workers(0).gpu_usage().utilization(), 0.25);
+  EXPECT_EQ(listed.workers(0).gpu_usage().memory_used_bytes(), 4);
+  EXPECT_EQ(listed.workers(0).gpu_usage().memory_total_bytes(), 8);
+  EXPECT_FALSE(listed.workers(0).gpu_usage_at().empty());
+}
+
 TEST_F(ServerTest, MetricsCountEveryRpcByMethodAndCodeAndEveryAcceptedReport) {
   ServerMetrics metrics;
   ServerOptions o;

@@ -29,6 +29,7 @@
 #include "gpu/compile.h"
 #include "gpu/compile_cache.h"
 #include "gpu/gpu.h"
+#include "gpu/usage.h"
 #include "worker/child.h"
 #include "worker/compile_child.h"
 #include "worker/rpc_client.h"
@@ -232,6 +233,7 @@ int main(int argc, char** argv) {
   // The GPU, if any. The parent never opens a context: each evaluation's
   // child opens its own and takes it down with it.
   Registration registration;
+  std::string pci_bus_id;  // for NVML; "" without a GPU
   registration.worker_name = name;
   registration.gpu.nvrtc_version = kforge::gpu::NvrtcVersion();
   std::unique_ptr<kforge::gpu::Driver> driver;
@@ -259,6 +261,7 @@ int main(int argc, char** argv) {
     registration.gpu.sm_count = info->sm_count;
     registration.gpu.memory_bytes = info->memory_bytes;
     registration.gpu.driver_version = info->DriverVersionString();
+    pci_bus_id = info->pci_bus_id;
     registration.compile_only = force_compile_only;
     spdlog::info("GPU {}: {} (cc {}, {}, {} SMs, {:.0f} GiB), driver {}, NVRTC {}{}", gpu_ordinal,
                  info->name, registration.gpu.compute_capability, info->arch, info->sm_count,
@@ -389,6 +392,23 @@ int main(int argc, char** argv) {
   WorkerOptions wo;
   wo.registration = registration;
   wo.lease_wait = std::chrono::milliseconds(lease_wait_ms);
+  // The GPU's utilisation and memory, read from NVML at each heartbeat, for
+  // the dashboard; a GPU NVML does not know is reported as unknown.
+  std::shared_ptr<kforge::gpu::GpuUsageMonitor> usage;
+  if (!registration.compile_only && !pci_bus_id.empty()) {
+    absl::StatusOr<std::unique_ptr<kforge::gpu::GpuUsageMonitor>> m =
+        kforge::gpu::GpuUsageMonitor::Open(pci_bus_id);
+    if (m.ok()) {
+      usage = *std::move(m);
+      wo.gpu_usage = [usage]() -> std::optional<kforge::gpu::GpuUsage> {
+        absl::StatusOr<kforge::gpu::GpuUsage> u = usage->Sample();
+        if (u.ok()) return *u;
+        return std::nullopt;
+      };
+    } else {
+      spdlog::info("GPU utilisation is not reported: {}", std::string(m.status().message()));
+    }
+  }
   Worker worker(client.get(), &runner, wo);
 
   std::atomic<bool> done{false};

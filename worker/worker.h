@@ -35,6 +35,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -61,6 +62,10 @@ struct WorkerOptions {
   std::chrono::milliseconds fault_pause_max{600000};
   // Lease one task ahead of the one running (see the top of this file).
   bool lease_ahead = true;
+  // What the GPU is doing, sent with every heartbeat (nullopt: unknown, and
+  // nothing is sent). Empty: no GPU to ask (compile-only). Called on the
+  // heartbeat thread.
+  std::function<std::optional<gpu::GpuUsage>()> gpu_usage;
 };
 
 struct WorkerStats {

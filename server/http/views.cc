@@ -261,6 +261,12 @@ absl::StatusOr<json> DashboardViews::Overview() {
   for (const WorkerStatus& w : *workers) {
     const WorkerRecord& r = w.record;
     auto it = current.find(r.id);
+    json usage = nullptr;
+    if (w.gpu_usage)
+      usage = json{{"utilization", w.gpu_usage->utilization},
+                   {"memory_used_bytes", w.gpu_usage->memory_used_bytes},
+                   {"memory_total_bytes", w.gpu_usage->memory_total_bytes},
+                   {"at_unix_ms", w.gpu_usage->at_unix_ms}};
     ws.push_back(json{{"id", r.id},
                       {"name", r.name},
                       {"arch", r.arch},
@@ -271,6 +277,7 @@ absl::StatusOr<json> DashboardViews::Overview() {
                       {"last_seen_unix_ms", w.last_call_unix_ms},
                       {"gpu", GpuJson(r.gpu_json)},
                       {"sanitizer_tools", r.sanitizer_tools},
+                      {"gpu_usage", usage},
                       {"current_tasks", it == current.end() ? json::array() : it->second}});
   }
   json states = json::object();
@@ -642,6 +649,19 @@ absl::StatusOr<std::string> DashboardViews::Metrics() {
         {{{"arch", std::get<0>(k)}, {"state", std::get<1>(k)}, {"kind", std::get<2>(k)}}, double(n)});
   p.Gauge("kforge_workers", "Stored workers by arch, state and kind (gpu or compile only).",
           worker_samples);
+  std::vector<Sample> utilization, memory;
+  for (const WorkerStatus& w : *workers) {
+    if (!w.connected || !w.gpu_usage) continue;
+    const Labels l = {{"worker", w.record.id}, {"name", w.record.name}, {"arch", w.record.arch}};
+    utilization.push_back({l, w.gpu_usage->utilization});
+    memory.push_back({l, double(w.gpu_usage->memory_used_bytes)});
+  }
+  p.Gauge("kforge_worker_gpu_utilization_ratio",
+          "Fraction of time a kernel ran on a connected worker's GPU, as its last heartbeat "
+          "reported (NVML).",
+          utilization);
+  p.Gauge("kforge_worker_gpu_memory_used_bytes",
+          "GPU memory in use on a connected worker, as its last heartbeat reported.", memory);
 
   std::map<std::string, int> best_by_arch;
   for (const BestRecord& b : *bests) ++best_by_arch[b.arch];

@@ -113,8 +113,8 @@ def check_metrics(text, db, counts):
     families = {f.name: f for f in text_string_to_metric_families(text)}
     series = strict_parse(text)
 
-    def value(name, **labels):
-        return series.get((name, frozenset(labels.items())))
+    def value(metric, **labels):
+        return series.get((metric, frozenset(labels.items())))
 
     assert families["kforge_rpc_duration_seconds"].type == "histogram"
     assert families["kforge_jobs"].type == "gauge"
@@ -142,6 +142,10 @@ def check_metrics(text, db, counts):
     assert value("kforge_database_bytes") == page_count * page_size
     assert value("kforge_build_info", version=counts["version"]) == 1
     assert value("kforge_verified_variants_last_minute") >= 1
+    assert value("kforge_worker_gpu_utilization_ratio", worker=counts["gpu_worker"],
+                 name="scripted-h200", arch="sm_90a") == 0.37
+    assert value("kforge_worker_gpu_memory_used_bytes", worker=counts["gpu_worker"],
+                 name="scripted-h200", arch="sm_90a") == 41 << 30
 
 
 # ------------------------------------------------------------- browser ---
@@ -371,6 +375,10 @@ def main():
                                         metadata=kfe2e.worker_md(session), timeout=30).accepted
         gpu = kernels.GetJob(pb.GetJobRequest(job_id=gpu_job.id), metadata=md)
         assert gpu.state == pb.JOB_STATE_SUCCEEDED, gpu
+        # What its GPU is doing, as a real worker reads it from NVML.
+        workers.Heartbeat(pb.HeartbeatRequest(gpu_usage=pb.GpuUsage(
+            utilization=0.37, memory_used_bytes=41 << 30, memory_total_bytes=141 << 30)),
+            metadata=kfe2e.worker_md(session), timeout=30)
         served = kernels.GetKernel(pb.GetKernelRequest(shape=shape), metadata=md).kernel
         assert served.tuned, served
         comp = kernels.GetJob(pb.GetJobRequest(job_id=compile_job.id), metadata=md)
@@ -388,13 +396,22 @@ def main():
         assert len(rows) == len(listed) == 2, [r.text for r in rows]
         for w in listed:
             row = page.css('tr[data-worker="%s"]' % w.id)[0]
-            assert row.find_element("css selector", '[data-k="state"]').text == "connected"
-            assert row.find_element("css selector", '[data-k="arch"]').text == w.arch
+            assert row.find_element("css selector", '[data-k="state"]').text == "connected", row.text
+            assert row.find_element("css selector", '[data-k="arch"]').text == w.arch, row.text
             assert w.name in row.text, row.text
-        assert "NVIDIA H200" in page.css('tr[data-worker="%s"]' % reg.worker_id)[0].text
-        assert page.text('[data-k="jobs-succeeded"]') == "2"
-        assert page.text('[data-k="tuned-buckets"]') == "1"
-        assert page.text('[data-k="tasks-queued"]') == "0"
+        scripted = page.css('tr[data-worker="%s"]' % reg.worker_id)[0]
+        assert "NVIDIA H200" in scripted.text
+        usage = [w for w in listed if w.id == reg.worker_id][0].gpu_usage
+        assert abs(usage.utilization - 0.37) < 1e-9, usage
+        shown = scripted.find_element("css selector", '[data-k="gpu-usage"]').text
+        assert shown == "37% \u00b7 41.00 GiB of 141.00 GiB", shown
+        others = [w.id for w in listed if w.id != reg.worker_id]
+        assert page.css('tr[data-worker="%s"] [data-k="gpu-usage"]' % others[0])[0].text == \
+            "not reported"
+        cards = page.text(".cards")
+        assert page.text('[data-k="jobs-succeeded"]') == "2", cards
+        assert page.text('[data-k="tuned-buckets"]') == "1", cards
+        assert page.text('[data-k="tasks-queued"]') == "0", cards
 
         # Jobs: the table's counts are the API's.
         page.open("#/jobs")
@@ -484,7 +501,7 @@ def main():
         status, headers, text = http_get(base + "/metrics", VIEWER_TOKEN)
         assert status == 200 and headers["Content-Type"].startswith("text/plain; version=0.0.4")
         check_metrics(text, db, {"compile_reports": compile_reports, "promotions": promotions,
-                                 "version": version})
+                                 "version": version, "gpu_worker": reg.worker_id})
         print("metrics checked:", len(text.splitlines()), "lines")
     finally:
         d.quit()

@@ -79,7 +79,8 @@ class WorkerHarness {
  public:
   explicit WorkerHarness(const std::string& address, std::string token = kToken,
                          TaskRunner* runner = nullptr,
-                         std::vector<std::string> sanitizer_tools = {})
+                         std::vector<std::string> sanitizer_tools = {},
+                         std::function<std::optional<gpu::GpuUsage>()> gpu_usage = {})
       : pool_(1, nullptr) {
     GrpcClientOptions co;
     co.target = address;
@@ -98,6 +99,7 @@ class WorkerHarness {
     wo.lease_wait = 300ms;
     wo.backoff_initial = 50ms;
     wo.backoff_max = 300ms;
+    wo.gpu_usage = std::move(gpu_usage);
     worker_ = std::make_unique<Worker>(client_.get(), runner ? runner : runner_.get(), wo);
     thread_ = std::thread([this] { worker_->Run(); });
   }
@@ -306,6 +308,22 @@ TEST(WorkerLoop, HeartbeatsRenewTheLeaseOfTheTaskInProgress) {
   runner.release_.store(true);
   ASSERT_TRUE(server.service().WaitFor([](auto& s) { return s.reports_locked() == 1; }));
   EXPECT_EQ(server.service().reports()[0].result().message(), "released slow");
+}
+
+TEST(WorkerLoop, HeartbeatsCarryTheGpuUsageWhenItIsKnown) {
+  FakeServer server(kToken);
+  std::atomic<int> samples{0};
+  WorkerHarness h(server.address(), kToken, nullptr, {}, [&]() -> std::optional<gpu::GpuUsage> {
+    if (samples++ == 0) return std::nullopt;  // unknown once: nothing is sent
+    return gpu::GpuUsage{0.42, 3 << 20, 8 << 20};
+  });
+  ASSERT_TRUE(server.service().WaitFor([](auto& s) { return s.heartbeats_locked() >= 3; }, 10s));
+  std::optional<pb::GpuUsage> u;
+  ASSERT_TRUE(server.service().WaitFor(
+      [&](auto& s) { return (u = s.last_gpu_usage_locked()).has_value(); }, 10s));
+  EXPECT_DOUBLE_EQ(u->utilization(), 0.42);
+  EXPECT_EQ(u->memory_used_bytes(), 3 << 20);
+  EXPECT_EQ(u->memory_total_bytes(), 8 << 20);
 }
 
 TEST(WorkerLoop, CancelledTaskIsStoppedAndNotReported) {

@@ -164,6 +164,13 @@ function plot(points, line, servedUs, title) {
 
 // -------------------------------------------------------------- pages ---
 
+function usageCell(u, now) {
+  if (!u) return td('not reported', { class: 'muted', 'data-k': 'gpu-usage' });
+  const mem = u.memory_total_bytes > 0 ? ` \u00b7 ${bytes(u.memory_used_bytes)} of ${bytes(u.memory_total_bytes)}` : '';
+  return td(Math.round(u.utilization * 100) + '%' + mem,
+            { 'data-k': 'gpu-usage', title: 'reported ' + ago(u.at_unix_ms, now) });
+}
+
 function overviewPage(o) {
   const now = o.now_unix_ms;
   const j = o.jobs;
@@ -201,8 +208,7 @@ function overviewPage(o) {
           el('div', {}, t.task + ' ' + t.kind + ' ', link('#/variants/' + t.variant, t.variant),
              ' (', link('#/jobs/' + t.job, t.job), ')')) : '-', { 'data-k': 'task' }),
         td(ago(w.last_seen_unix_ms, now), { title: when(w.last_seen_unix_ms) }),
-        // Workers do not report utilisation to the server yet.
-        td('not reported', { class: 'muted' }),
+        usageCell(w.gpu_usage, now),
         td((w.compile_archs || []).join(' ') || '-'),
         td((w.sanitizer_tools || []).join(', ') || 'none'))),
       { id: 'workers' }));
