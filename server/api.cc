@@ -348,8 +348,9 @@ void KforgeApi::NoteDepartures() {
   const int64_t now = Now();
   std::lock_guard lock(workers_mu_);
   for (auto& [id, w] : workers_) {
-    // Workers loaded at startup that never called again leave quietly:
-    // they left before this server knew them.
+    // A worker last seen before a restart that does not come back is
+    // noticed the same way, once its stored last call is a TTL old; one
+    // never seen at all has nothing to report.
     if (w.departed || Connected(w, now)) continue;
     w.departed = true;
     if (w.last_call_ms == 0) continue;

@@ -12,7 +12,6 @@
 // one short lock and allocates only the first time a label set is seen.
 #pragma once
 
-#include <array>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -20,7 +19,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
-#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "core/outcome.h"

@@ -13,6 +13,8 @@
 
 #include <fmt/format.h>
 #include <grpcpp/grpcpp.h>
+#include <spdlog/sinks/ringbuffer_sink.h>
+#include <spdlog/spdlog.h>
 #include <gtest/gtest.h>
 
 #include <sqlite3.h>
@@ -1530,6 +1532,43 @@ TEST_F(ClaimsTest, ListWorkersSaysWhoIsConnected) {
   resp.Clear();
   ASSERT_TRUE(kernels_->ListWorkers(Ctx(kClient).get(), req, &resp).ok());
   EXPECT_EQ(resp.workers(0).state(), v1::WORKER_STATE_CONNECTED);
+}
+
+TEST_F(ClaimsTest, AWorkerSilentPastTheLeaseTtlIsLoggedAsLeftAndItsNextCallAsBack) {
+  // The ring buffer sink reads back under its own lock: the reaper logs on
+  // its thread while the test reads.
+  auto sink = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(1000);
+  auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>("test", sink));
+  auto text_of = [&] {
+    std::string all;
+    for (const std::string& line : sink->last_formatted()) all += line;
+    return all;
+  };
+  struct Restore {
+    std::shared_ptr<spdlog::logger> logger;
+    ~Restore() { spdlog::set_default_logger(logger); }
+  } restore{previous};
+  ServerOptions o = WithClock();
+  Start(o, 1);
+  const std::string w = RegisterWorker("leaver");
+  auto logged = [&](const std::string& text) {
+    for (int i = 0; i < 100; ++i) {
+      if (text_of().find(text) != std::string::npos) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  };
+  EXPECT_TRUE(logged(fmt::format("leaver joined as {}", w))) << text_of();
+  *clock_ += o.api.lease_ttl_ms + 1000;
+  EXPECT_TRUE(logged(fmt::format("worker {} (leaver, sm_90a) left: no call for 61 s", w)))
+      << text_of();
+  v1::HeartbeatRequest hb;
+  v1::HeartbeatResponse hr;
+  ASSERT_TRUE(workers_->Heartbeat(WCtx(w).get(), hb, &hr).ok());
+  EXPECT_TRUE(logged(fmt::format("worker {} (leaver) is back", w))) << text_of();
+  const std::string text = text_of();
+  EXPECT_EQ(text.find("left"), text.rfind("left")) << "logged once";
 }
 
 TEST_F(ClaimsTest, TimingsBelowThePhysicalFloorAreRefused) {
