@@ -139,7 +139,9 @@ absl::Status ApplyConfigFile(const std::string& path, ServerConfig& cfg) {
   std::map<std::string, Setter> keys = {
       {"listen", string_key(cfg.server.listen_address)},
       {"database", string_key(cfg.database)},
+      {"anchors_file", string_key(cfg.anchors_file)},
       {"client_tokens", tokens_key(cfg.server.client_tokens)},
+      {"viewer_tokens", tokens_key(cfg.viewer_tokens)},
       {"worker_tokens", worker_tokens_key(cfg.server.worker_tokens)},
       {"insecure_no_auth", bool_key(cfg.server.insecure_no_auth)},
       {"allow_ungated_promotion", bool_key(cfg.server.api.allow_ungated_promotion)},
@@ -153,6 +155,14 @@ absl::Status ApplyConfigFile(const std::string& path, ServerConfig& cfg) {
       {"shutdown_grace_ms", int_key(0, 600 * 1000, cfg.server.shutdown_grace_ms)},
       {"drain_timeout_ms", int_key(0, 3600 * 1000, cfg.server.drain_timeout_ms)},
       {"http_port", int_key(0, 65535, cfg.http_port)},
+      {"stuck_job_timeout_ms", int_key(0, 7 * kDay, cfg.server.engine.stuck_timeout_ms)},
+      {"log_format",
+       [&](const std::string& key, const json& v) -> absl::Status {
+         if (!v.is_string() || (v.get<std::string>() != "text" && v.get<std::string>() != "json"))
+           return bad(key, fmt::format("must be \"text\" or \"json\", got {}", v.dump()));
+         cfg.log_format = v.get<std::string>();
+         return absl::OkStatus();
+       }},
       {"tune_max_variants", int_key(1, kMaxVariantsLimit, cfg.server.api.tune_max_variants)},
       {"model_proposer",
        [&](const std::string& key, const json& v) -> absl::Status {
@@ -177,9 +187,25 @@ absl::Status ApplyConfigFile(const std::string& path, ServerConfig& cfg) {
   return absl::OkStatus();
 }
 
+absl::Status ApplyModelConfigFile(const std::string& path, ServerConfig& cfg) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(fmt::format("--model-config {}: cannot open the file", path));
+  std::stringstream buf;
+  buf << in.rdbuf();
+  const json j = json::parse(buf.str(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded())
+    return absl::InvalidArgumentError(fmt::format("--model-config {}: not valid JSON", path));
+  if (!j.is_object())
+    return absl::InvalidArgumentError(fmt::format(
+        "--model-config {}: must be a JSON object (the keys of agent/model_proposer.h)", path));
+  cfg.model_proposer_json = j.dump();
+  return absl::OkStatus();
+}
+
 void ApplyEnvironment(ServerConfig& cfg) {
   for (auto& t : SplitList(std::getenv("KFORGE_CLIENT_TOKEN"))) cfg.server.client_tokens.push_back(t);
   for (auto& t : SplitList(std::getenv("KFORGE_WORKER_TOKEN"))) cfg.server.worker_tokens.push_back(t);
+  for (auto& t : SplitList(std::getenv("KFORGE_VIEWER_TOKEN"))) cfg.viewer_tokens.push_back(t);
 }
 
 absl::Status ValidateConfig(const ServerConfig& cfg) {
@@ -192,7 +218,25 @@ absl::Status ValidateConfig(const ServerConfig& cfg) {
   if (cfg.server.listen_address.find(':') == std::string::npos)
     return absl::InvalidArgumentError(
         fmt::format("listen: '{}' is not host:port", cfg.server.listen_address));
-  return CheckAuthConfig(cfg.server);
+  if (cfg.log_format != "text" && cfg.log_format != "json")
+    return absl::InvalidArgumentError(
+        fmt::format("log_format: '{}' is not text or json", cfg.log_format));
+  if (absl::Status s = CheckAuthConfig(cfg.server); !s.ok()) return s;
+  // A viewer token opens only the read-only dashboard: one that is also a
+  // worker token would let a worker host read it, and the other way round.
+  absl::StatusOr<std::vector<WorkerCredential>> workers =
+      ParseWorkerTokens(cfg.server.worker_tokens, "worker tokens");
+  for (const std::string& v : cfg.viewer_tokens) {
+    if (v.empty()) return absl::InvalidArgumentError("viewer tokens: an entry is empty");
+    if (workers.ok())
+      for (const WorkerCredential& w : *workers)
+        if (w.token == v)
+          return absl::InvalidArgumentError(fmt::format(
+              "a token is configured as both a viewer and a worker token (worker '{}'); use "
+              "distinct tokens",
+              w.principal));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace kforge::server

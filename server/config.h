@@ -5,7 +5,9 @@
 // Config file keys (all optional):
 //   listen               "127.0.0.1:50051"
 //   database             "kforge.db"
-//   client_tokens        ["..."]   bearer tokens for KernelService
+//   client_tokens        ["..."]   bearer tokens for KernelService (they open the
+//                                    dashboard and /metrics too)
+//   viewer_tokens        ["..."]   bearer tokens for the dashboard and /metrics only
 //   worker_tokens        [...]     credentials for WorkerService, each one of
 //                                    "name:token", {"name": "...", "token": "..."}
 //                                    or a plain "token" (see below)
@@ -24,13 +26,19 @@
 //   reaper_interval_ms   1000
 //   shutdown_grace_ms    1000
 //   drain_timeout_ms     10000
-//   http_port            0        reserved for the dashboard (not served yet)
+//   http_port            0        dashboard and /metrics on this port, on the host of
+//                                 `listen` (0: not served; server/http/)
+//   stuck_job_timeout_ms 0        a job that waited this long for a worker that can run
+//                                 its tasks fails saying so (0: it waits)
+//   log_format           "text"   "json": one JSON object a line (core/logging.h)
+//   anchors_file         ""       reference times the dashboard compares bests with:
+//                                 [{"bucket": "...", "name": "varlen_attn", "us": 812.5}]
 //   tune_max_variants    16       budget of jobs GetKernel enqueues
 //   log_level            "info"
 //   model_proposer       {...}    OpenAI-compatible endpoint for proposer
 //                                 "model" (agent/model_proposer.h keys)
-// Environment: KFORGE_CLIENT_TOKEN, KFORGE_WORKER_TOKEN (comma-separated
-// lists) add to the tokens.
+// Environment: KFORGE_CLIENT_TOKEN, KFORGE_WORKER_TOKEN, KFORGE_VIEWER_TOKEN
+// (comma-separated lists) add to the tokens.
 //
 // Worker tokens and principals. A worker token is a credential and its name
 // is the principal of every worker that registers with it (bound by the
@@ -65,7 +73,10 @@ struct ServerConfig {
   ServerOptions server;
   std::string database = "kforge.db";
   int http_port = 0;
+  std::vector<std::string> viewer_tokens;
   std::string log_level = "info";
+  std::string log_format = "text";
+  std::string anchors_file;  // "" = none (server/http/views.h LoadAnchors)
   std::string model_proposer_json;  // "" = the model proposer is off
 
   ServerConfig() {
@@ -78,7 +89,13 @@ struct ServerConfig {
 // integer, got \"ten\"".
 absl::Status ApplyConfigFile(const std::string& path, ServerConfig& cfg);
 
-// Adds tokens from KFORGE_CLIENT_TOKEN / KFORGE_WORKER_TOKEN.
+// --model-config: the model proposer's options (the "model_proposer" key's
+// object, agent/model_proposer.h) from a file of their own. Errors name the
+// file; the keys themselves are checked when the proposer factory is built.
+absl::Status ApplyModelConfigFile(const std::string& path, ServerConfig& cfg);
+
+// Adds tokens from KFORGE_CLIENT_TOKEN / KFORGE_WORKER_TOKEN /
+// KFORGE_VIEWER_TOKEN.
 void ApplyEnvironment(ServerConfig& cfg);
 
 // Checks ranges that the file, environment and flags together must meet.

@@ -245,6 +245,7 @@ void JobToProto(const JobView& job, v1::Job* out) {
     jp->set_evaluated(p.evaluated);
     jp->set_verified(p.verified);
     jp->set_failed(p.failed);
+    jp->set_compiled(p.compiled);
     jp->set_best_variant_id(p.best_variant_id);
     if (!p.best_variant_id.empty()) TimingToProto(p.best_timing, jp->mutable_best_timing());
   }
@@ -254,6 +255,7 @@ void JobToProto(const JobView& job, v1::Job* out) {
   out->set_message(job.record.message);
   out->set_seed(job.record.seed);
   out->set_compile_only(job.spec.compile_only);
+  out->set_waiting_for(job.waiting_for);
 }
 
 void ProvenanceToProto(const VariantRecord& v, v1::Provenance* out) {
@@ -399,6 +401,7 @@ void WorkerToProto(const WorkerRecord& w, int64_t last_seen_unix_ms, bool connec
     gpu->set_nvrtc_version(str("nvrtc_version"));
   }
   for (const auto& t : w.sanitizer_tools) out->add_sanitizer_tools(t);
+  for (const auto& a : w.compile_archs) out->add_compile_archs(a);
 }
 
 }  // namespace kforge::server
