@@ -385,6 +385,11 @@ struct RepairIntent {
   int attempt = 1;          // of the repair
   std::string model;        // the model that wrote the failed source (a name or the endpoint's)
   std::string answer;       // a refused draft: how the answer began
+  // A refused draft: the source it was derived from, under its own name,
+  // for edits that name it rather than the draft.
+  std::string origin_handle;
+  std::string origin_source;
+  std::string origin_manifest;
 };
 
 struct Note {
@@ -413,6 +418,7 @@ struct State {
   int returned_since_ctx = 0;
   std::deque<Candidate> ready;
   int inflight = 0;
+  int pending = 0;  // candidates the requests in flight may bring (their choices)
   std::deque<RepairIntent> repairs;
   std::set<std::string> repaired;    // handles a repair was started (or replayed) for
   std::set<std::string> hashes;      // exact sources proposed or seen on this bucket
@@ -640,6 +646,10 @@ struct State {
     w.default_handle = r.handle;
     w.sources[r.handle] = r.source;
     w.manifests[r.handle] = r.manifest_json;
+    if (!r.origin_handle.empty() && !r.origin_source.empty()) {
+      w.sources.try_emplace(r.origin_handle, r.origin_source);
+      w.manifests.try_emplace(r.origin_handle, r.origin_manifest);
+    }
     w.attempt = r.attempt;
     w.repair_of = r.handle;
     w.repair_class = r.failure;
@@ -673,7 +683,7 @@ struct State {
     const int room = ctx.variants_left < 0 ? std::numeric_limits<int>::max()
                                            : ctx.variants_left - returned_since_ctx;
     while (inflight < std::max(1, options.parallelism) && call_budget > 0 &&
-           inflight + static_cast<int>(ready.size()) < std::min(room, want)) {
+           pending + static_cast<int>(ready.size()) < std::min(room, want)) {
       const bool repair = !repairs.empty();
       if (!repair && (!fresh || consecutive_refusals >= options.max_consecutive_refusals || !endpoint_error.ok()))
         break;
@@ -693,6 +703,7 @@ struct State {
         repairs.pop_front();
       }
       ++inflight;
+      pending += std::max(1, w.request.n);
       --call_budget;
       auto self = shared();
       executor->Submit([self, w = std::move(w)]() mutable { self->Run(std::move(w)); });
@@ -772,6 +783,7 @@ struct State {
       {
         std::lock_guard lock(mu);
         --inflight;
+        pending -= std::max(1, w.request.n);
         if (legacy_left >= 0) legacy_left += w.reserved_tokens;
         if (!absl::IsCancelled(answer.status())) {
           endpoint_error = answer.status();
@@ -842,6 +854,11 @@ struct State {
             r.attempt = w.attempt + 1;
             r.model = m.entry.name;
             r.answer = Clean(RenderChoice(choices[i]), 600);
+            if (w.sources.count(w.default_handle)) {
+              r.origin_handle = w.default_handle;
+              r.origin_source = w.sources.at(w.default_handle);
+              r.origin_manifest = w.manifests.count(w.default_handle) ? w.manifests.at(w.default_handle) : "";
+            }
             repairs_wanted.push_back(std::move(r));
           }
           continue;
@@ -910,6 +927,7 @@ struct State {
                std::vector<Candidate> accepted, std::vector<RepairIntent> repairs_wanted) {
     const std::string handle = call_id.ok() ? fmt::format("call{}", *call_id) : fmt::format("draft{}", w.reservation.id);
     --inflight;
+    pending -= std::max(1, w.request.n);
     if (legacy_left >= 0) legacy_left += w.reserved_tokens - (call.prompt_tokens + call.completion_tokens);
     endpoint_error = absl::OkStatus();
     if (cancelled) return;
