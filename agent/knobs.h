@@ -76,6 +76,7 @@ class ModelTemplateSource final : public TemplateSource {
   // Adds (or replaces) the template of `variant_id`. `shape` is the bucket's.
   void Add(const std::string& variant_id, KnobTemplate t, const ShapeKey& shape);
   bool Has(const std::string& template_name) const { return templates_.count(template_name) != 0; }
+  void Remove(const std::string& template_name) { templates_.erase(template_name); }
 
   std::vector<TemplateSpec> Templates() const override;
   bool Supports(const TemplateSpec& spec, const ShapeKey& shape) const override;
