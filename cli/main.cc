@@ -460,16 +460,18 @@ int main(int argc, char** argv) {
   std::string shapes_file, name, proposer = "builtin";
   int max_variants = 0, max_seconds = 0;
   int64_t max_tokens = 0;
+  double max_cost_usd = 0;
   uint64_t seed = 0;
   bool no_watch = false, compile_only = false;
   auto* tune = app.add_subcommand("tune", "submit a tuning job and watch it");
   AddShapeFlags(tune, shape);
   tune->add_option("--shapes", shapes_file, "shapes JSON file (like bench/shapes.json)");
   tune->add_option("--name", name, "job name");
-  tune->add_option("--proposer", proposer, "builtin | model")->capture_default_str();
+  tune->add_option("--proposer", proposer, "builtin | model | model:<names> | hybrid[:<names>]")->capture_default_str();
   tune->add_option("--max-variants", max_variants, "variants per shape bucket (0: server default)");
   tune->add_option("--max-seconds", max_seconds, "wall-clock budget (0: none)");
   tune->add_option("--max-tokens", max_tokens, "model token budget (0: none)");
+  tune->add_option("--max-cost-usd", max_cost_usd, "model cost budget, estimated from the server's prices (0: none)");
   tune->add_option("--seed", seed, "proposer seed");
   tune->add_flag("--no-watch", no_watch, "submit and return");
   tune->add_flag("--compile-only", compile_only,
@@ -553,6 +555,7 @@ int main(int argc, char** argv) {
       req.mutable_budget()->set_max_variants(max_variants);
       req.mutable_budget()->set_max_seconds(max_seconds);
       req.mutable_budget()->set_max_tokens(max_tokens);
+      req.mutable_budget()->set_max_cost_usd(max_cost_usd);
       req.set_seed(seed);
       req.set_compile_only(compile_only);
       if (!shapes_file.empty()) {
