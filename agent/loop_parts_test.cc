@@ -363,14 +363,21 @@ TEST(SpendLedger, ReservationsAndSpendNeverPassAJobLimit) {
   std::unique_ptr<SpendLog> log = MakeInMemorySpendLog();
   SpendLedger ledger(log.get(), {});
   const SpendLimits job{1000, 0};
-  auto a = ledger.Reserve("j1", job, 600, 0);
+  ModelCall j1;
+  j1.job_id = "j1";
+  j1.purpose = "propose";
+  j1.prompt_tokens = 200;
+  auto a = ledger.Reserve(job, 600, 0, j1);
   ASSERT_TRUE(a.ok()) << a.status();
-  auto b = ledger.Reserve("j1", job, 600, 0);
+  // The reservation is a pending call at its largest size.
+  EXPECT_EQ(ledger.JobSpent("j1")->tokens, 600);
+  auto b = ledger.Reserve(job, 600, 0, j1);
   EXPECT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(Msg(b.status()), HasSubstr("job j1 budget: 600 of 1000 tokens spent or reserved"));
-  EXPECT_TRUE(ledger.Reserve("j2", job, 600, 0).ok()) << "another job has its own budget";
-  ModelCall call;
-  call.job_id = "j1";
+  ModelCall j2 = j1;
+  j2.job_id = "j2";
+  EXPECT_TRUE(ledger.Reserve(job, 600, 0, j2).ok()) << "another job has its own budget";
+  ModelCall call = j1;
   call.prompt_tokens = 300;
   call.completion_tokens = 100;
   call.outcome = "candidate";
@@ -378,8 +385,8 @@ TEST(SpendLedger, ReservationsAndSpendNeverPassAJobLimit) {
   auto room = ledger.Room("j1", job);
   ASSERT_TRUE(room.ok());
   EXPECT_EQ(room->tokens, 600);
-  EXPECT_TRUE(ledger.Reserve("j1", job, 600, 0).ok());
-  EXPECT_EQ(ledger.JobSpent("j1")->tokens, 400);
+  EXPECT_TRUE(ledger.Reserve(job, 600, 0, j1).ok());
+  EXPECT_EQ(ledger.JobSpent("j1")->tokens, 400 + 600);
 }
 
 TEST(SpendLedger, ServerLimitCountsEveryJobWithinItsWindow) {
@@ -390,18 +397,20 @@ TEST(SpendLedger, ServerLimitCountsEveryJobWithinItsWindow) {
   o.server_window_ms = 60'000;
   o.now_unix_ms = [&] { return now; };
   SpendLedger ledger(log.get(), o);
-  auto r = ledger.Reserve("j1", {}, 10, 0.8);
-  ASSERT_TRUE(r.ok());
   ModelCall call;
   call.job_id = "j1";
+  auto r = ledger.Reserve({}, 10, 0.8, call);
+  ASSERT_TRUE(r.ok());
   call.cost_usd = 0.8;
   call.outcome = "candidate";
   ASSERT_TRUE(ledger.Settle(*r, call).ok());
-  auto over = ledger.Reserve("j2", {}, 10, 0.3);
+  ModelCall other;
+  other.job_id = "j2";
+  auto over = ledger.Reserve({}, 10, 0.3, other);
   EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(Msg(over.status()), HasSubstr("server budget (last 60 s)"));
   now += 61'000;  // the window moved on
-  EXPECT_TRUE(ledger.Reserve("j2", {}, 10, 0.3).ok());
+  EXPECT_TRUE(ledger.Reserve({}, 10, 0.3, other).ok());
 }
 
 TEST(SpendLedger, ConcurrentReservationsHoldTheLimit) {
@@ -412,11 +421,11 @@ TEST(SpendLedger, ConcurrentReservationsHoldTheLimit) {
   for (int t = 0; t < 8; ++t) {
     threads.emplace_back([&] {
       for (int i = 0; i < 50; ++i) {
-        auto r = ledger.Reserve("j", {1000, 0}, 7, 0);
-        if (!r.ok()) continue;
-        ++granted;
         ModelCall c;
         c.job_id = "j";
+        auto r = ledger.Reserve({1000, 0}, 7, 0, c);
+        if (!r.ok()) continue;
+        ++granted;
         c.prompt_tokens = 7;
         c.outcome = "candidate";
         (void)ledger.Settle(*r, c);
@@ -426,6 +435,23 @@ TEST(SpendLedger, ConcurrentReservationsHoldTheLimit) {
   for (auto& t : threads) t.join();
   EXPECT_EQ(granted.load(), 1000 / 7);
   EXPECT_LE(ledger.JobSpent("j")->tokens, 1000);
+}
+
+TEST(SpendLedger, ACallInFlightAtACrashStaysCountedAtItsReservedSize) {
+  std::unique_ptr<SpendLog> log = MakeInMemorySpendLog();
+  {
+    SpendLedger before(log.get(), {});
+    ModelCall c;
+    c.job_id = "j";
+    c.prompt_tokens = 100;
+    ASSERT_TRUE(before.Reserve({1000, 0}, 900, 0, c).ok());
+    // the process dies here: no Settle
+  }
+  SpendLedger after(log.get(), {});
+  ModelCall c;
+  c.job_id = "j";
+  EXPECT_EQ(after.Reserve({1000, 0}, 200, 0, c).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(after.JobSpent("j")->tokens, 900);
 }
 
 TEST(Price, CostPerMillionTokens) {

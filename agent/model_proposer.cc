@@ -747,7 +747,7 @@ struct State {
     if (options.derive_seed) w.request.seed = static_cast<int64_t>(Mix(seed + requests) >> 1);
     const int64_t tokens = prompt_tokens + completion * choices;
     absl::StatusOr<SpendLedger::Reservation> r =
-        ledger->Reserve(ctx.job_id, limits, tokens, m.entry.price.Cost(prompt_tokens, completion * choices));
+        ledger->Reserve(limits, tokens, m.entry.price.Cost(prompt_tokens, completion * choices), CallOf(w, prompt_tokens));
     if (!r.ok()) {
       exhausted = absl::ResourceExhaustedError(fmt::format("model: {}", std::string(r.status().message())));
       return false;
@@ -756,6 +756,21 @@ struct State {
     w.reserved_tokens = tokens;
     if (legacy_left >= 0) legacy_left -= tokens;
     return true;
+  }
+
+  // The record of a request, before its answer: who asked what of which model.
+  ModelCall CallOf(const Work& w, int64_t prompt_tokens) const {
+    ModelCall call;
+    call.job_id = ctx.job_id;
+    call.bucket = ctx.bucket.Id();
+    call.model = clients[w.model].entry.name;
+    call.purpose = w.purpose;
+    call.parent_id = w.repair_of.empty() ? (w.parent_id.empty() ? w.default_handle : w.parent_id) : w.repair_of;
+    call.attempt = w.attempt;
+    call.prompt_hash = Sha256Hex(w.prompt);
+    call.prompt = w.prompt;
+    call.prompt_tokens = prompt_tokens;
+    return call;
   }
 
   std::shared_ptr<State> shared();  // set by the proposer
@@ -768,18 +783,15 @@ struct State {
         cancelled ? absl::StatusOr<ChatResponse>(absl::CancelledError("proposer closed"))
                   : m.client->Complete(w.request);
     ModelCall call;
-    call.job_id = ctx_job();
-    call.bucket = ctx_bucket();
-    call.model = m.entry.name;
-    call.purpose = w.purpose;
-    call.parent_id = w.repair_of.empty() ? (w.parent_id.empty() ? w.default_handle : w.parent_id) : w.repair_of;
-    call.attempt = w.attempt;
-    call.prompt_hash = Sha256Hex(w.prompt);
-    call.prompt = w.prompt;
+    {
+      std::lock_guard lock(mu);
+      call = CallOf(w, 0);
+    }
     if (!answer.ok()) {
-      call.outcome = "error";
+      call.outcome = absl::IsCancelled(answer.status()) ? "dropped" : "error";
       call.detail = std::string(answer.status().message());
-      (void)ledger->Settle(w.reservation, call);
+      if (absl::Status s = ledger->Settle(w.reservation, call); !s.ok())
+        spdlog::error("model call {} not recorded: {}", w.reservation.call_id, s.ToString());
       {
         std::lock_guard lock(mu);
         --inflight;
@@ -913,8 +925,9 @@ struct State {
         call.detail = fmt::format("{}", fmt::join(outcomes, "; "));
       }
     }
-    absl::StatusOr<int64_t> call_id = ledger->Settle(w.reservation, call);
-    if (!call_id.ok()) spdlog::error("model call not recorded: {}", call_id.status().ToString());
+    absl::StatusOr<int64_t> call_id = w.reservation.call_id;
+    if (absl::Status s = ledger->Settle(w.reservation, call); !s.ok())
+      spdlog::error("model call {} not recorded: {}", w.reservation.call_id, s.ToString());
     {
       std::lock_guard lock(mu);
       Settled(w, call, call_id, std::move(accepted), std::move(repairs_wanted));
@@ -925,7 +938,7 @@ struct State {
 
   void Settled(const Work& w, const ModelCall& call, const absl::StatusOr<int64_t>& call_id,
                std::vector<Candidate> accepted, std::vector<RepairIntent> repairs_wanted) {
-    const std::string handle = call_id.ok() ? fmt::format("call{}", *call_id) : fmt::format("draft{}", w.reservation.id);
+    const std::string handle = fmt::format("call{}", w.reservation.call_id);
     --inflight;
     pending -= std::max(1, w.request.n);
     if (legacy_left >= 0) legacy_left += w.reserved_tokens - (call.prompt_tokens + call.completion_tokens);
@@ -969,14 +982,6 @@ struct State {
     if (wake) wake();
   }
 
-  std::string ctx_job() {
-    std::lock_guard lock(mu);
-    return ctx.job_id;
-  }
-  std::string ctx_bucket() {
-    std::lock_guard lock(mu);
-    return ctx.bucket.Id();
-  }
   ShapeKey ctx_shape() {
     std::lock_guard lock(mu);
     return ctx.shape;

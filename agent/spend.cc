@@ -22,6 +22,15 @@ class InMemorySpendLog final : public SpendLog {
     if (calls_.back().created_unix_ms == 0) calls_.back().created_unix_ms = SystemNowMs();
     return static_cast<int64_t>(calls_.size());
   }
+  absl::Status Update(int64_t id, const ModelCall& call) override {
+    std::lock_guard lock(mu_);
+    if (id < 1 || id > static_cast<int64_t>(calls_.size()))
+      return absl::NotFoundError(fmt::format("model call {} not found", id));
+    const int64_t created = calls_[id - 1].created_unix_ms;
+    calls_[id - 1] = call;
+    calls_[id - 1].created_unix_ms = created;
+    return absl::OkStatus();
+  }
   absl::StatusOr<Spend> Sum(const std::string& job_id, int64_t since) override {
     std::lock_guard lock(mu_);
     Spend s;
@@ -59,19 +68,12 @@ absl::StatusOr<Spend> SpendLedger::Room(const std::string& job_id, const SpendLi
     if (l.none()) return absl::OkStatus();
     absl::StatusOr<Spend> spent = Logged(who);
     if (!spent.ok()) return spent.status();
-    int64_t tokens = spent->tokens;
-    double cost = spent->cost_usd;
-    for (const auto& [id, r] : reserved_) {
-      if (!who.empty() && r.job_id != who) continue;
-      tokens += r.tokens;
-      cost += r.cost_usd;
-    }
     if (l.tokens > 0) {
-      const int64_t left = std::max<int64_t>(0, l.tokens - tokens);
+      const int64_t left = std::max<int64_t>(0, l.tokens - spent->tokens);
       room.tokens = room.tokens < 0 ? left : std::min(room.tokens, left);
     }
     if (l.cost_usd > 0) {
-      const double left = std::max(0.0, l.cost_usd - cost);
+      const double left = std::max(0.0, l.cost_usd - spent->cost_usd);
       room.cost_usd = room.cost_usd < 0 ? left : std::min(room.cost_usd, left);
     }
     return absl::OkStatus();
@@ -81,50 +83,50 @@ absl::StatusOr<Spend> SpendLedger::Room(const std::string& job_id, const SpendLi
   return room;
 }
 
-absl::StatusOr<SpendLedger::Reservation> SpendLedger::Reserve(const std::string& job_id, const SpendLimits& limits,
-                                                              int64_t tokens, double cost_usd) {
+absl::Status SpendLedger::Check(const SpendLimits& l, const std::string& who, const std::string& label,
+                                int64_t tokens, double cost_usd) {
+  if (l.none()) return absl::OkStatus();
+  absl::StatusOr<Spend> spent = Logged(who);
+  if (!spent.ok()) return spent.status();
+  if (l.tokens > 0 && spent->tokens + tokens > l.tokens) {
+    return absl::ResourceExhaustedError(fmt::format(
+        "{}: {} of {} tokens spent or reserved, a request needs up to {}", label, spent->tokens, l.tokens, tokens));
+  }
+  if (l.cost_usd > 0 && spent->cost_usd + cost_usd > l.cost_usd) {
+    return absl::ResourceExhaustedError(fmt::format(
+        "{}: ${:.4f} of ${:.4f} spent or reserved, a request may cost up to ${:.4f}", label, spent->cost_usd,
+        l.cost_usd, cost_usd));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SpendLedger::Reservation> SpendLedger::Reserve(const SpendLimits& limits, int64_t tokens,
+                                                              double cost_usd, ModelCall pending) {
   std::lock_guard lock(mu_);
-  auto check = [&](const SpendLimits& l, const std::string& who, const std::string& label) -> absl::Status {
-    if (l.none()) return absl::OkStatus();
-    absl::StatusOr<Spend> spent = Logged(who);
-    if (!spent.ok()) return spent.status();
-    int64_t used_tokens = spent->tokens;
-    double used_cost = spent->cost_usd;
-    for (const auto& [id, r] : reserved_) {
-      if (!who.empty() && r.job_id != who) continue;
-      used_tokens += r.tokens;
-      used_cost += r.cost_usd;
-    }
-    if (l.tokens > 0 && used_tokens + tokens > l.tokens) {
-      return absl::ResourceExhaustedError(fmt::format(
-          "{}: {} of {} tokens spent or reserved, a request needs up to {}", label, used_tokens, l.tokens, tokens));
-    }
-    if (l.cost_usd > 0 && used_cost + cost_usd > l.cost_usd) {
-      return absl::ResourceExhaustedError(fmt::format(
-          "{}: ${:.4f} of ${:.4f} spent or reserved, a request may cost up to ${:.4f}", label, used_cost,
-          l.cost_usd, cost_usd));
-    }
-    return absl::OkStatus();
-  };
-  if (absl::Status s = check(limits, job_id, fmt::format("job {} budget", job_id.empty() ? "(none)" : job_id)); !s.ok())
+  const std::string& job_id = pending.job_id;
+  if (absl::Status s = Check(limits, job_id, fmt::format("job {} budget", job_id.empty() ? "(none)" : job_id),
+                             tokens, cost_usd);
+      !s.ok())
     return s;
   const std::string window = options_.server_window_ms > 0
                                  ? fmt::format(" (last {} s)", options_.server_window_ms / 1000)
                                  : std::string();
-  if (absl::Status s = check(options_.server, "", "server budget" + window); !s.ok()) return s;
-  Reservation r{next_id_++, job_id, tokens, cost_usd};
-  reserved_[r.id] = r;
-  return r;
+  if (absl::Status s = Check(options_.server, "", "server budget" + window, tokens, cost_usd); !s.ok()) return s;
+  // The reservation is a call in the log at its largest size: it counts for
+  // every later check, in this process and after a crash.
+  pending.outcome = "pending";
+  pending.completion_tokens = std::max<int64_t>(0, tokens - pending.prompt_tokens);
+  pending.cost_usd = cost_usd;
+  if (pending.detail.empty()) pending.detail = "in flight: reserved at its largest size";
+  if (pending.created_unix_ms == 0) pending.created_unix_ms = Now();
+  absl::StatusOr<int64_t> id = log_->Append(pending);
+  if (!id.ok()) return id.status();
+  return Reservation{*id, job_id, tokens, cost_usd};
 }
 
-absl::StatusOr<int64_t> SpendLedger::Settle(const Reservation& r, const ModelCall& call) {
-  ModelCall c = call;
-  if (c.created_unix_ms == 0) c.created_unix_ms = Now();
+absl::Status SpendLedger::Settle(const Reservation& r, const ModelCall& call) {
   std::lock_guard lock(mu_);
-  // Logged before the reservation goes, so no one sees the room of both.
-  absl::StatusOr<int64_t> id = log_->Append(c);
-  reserved_.erase(r.id);
-  return id;
+  return log_->Update(r.call_id, call);
 }
 
 absl::StatusOr<Spend> SpendLedger::JobSpent(const std::string& job_id) {

@@ -4,13 +4,14 @@
 // Every request to a model first reserves what it could cost at most (the
 // prompt, estimated conservatively at 3 bytes a token, plus the completion
 // limit times the choices asked for) against the job's limits and the
-// server's; the reservation fails when either could be exceeded. When the
-// answer (or the error) comes, Settle() records the call with its real
-// usage and frees the reservation. Limits therefore hold with requests in
-// flight at once: what is spent plus what is reserved never passes them.
-// (An endpoint that reports more prompt tokens than the estimate can push
-// the spend past a limit by that difference; the completion cannot pass
-// its own limit.)
+// server's: the reservation is written to the log as a "pending" call of
+// that size, and fails when either limit could be exceeded. When the
+// answer (or the error) comes, Settle() rewrites the call with its real
+// usage and outcome. Limits therefore hold with requests in flight at once,
+// and across a crash: a call that was in flight stays in the log at its
+// reserved size. (An endpoint that reports more prompt tokens than the
+// estimate can push the spend past a limit by that difference; the
+// completion cannot pass its own limit.)
 //
 // What was spent comes from the SpendLog (the server's store: every call is
 // a ModelCallRecord), so limits hold across restarts and across the
@@ -69,7 +70,7 @@ struct ModelCall {
   int64_t completion_tokens = 0;
   double cost_usd = 0;
   bool usage_estimated = false;
-  std::string outcome;    // "candidate" | "refused" | "duplicate" | "error" | "dropped"
+  std::string outcome;    // "pending" | "candidate" | "refused" | "duplicate" | "error" | "dropped"
   std::string detail;
   int64_t created_unix_ms = 0;
 };
@@ -81,6 +82,8 @@ class SpendLog {
   virtual ~SpendLog() = default;
   // The call's id.
   virtual absl::StatusOr<int64_t> Append(const ModelCall& call) = 0;
+  // Rewrites call `id` (its creation time stays).
+  virtual absl::Status Update(int64_t id, const ModelCall& call) = 0;
   // Calls of `job_id` (all jobs when "") created at or after `since_unix_ms`.
   virtual absl::StatusOr<Spend> Sum(const std::string& job_id, int64_t since_unix_ms) = 0;
 };
@@ -96,7 +99,7 @@ struct SpendLedgerOptions {
 class SpendLedger {
  public:
   struct Reservation {
-    uint64_t id = 0;
+    int64_t call_id = 0;  // the pending call in the log
     std::string job_id;
     int64_t tokens = 0;
     double cost_usd = 0;
@@ -105,21 +108,22 @@ class SpendLedger {
   // `log` must outlive the ledger.
   SpendLedger(SpendLog* log, SpendLedgerOptions options);
 
-  // Reserves `tokens` and `cost_usd` for a call of `job_id` with the job's
-  // `limits`. ResourceExhausted naming the limit ("job j3: 9800 of 10000
-  // tokens spent or reserved, a request needs up to 1200") when the job's
-  // or the server's could be exceeded; the log's error when it cannot be read.
-  absl::StatusOr<Reservation> Reserve(const std::string& job_id, const SpendLimits& limits, int64_t tokens,
-                                      double cost_usd);
+  // Reserves `tokens` and `cost_usd` for `pending` (a call of
+  // pending.job_id with the job's `limits`), logging it as a "pending" call
+  // of that size. ResourceExhausted naming the limit ("job j3 budget: 9800
+  // of 10000 tokens spent or reserved, a request needs up to 1200") when
+  // the job's or the server's could be exceeded; the log's error when it
+  // cannot be read or written.
+  absl::StatusOr<Reservation> Reserve(const SpendLimits& limits, int64_t tokens, double cost_usd,
+                                      ModelCall pending);
 
   // What `limits` and the server's leave for one more call of `job_id`,
   // after everything spent and reserved: tokens and cost (each -1 when
   // unlimited). For sizing a request's completion limit.
   absl::StatusOr<Spend> Room(const std::string& job_id, const SpendLimits& limits);
 
-  // Records `call` (its cost as given) and frees `r`. Returns the call's id
-  // in the log. The reservation is freed even when the log fails.
-  absl::StatusOr<int64_t> Settle(const Reservation& r, const ModelCall& call);
+  // Rewrites the reserved call with `call` (its usage and cost as given).
+  absl::Status Settle(const Reservation& r, const ModelCall& call);
 
   // Spent by a job (logged calls only) and by the server (in its window).
   absl::StatusOr<Spend> JobSpent(const std::string& job_id);
@@ -127,13 +131,15 @@ class SpendLedger {
 
  private:
   absl::StatusOr<Spend> Logged(const std::string& job_id);  // mu_ held
+  absl::Status Check(const SpendLimits& l, const std::string& who, const std::string& label, int64_t tokens,
+                     double cost_usd);  // mu_ held
   int64_t Now() const;
 
   SpendLog* log_;
   const SpendLedgerOptions options_;
+  // Held across each check and the write of its pending call, so that two
+  // reservations cannot both see the room that only one of them fits.
   std::mutex mu_;
-  uint64_t next_id_ = 1;
-  std::map<uint64_t, Reservation> reserved_;  // guarded by mu_
 };
 
 }  // namespace kforge::agent

@@ -20,7 +20,20 @@ namespace {
 class StoreSpendLog final : public agent::SpendLog {
  public:
   explicit StoreSpendLog(Store* store) : store_(store) {}
-  absl::StatusOr<int64_t> Append(const agent::ModelCall& c) override {
+  absl::StatusOr<int64_t> Append(const agent::ModelCall& c) override { return store_->AddModelCall(Record(c)); }
+  absl::Status Update(int64_t id, const agent::ModelCall& c) override {
+    ModelCallRecord r = Record(c);
+    r.id = id;
+    return store_->UpdateModelCall(r);
+  }
+  absl::StatusOr<agent::Spend> Sum(const std::string& job_id, int64_t since_unix_ms) override {
+    absl::StatusOr<ModelSpend> s = store_->SumModelCalls(job_id, since_unix_ms);
+    if (!s.ok()) return s.status();
+    return agent::Spend{s->calls, s->tokens, s->cost_usd};
+  }
+
+ private:
+  static ModelCallRecord Record(const agent::ModelCall& c) {
     ModelCallRecord r;
     r.job_id = c.job_id;
     r.bucket = c.bucket;
@@ -38,15 +51,9 @@ class StoreSpendLog final : public agent::SpendLog {
     r.outcome = c.outcome;
     r.detail = c.detail;
     r.created_unix_ms = c.created_unix_ms;
-    return store_->AddModelCall(std::move(r));
-  }
-  absl::StatusOr<agent::Spend> Sum(const std::string& job_id, int64_t since_unix_ms) override {
-    absl::StatusOr<ModelSpend> s = store_->SumModelCalls(job_id, since_unix_ms);
-    if (!s.ok()) return s.status();
-    return agent::Spend{s->calls, s->tokens, s->cost_usd};
+    return r;
   }
 
- private:
   Store* store_;  // must outlive the log
 };
 

@@ -336,6 +336,18 @@ class MemoryStore final : public Store {
     return id;
   }
 
+  absl::Status UpdateModelCall(const ModelCallRecord& call) override {
+    ModelCallRecord c = call;
+    if (absl::Status s = PrepareModelCall(c, NowUnixMs()); !s.ok()) return s;
+    absl::MutexLock lock(&mu_);
+    auto it = model_calls_.find(call.id);
+    if (it == model_calls_.end()) return NotFound("model call", fmt::format("{}", call.id));
+    c.id = call.id;
+    c.created_unix_ms = it->second.created_unix_ms;
+    it->second = std::move(c);
+    return absl::OkStatus();
+  }
+
   absl::StatusOr<std::vector<ModelCallRecord>> ListModelCalls(const std::string& job_id) override {
     absl::MutexLock lock(&mu_);
     std::vector<ModelCallRecord> out;

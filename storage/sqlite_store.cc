@@ -1239,6 +1239,23 @@ class SqliteStore final : public Store {
     return id;
   }
 
+  absl::Status UpdateModelCall(const ModelCallRecord& call) override {
+    ModelCallRecord m = call;
+    if (absl::Status s = PrepareModelCall(m, NowUnixMs()); !s.ok()) return s;
+    return Write("UpdateModelCall", [&]() -> absl::Status {
+      absl::StatusOr<Stmt> up = Prepare("UpdateModelCall",
+          "UPDATE model_calls SET job = ?, bucket = ?, model = ?, purpose = ?, parent = ?, attempt = ?, "
+          "prompt_hash = ?, prompt = ?, answer = ?, prompt_tokens = ?, completion_tokens = ?, cost_usd = ?, "
+          "usage_estimated = ?, outcome = ?, detail = ? WHERE id = ?");
+      if (!up.ok()) return up.status();
+      up->Bind(m.job_id, m.bucket, m.model, m.purpose, m.parent_id, m.attempt, m.prompt_hash, m.prompt, m.answer,
+               m.prompt_tokens, m.completion_tokens, m.cost_usd, m.usage_estimated, m.outcome, m.detail, call.id);
+      if (absl::Status s = up->Run(); !s.ok()) return s;
+      if (sqlite3_changes(db_) == 0) return NotFound("model call", fmt::format("{}", call.id));
+      return absl::OkStatus();
+    });
+  }
+
   absl::StatusOr<std::vector<ModelCallRecord>> ListModelCalls(const std::string& job_id) override {
     absl::MutexLock lock(&mu_);
     absl::StatusOr<Stmt> q = Prepare("ListModelCalls", fmt::format(

@@ -90,9 +90,11 @@ struct ModelCallRecord {
   int64_t completion_tokens = 0;
   double cost_usd = 0;        // estimated from the configured prices
   bool usage_estimated = false;  // no usage in the answer: ~4 bytes a token
-  // "candidate" (proposed), "refused" (failed the checks before compiling),
-  // "duplicate" (a source known already), "error" (no answer), "dropped"
-  // (answered after its job ended or its budget was used)
+  // "pending" (in flight: written when the request is sent, with the most
+  // it may cost, so a crash cannot lose its spend), "candidate" (proposed),
+  // "refused" (failed the checks before compiling), "duplicate" (a source
+  // known already), "error" (no answer), "dropped" (answered after its
+  // proposer closed)
   std::string outcome;
   std::string detail;         // why refused / the error
   int64_t created_unix_ms = 0;
@@ -385,10 +387,14 @@ class Store {
 
   // Model calls (the spend ledger). AddModelCall assigns the id and fills a
   // zero created_unix_ms; INVALID_ARGUMENT for negative token counts or
-  // cost, or an empty purpose or outcome. ListModelCalls is oldest first
-  // (all jobs when `job_id` is empty). SumModelCalls adds up the calls of
-  // `job_id` (all jobs when empty) created at or after `since_unix_ms`.
+  // cost, or an empty purpose or outcome. UpdateModelCall rewrites every
+  // field of the call `call.id` names but its id and created_unix_ms
+  // (NOT_FOUND when there is none; the same validation). ListModelCalls is
+  // oldest first (all jobs when `job_id` is empty). SumModelCalls adds up
+  // the calls of `job_id` (all jobs when empty) created at or after
+  // `since_unix_ms`.
   virtual absl::StatusOr<int64_t> AddModelCall(ModelCallRecord call) = 0;
+  virtual absl::Status UpdateModelCall(const ModelCallRecord& call) = 0;
   virtual absl::StatusOr<std::vector<ModelCallRecord>> ListModelCalls(
       const std::string& job_id) = 0;
   virtual absl::StatusOr<ModelSpend> SumModelCalls(const std::string& job_id,

@@ -263,6 +263,21 @@ TYPED_TEST(StoreTest, ModelCallsRoundTripAndSumPerJobAndSince) {
   ASSERT_OK_AND_ASSIGN(ModelSpend recent, this->store().SumModelCalls("", 1500));
   EXPECT_EQ(recent.calls, 1);
   EXPECT_EQ(recent.tokens, 10);
+  // A pending call rewritten with what it really cost.
+  ModelCallRecord settled = j1[0];
+  settled.outcome = "candidate";
+  settled.completion_tokens = 5;
+  settled.created_unix_ms = 99;  // ignored: a call keeps when it was made
+  ASSERT_OK(this->store().UpdateModelCall(settled));
+  ASSERT_OK_AND_ASSIGN(std::vector<ModelCallRecord> again, this->store().ListModelCalls("j1"));
+  EXPECT_EQ(again[0].outcome, "candidate");
+  EXPECT_EQ(again[0].completion_tokens, 5);
+  EXPECT_EQ(again[0].created_unix_ms, 1000);
+  settled.id = 12345;
+  EXPECT_CODE(this->store().UpdateModelCall(settled), kNotFound);
+  settled.id = first;
+  settled.outcome = "";
+  EXPECT_CODE(this->store().UpdateModelCall(settled), kInvalidArgument);
   ASSERT_OK_AND_ASSIGN(ModelSpend none, this->store().SumModelCalls("j9", 0));
   EXPECT_EQ(none.calls, 0);
   EXPECT_EQ(none.tokens, 0);
