@@ -59,6 +59,24 @@ class StoreSpendLog final : public agent::SpendLog {
 
 }  // namespace
 
+// A call still pending at start was in flight when the server stopped: its
+// answer is gone. It keeps its reserved size, so the spend it may have cost
+// still counts against the limits.
+absl::Status MarkLostModelCalls(Store* store) {
+  absl::StatusOr<std::vector<ModelCallRecord>> calls = store->ListModelCalls("");
+  if (!calls.ok()) return calls.status();
+  int lost = 0;
+  for (ModelCallRecord c : *calls) {
+    if (c.outcome != "pending") continue;
+    c.outcome = "lost";
+    c.detail = "in flight when the server stopped; counted at its reserved size";
+    if (absl::Status s = store->UpdateModelCall(c); !s.ok()) return s;
+    ++lost;
+  }
+  if (lost > 0) spdlog::warn("{} model call(s) were in flight when the server stopped; counted as reserved", lost);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<int> LoadProgramDatabase(Store* store, agent::ProgramDatabase& db) {
   int variants = 0;
   Page page;
@@ -101,6 +119,7 @@ absl::StatusOr<ProposerFactory> DefaultProposerFactory(const std::string& model_
                    programs->size(),
                    std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start)
                        .count());
+      if (absl::Status s = MarkLostModelCalls(store); !s.ok()) return s;
       log = std::make_unique<StoreSpendLog>(store);
     }
     auto resources = agent::MakeModelResources(*options.model, std::move(log), std::move(programs));

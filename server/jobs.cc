@@ -778,10 +778,11 @@ void JobEngine::HandleCompleted(const TaskRecord& task, const EvaluationRecord& 
 }
 
 // The model call ledger counts every token a job spent, refused answers
-// included; the candidates' sum misses calls that produced no candidate.
+// included (the candidates' sum misses calls that produced no candidate);
+// calls still in flight are not spent yet.
 void JobEngine::RefreshTokens(JobState& job) {
   absl::StatusOr<ModelSpend> spent = store_->SumModelCalls(job.record.id, 0);
-  if (spent.ok() && spent->tokens > job.record.tokens_used) job.record.tokens_used = spent->tokens;
+  if (spent.ok() && spent->calls > 0) job.record.tokens_used = spent->tokens - spent->pending_tokens;
 }
 
 void JobEngine::Wake(const std::string& job_id) {

@@ -365,6 +365,7 @@ class MemoryStore final : public Store {
       sum.calls++;
       sum.tokens += c.prompt_tokens + c.completion_tokens;
       sum.cost_usd += c.cost_usd;
+      if (c.outcome == "pending") sum.pending_tokens += c.prompt_tokens + c.completion_tokens;
     }
     return sum;
   }

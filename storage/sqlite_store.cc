@@ -1269,8 +1269,9 @@ class SqliteStore final : public Store {
                                            int64_t since_unix_ms) override {
     absl::MutexLock lock(&mu_);
     absl::StatusOr<Stmt> q = Prepare("SumModelCalls",
-        "SELECT count(*), coalesce(sum(prompt_tokens + completion_tokens), 0), "
-        "coalesce(sum(cost_usd), 0) FROM model_calls WHERE (?1 = '' OR job = ?1) AND created >= ?2");
+        "SELECT count(*), coalesce(sum(prompt_tokens + completion_tokens), 0), coalesce(sum(cost_usd), 0), "
+        "coalesce(sum(CASE WHEN outcome = 'pending' THEN prompt_tokens + completion_tokens END), 0) "
+        "FROM model_calls WHERE (?1 = '' OR job = ?1) AND created >= ?2");
     if (!q.ok()) return q.status();
     q->Bind(job_id, since_unix_ms);
     absl::StatusOr<bool> row = q->Next();
@@ -1280,6 +1281,7 @@ class SqliteStore final : public Store {
       sum.calls = q->Int(0);
       sum.tokens = q->Int(1);
       sum.cost_usd = q->Real(2);
+      sum.pending_tokens = q->Int(3);
     }
     return sum;
   }

@@ -94,7 +94,8 @@ struct ModelCallRecord {
   // it may cost, so a crash cannot lose its spend), "candidate" (proposed),
   // "refused" (failed the checks before compiling), "duplicate" (a source
   // known already), "error" (no answer), "dropped" (answered after its
-  // proposer closed)
+  // proposer closed), "lost" (pending when the server stopped: kept at its
+  // reserved size)
   std::string outcome;
   std::string detail;         // why refused / the error
   int64_t created_unix_ms = 0;
@@ -103,8 +104,9 @@ struct ModelCallRecord {
 // Sums over model calls (SumModelCalls).
 struct ModelSpend {
   int64_t calls = 0;
-  int64_t tokens = 0;         // prompt + completion
+  int64_t tokens = 0;         // prompt + completion, pending calls at their reserved size
   double cost_usd = 0;
+  int64_t pending_tokens = 0;  // of `tokens`, those of calls still pending
 };
 
 struct EvaluationRecord {

@@ -278,6 +278,13 @@ TYPED_TEST(StoreTest, ModelCallsRoundTripAndSumPerJobAndSince) {
   settled.id = first;
   settled.outcome = "";
   EXPECT_CODE(this->store().UpdateModelCall(settled), kInvalidArgument);
+  ModelCallRecord pending = j1[0];
+  pending.job_id = "j3";
+  pending.outcome = "pending";
+  ASSERT_OK(this->store().AddModelCall(pending));
+  ASSERT_OK_AND_ASSIGN(ModelSpend j3, this->store().SumModelCalls("j3", 0));
+  EXPECT_EQ(j3.pending_tokens, 120);
+  EXPECT_EQ(j3.tokens, 120);
   ASSERT_OK_AND_ASSIGN(ModelSpend none, this->store().SumModelCalls("j9", 0));
   EXPECT_EQ(none.calls, 0);
   EXPECT_EQ(none.tokens, 0);

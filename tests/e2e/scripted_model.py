@@ -71,7 +71,7 @@ def _whole(source, manifest, why):
 
 
 def _manifest(prompt):
-    m = re.search(r"```json\n(\{.*?\})\n```", prompt, re.S)
+    m = re.search(r"```json\n(.*?)\n```", prompt, re.S)
     return m.group(1) if m else "{}"
 
 
@@ -186,7 +186,10 @@ class ScriptedModel:
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                self.wfile.write(data)
+                try:
+                    self.wfile.write(data)
+                except BrokenPipeError:
+                    pass  # the server was killed while it waited: the test does that
 
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
