@@ -329,7 +329,15 @@ class OpenAIClient final : public ChatClient {
       }
       wait = std::min(*wait, config_.max_backoff);
       spdlog::warn("{}; retry {}/{} in {} ms", last.ToString(), attempt + 1, attempts - 1, wait->count());
-      if (!SleepUnlessCancelled(*wait, cancelled)) {
+      // An injected clock (tests) decides the wait exactly; the system's is
+      // slept in slices, so a cancelled request ends during its backoff.
+      if (config_.clock != nullptr) {
+        config_.clock->SleepFor(*wait);
+        if (cancelled != nullptr && cancelled->load()) {
+          out.response = absl::CancelledError(fmt::format("model endpoint {}: request cancelled", url_));
+          return out;
+        }
+      } else if (!SleepUnlessCancelled(*wait, cancelled)) {
         out.response = absl::CancelledError(fmt::format("model endpoint {}: request cancelled", url_));
         return out;
       }

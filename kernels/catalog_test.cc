@@ -80,9 +80,15 @@ TEST(CatalogTest, DefaultVariantNotFoundForUnsupportedShape) {
 }
 
 TEST(CatalogTest, BackwardShapesGetTheKeyMajorBackwardTemplate) {
-  // bwd_mma everywhere until bwd_sm90 passes every sanitizer gate on a GPU
-  // (bwd_sm90.cc, preference).
-  ShapeKey s = Shape(128, "sm_90a", 1024);
+  // On sm_90a the wgmma backward where sequences average 64 keys or more,
+  // bwd_mma under that (bwd_sm90.cc, preference); bwd_mma on other archs.
+  ShapeKey s = Shape(128, "sm_90a", 1024);  // 512 keys on average
+  s.op = Op::kBackward;
+  EXPECT_EQ(DefaultVariant(s)->template_name, "bwd_sm90");
+  s = Shape(64, "sm_90a", 128);  // 64
+  s.op = Op::kBackward;
+  EXPECT_EQ(DefaultVariant(s)->template_name, "bwd_sm90");
+  s = Shape(128, "sm_90a", 16);  // 8
   s.op = Op::kBackward;
   EXPECT_EQ(DefaultVariant(s)->template_name, "bwd_mma");
   s = Shape(128, "sm_80", 1024);

@@ -1287,7 +1287,9 @@ int Main(int argc, char** argv) {
       const std::string name = s.at("name");
       if (!o.only.empty() && ("," + o.only + ",").find("," + name + ",") == std::string::npos)
         continue;
-      problems.push_back(MakeProblem(name, s.at("H"), s.at("H"), s.at("D"), s.at("causal"),
+      // KVH: key/value heads (grouped-query attention), H when absent.
+      const int heads = s.at("H");
+      problems.push_back(MakeProblem(name, heads, s.value("KVH", heads), s.at("D"), s.at("causal"),
                                      s.at("lq").get<std::vector<int>>(),
                                      s.at("lk").get<std::vector<int>>()));
     } catch (const json::exception& e) {

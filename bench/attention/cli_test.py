@@ -69,11 +69,12 @@ class CliTest(unittest.TestCase):
         self.assertEqual(len([l for l in got[("bwd", "tiny_causal")] if l.startswith("bwd_mma ")]), 12)
         # --variants default: each template's defaults only, the served default first.
         got = listing("--op", "bwd", "--variants", "default")
-        # The served backward default (bwd_mma) first, then bwd_sm90's.
+        # The served backward default first: on sm_90a bwd_sm90 where sequences
+        # average 64 keys or more (both tiny shapes do), then bwd_mma's.
         self.assertEqual(got[("bwd", "tiny_causal")],
-                         ["bwd_mma BLOCK_M=32 BLOCK_N=64 MIN_BLOCKS=1", "bwd_sm90 ARRIVE=0 BLOCK_M=64 BLOCK_N=128 OVERLAP=0 STAGES=2"])
-        self.assertEqual(got[("bwd", "tiny_d64_cross")][0], "bwd_mma BLOCK_M=64 BLOCK_N=64 MIN_BLOCKS=1")
-        self.assertTrue(got[("bwd", "tiny_d64_cross")][1].startswith("bwd_sm90 "))
+                         ["bwd_sm90 BLOCK_M=64 BLOCK_N=128 DELTA=1 DQ=0 OVERLAP=1 STAGES=2", "bwd_mma BLOCK_M=32 BLOCK_N=64 MIN_BLOCKS=1"])
+        self.assertEqual(got[("bwd", "tiny_d64_cross")][0], "bwd_sm90 BLOCK_M=128 BLOCK_N=128 DELTA=1 DQ=0 OVERLAP=1 STAGES=2")
+        self.assertTrue(got[("bwd", "tiny_d64_cross")][1].startswith("bwd_mma "))
 
     def test_both_and_the_per_op_template_filter(self):
         got = listing("--op", "both", "--templates", "fwd_mma", "--only", "tiny_causal")

@@ -2,7 +2,8 @@
 # Runs kforge's variants and the anchors (varlen_attn, FlexAttention) on the
 # same batches in one run, then prints the ratio tables.
 # On the GPU machine, from anywhere:
-#   BUNDLE=.bundle OUT=/tmp/kb [OP=fwd|bwd|both] [ONLY=a,b] [SKIP_ANCHORS=1] [VARIANTS=sweep|default] bench/attention/run.sh
+#   BUNDLE=.bundle OUT=/tmp/kb [OP=fwd|bwd|both] [ONLY=a,b] [SKIP_ANCHORS=1] [VARIANTS=sweep|default]
+#     [SHAPES=bench/shapes_wide.json] bench/attention/run.sh
 # BUNDLE is a folder made here by deploy/bundle.sh (binaries in bin/, libraries in lib/).
 # OP (default fwd) picks what kforge-bench-attn times; with bwd or both the
 # anchors run without FWD_ONLY, so anchors.py times their backward too.
@@ -16,10 +17,11 @@ case "$OP" in
   bwd|both) ours_cap=420; anchor_cap=600 ;;  # backward runs take longer on both sides
   *) echo "OP must be fwd, bwd or both, not $OP" >&2; exit 2 ;;
 esac
+SHAPES=$(realpath "${SHAPES:-bench/shapes.json}")  # the public set by default
 mkdir -p "$O"
 export LD_LIBRARY_PATH=$(realpath "$B")/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PYTHONUNBUFFERED=1
-python3 bench/attention/lengths.py bench/shapes.json > "$O/lengths.json" || exit 1
+python3 bench/attention/lengths.py "$SHAPES" > "$O/lengths.json" || exit 1
 timeout "${OURS_TIMEOUT:-$ours_cap}" "$B/bin/kforge-bench-attn" --lengths "$O/lengths.json" --out "$O/ours.json" \
   --op "$OP" --variants "${VARIANTS:-sweep}" \
   ${ONLY:+--only "$ONLY"} ${REPS:+--reps "$REPS"} ${TEMPLATES:+--templates "$TEMPLATES"} 2>&1 | tee "$O/ours.log"
@@ -27,7 +29,7 @@ echo "kforge-bench-attn rc=${PIPESTATUS[0]}" | tee -a "$O/ours.log"
 rm -f "$O/anchors.jsonl"
 if [ -z "${SKIP_ANCHORS:-}" ]; then
   if [ "$OP" = fwd ]; then fwd_only=(FWD_ONLY=1); else fwd_only=(-u FWD_ONLY); fi
-  (cd bench && env "${fwd_only[@]}" ANCHORS_OUT="$O/anchors.jsonl" SHAPES=shapes.json ${ONLY:+ONLY="$ONLY"} \
+  (cd bench && env "${fwd_only[@]}" ANCHORS_OUT="$O/anchors.jsonl" SHAPES="$SHAPES" ${ONLY:+ONLY="$ONLY"} \
      timeout "${ANCHOR_TIMEOUT:-$anchor_cap}" python3 anchors.py) > "$O/anchors.log" 2>&1
   echo "anchors rc=$?" >> "$O/anchors.log"
   tail -n 12 "$O/anchors.log"

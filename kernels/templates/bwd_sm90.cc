@@ -4,11 +4,7 @@
 
 #include "kernels/template_def.h"
 #include "kernels/templates/bwd_sm90_layout.h"
-
-namespace kforge::embedded {
-extern const char bwd_sm90_cuh[];
-extern const char bwd_sm90_layout_h[];
-}
+#include "kernels/templates/sm90/parts.h"
 
 namespace kforge::templates {
 namespace {
@@ -17,7 +13,8 @@ int Knob(const std::map<std::string, int>& k, const char* name) { return k.at(na
 
 // The kernel's own layout function (bwd_sm90_layout.h), evaluated here.
 KfBwdSm90Layout Layout(const std::map<std::string, int>& k, int d) {
-  return kf_bwd_sm90_layout(d, Knob(k, "BLOCK_M"), Knob(k, "BLOCK_N"), Knob(k, "STAGES"));
+  return kf_bwd_sm90_layout(d, Knob(k, "BLOCK_M"), Knob(k, "BLOCK_N"), Knob(k, "STAGES"),
+                            Knob(k, "DQ"));
 }
 
 }  // namespace
@@ -36,9 +33,15 @@ TemplateDef BwdSm90Template() {
       // before the consumer barrier, dQ while dK completes, the stage freed
       // before the dQ wait. 0 = v1's step, compiled byte for byte as validated.
       {"OVERLAP", {0, 1}, 0},
-      // 1: every consumer thread arrives on the empty barriers (racecheck's
-      // form); 0: one elected lane per warp (v1). Not yet run on a GPU.
-      {"ARRIVE", {0, 1}, 0},
+      // How dQ reaches dq_accum (notes/bwd.md, v3): 0 = red.global.add.v4 from
+      // the accumulators; 1 = staged in shared memory, then bulk asynchronous
+      // reduce-adds (cp.reduce.async.bulk) issued by one thread per warpgroup.
+      {"DQ", {0, 1}, 0},
+      // delta = rowsum(dO * O): 0 = recomputed by every key block that visits
+      // a query block; 1 = computed by the first visitor, which publishes it
+      // in p.delta (a claim bit and a ready bit in the query block's counter)
+      // for the others to read.
+      {"DELTA", {0, 1}, 0},
   };
   def.info.description =
       "Hopper backward (FA3-style): a CTA per key block of 128 keys, 1 producer warpgroup "
@@ -58,10 +61,10 @@ TemplateDef BwdSm90Template() {
           "bwd_sm90: BLOCK_M=128 with STAGES=1 spills (12 B, ptxas 13.0); use STAGES=2");
     }
     // (OVERLAP=1 with BLOCK_M=128 and STAGES=1 spills too: refused above.)
-    if (d == 64 && bm == 128 && Knob(k, "ARRIVE") == 1 && Knob(k, "OVERLAP") == 0) {
+    if (d == 64 && bm == 128 && Knob(k, "OVERLAP") == 0) {
       return absl::InvalidArgumentError(
-          "bwd_sm90: ARRIVE=1 with head_dim 64, BLOCK_M=128 and OVERLAP=0 spills (4 B, ptxas "
-          "13.0); use OVERLAP=1");
+          "bwd_sm90: head_dim 64 with BLOCK_M=128 and OVERLAP=0 spills (4 B, ptxas 13.0); use "
+          "OVERLAP=1");
     }
     const int bytes = Layout(k, d).dynamic_bytes;
     if (bytes > 232448) {
@@ -75,7 +78,7 @@ TemplateDef BwdSm90Template() {
   def.build = [archs = def.info.archs](const std::map<std::string, int>& k,
                                        int d) -> absl::StatusOr<Variant> {
     Variant v;
-    v.source = KnobPrelude(k, d) + embedded::bwd_sm90_layout_h + embedded::bwd_sm90_cuh;
+    v.source = KnobPrelude(k, d) + sm90::Assemble(sm90::BwdSm90Parts());
     Manifest& m = v.manifest;
     m.entry_point = "kf_attn_bwd";
     m.threads = 384;
@@ -93,24 +96,27 @@ TemplateDef BwdSm90Template() {
     return v;
   };
   // D=64: BLOCK_M=128 (dQ split by rows: one dq_accum reduction per element
-  // and key block); D=128: BLOCK_M=64 (the only setting that fits).
+  // and key block); D=128: BLOCK_M=64 (the only setting that fits). OVERLAP=1
+  // at both: 0.3-1% faster on every shape (notes/bwd.md, v2), and at D=64
+  // with BLOCK_M=128 the only setting that does not spill. DELTA=1: 1.2-1.6x
+  // faster on every public shape but powerlaw_short, DQ=1 slower on all but
+  // that one (notes/bwd.md, v3).
   def.default_knobs = [](const ShapeKey& s) -> std::map<std::string, int> {
-    return {{"BLOCK_M", s.head_dim == 64 ? 128 : 64}, {"BLOCK_N", 128}, {"STAGES", 2}};
+    return {{"BLOCK_M", s.head_dim == 64 ? 128 : 64}, {"BLOCK_N", 128}, {"STAGES", 2},
+            {"OVERLAP", 1}, {"DQ", 0}, {"DELTA", 1}};
   };
-  // Not measured on a GPU yet: just below bwd_mma (10), so the default
-  // backward seed stays bwd_mma while the tuner searches this template too.
   def.preference = [](const ShapeKey& s) {
     if (s.op != Op::kBackward || s.arch != "sm_90a") return 0;
     if (s.head_dim != 64 && s.head_dim != 128) return 0;
-    // Measured on the H200 (notes/bwd.md, bwd_sm90 v1): 1.06-1.63x bwd_mma
-    // wherever sequences fill its 128-key blocks, 0.48x on powerlaw_short
-    // (8 keys on average). But a default seed must pass every sanitizer
-    // gate (WorkerGpuSequence.SeedDefaultsPassEveryGate), and v1 failed
-    // racecheck there (one elected arrive per warp on the empty barriers;
-    // a __syncwarp before it did not change that; notes/bwd.md): below
-    // bwd_mma until a GPU run shows it passing. The tuner searches it either
-    // way, and the gates decide what it may promote.
-    return 9;
+    // Measured on the H200 (notes/bwd.md): 1.06-1.64x bwd_mma wherever
+    // sequences fill a good part of its 128-key blocks, 0.48x on
+    // powerlaw_short (8 keys on average, most of each block masked); and the
+    // defaults pass every sanitizer gate since every consumer thread releases
+    // the stages (WorkerGpuSequence.BwdSm90ArrivePassesEveryGate). So above
+    // bwd_mma (10) from a mean of 64 keys per sequence, below it under that.
+    const int64_t keys = s.cross ? s.total_k : s.total_q;  // self: keys are the queries
+    const int64_t mean_keys = s.batch > 0 ? keys / s.batch : 0;
+    return mean_keys >= 64 ? 11 : 9;
   };
   return def;
 }

@@ -20,13 +20,17 @@ struct KfBwdSm90Layout {
   int ds_bytes;     //   (BLOCK_N/64 panels of BLOCK_M rows x 128 B); buffer b at ds + b * ds_bytes
   int lse;          // per stage: BLOCK_M floats LSE*log2(e) (+inf where P = 0) ...
   int delta;        // ... and BLOCK_M floats delta; stage s at + s * 4 * BLOCK_M
-  int flags;        // 256 ints (dq completion flags of the consumer warpgroups)
+  int flags;        // 256 ints (dq completion flags of the consumer warpgroups), then
+                    //   4 ints for the producer (the delta claim it broadcasts)
+  int dq;           // DQ=1: per consumer warpgroup a 64 x 64 fp32 dQ slice, rows
+  int dq_row_bytes; //   dq_row_bytes apart (256 + 32 pad); consumer w at dq + w * 64 * dq_row_bytes
   int bars;         // mbarriers (8 B each): full[S], empty[S], kv_full, kv_empty
   int total;        // bytes used from the aligned base
   int dynamic_bytes;// dynamic shared memory to request
 };
 
-constexpr KfBwdSm90Layout kf_bwd_sm90_layout(int d, int block_m, int block_n, int stages) {
+constexpr KfBwdSm90Layout kf_bwd_sm90_layout(int d, int block_m, int block_n, int stages,
+                                             int dq_bulk) {
   KfBwdSm90Layout l{};
   const int kv_bytes = block_n * d * 2;
   l.tile_q_bytes = block_m * d * 2;
@@ -39,7 +43,9 @@ constexpr KfBwdSm90Layout kf_bwd_sm90_layout(int d, int block_m, int block_n, in
   l.lse = l.ds + 2 * l.ds_bytes;
   l.delta = l.lse + stages * block_m * 4;
   l.flags = l.delta + stages * block_m * 4;
-  l.bars = l.flags + 256 * 4;
+  l.dq = (l.flags + 260 * 4 + 127) / 128 * 128;
+  l.dq_row_bytes = dq_bulk ? 256 + 32 : 0;
+  l.bars = l.dq + 2 * 64 * l.dq_row_bytes;
   l.total = l.bars + (2 * stages + 2) * 8;
   l.dynamic_bytes = l.total + 1024;
   return l;

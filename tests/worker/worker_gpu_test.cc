@@ -414,26 +414,29 @@ TEST_F(WorkerGpuSequence, SeedDefaultsPassEveryGate) {
   }
 }
 
-// bwd_sm90 with every consumer thread arriving on the empty barriers
-// (ARRIVE=1): racecheck flagged the elected-lane release of ARRIVE=0
-// (kernels/notes/bwd.md); this form must pass every gate before bwd_sm90 can
-// be a served default. The settings are the candidate defaults at both head
-// dims, and OVERLAP both ways at D=128.
-TEST_F(WorkerGpuSequence, BwdSm90ArrivePassesEveryGate) {
+// bwd_sm90 through every gate: its defaults at both head dims (every consumer
+// thread releases the stages: racecheck flagged the elected-lane form,
+// kernels/notes/bwd.md), OVERLAP both ways at D=128, and v3's bulk dQ
+// reduce-adds and published delta (DQ=1, DELTA=1): shared memory the async
+// proxy reads, and a flag protocol in global memory.
+TEST_F(WorkerGpuSequence, BwdSm90PassesEveryGate) {
   if (WorkingGates().empty()) GTEST_SKIP() << "no compute-sanitizer tool runs here";
   if (TheGpu().info.arch != "sm_90a") GTEST_SKIP() << "bwd_sm90 needs sm_90a";
   gpu::CompilePool pool(2, nullptr);
   Sandbox sandbox(GpuSandboxOptions());
   LocalTaskRunner runner(&pool, &sandbox, GatedRunnerOptions());
-  struct S { int d, bm, overlap; bool causal; };
+  struct S { int d, bm, overlap; bool causal; int dq = 0, delta = 0; };
   uint64_t seed = 950;
-  for (S s : {S{64, 128, 1, false}, S{128, 64, 0, true}, S{128, 64, 1, false}}) {
+  for (S s : {S{64, 128, 1, false}, S{128, 64, 0, true}, S{128, 64, 1, false},
+              S{128, 64, 1, true, 1, 1}, S{64, 128, 1, false, 1, 0}}) {
     absl::StatusOr<Variant> v = Instantiate(
         "bwd_sm90",
-        {{"BLOCK_M", s.bm}, {"BLOCK_N", 128}, {"STAGES", 2}, {"OVERLAP", s.overlap}, {"ARRIVE", 1}},
+        {{"BLOCK_M", s.bm}, {"BLOCK_N", 128}, {"STAGES", 2}, {"OVERLAP", s.overlap},
+         {"DQ", s.dq}, {"DELTA", s.delta}},
         s.d);
     ASSERT_TRUE(v.ok()) << v.status();
-    const std::string label = fmt::format("bwd_sm90 BM{} OVERLAP{} ARRIVE1", s.bm, s.overlap);
+    const std::string label =
+        fmt::format("bwd_sm90 BM{} OVERLAP{} DQ{} DELTA{}", s.bm, s.overlap, s.dq, s.delta);
     auto r = ConfirmThroughGates(runner, GateShape(Op::kBackward, s.d, s.causal), *v, label, ++seed);
     ASSERT_TRUE(r.has_value());
     EXPECT_EQ(r->outcome, Outcome::kVerified) << label << " d" << s.d << ": " << r->message;

@@ -151,30 +151,33 @@ TEST_F(EvalGpu, BwdSm90Verifies) {
   bool listed = false;
   for (const auto& t : ListTemplates()) listed = listed || t.name == "bwd_sm90";
   if (!listed) GTEST_SKIP() << "bwd_sm90 is not in this build";
-  struct S { int d, h, kvh; bool causal, cross; int bm, stages, overlap = 0, arrive = 0; };
+  struct S { int d, h, kvh; bool causal, cross; int bm, stages, overlap = 0, dq = 0, delta = 0; };
   for (S s : {S{128, 4, 4, true, false, 64, 2}, S{128, 4, 2, false, true, 64, 2},
-              S{128, 2, 1, true, true, 64, 1}, S{64, 4, 1, true, true, 128, 2},
-              S{64, 2, 2, false, false, 128, 2}, S{64, 4, 2, true, false, 64, 2},
+              S{128, 2, 1, true, true, 64, 1}, S{64, 4, 2, true, false, 64, 2},
               S{64, 2, 2, false, true, 64, 1},
               // v2 (OVERLAP=1) at both head dims and every dQ split
               S{128, 4, 4, true, false, 64, 2, 1}, S{128, 4, 2, false, true, 64, 2, 1},
               S{128, 2, 1, true, true, 64, 1, 1}, S{64, 4, 1, true, true, 128, 2, 1},
               S{64, 2, 2, false, false, 128, 2, 1}, S{64, 4, 2, true, false, 64, 2, 1},
               S{64, 2, 2, false, true, 64, 1, 1},
-              // every consumer thread arriving on the empty barriers (ARRIVE=1)
-              S{128, 4, 2, true, true, 64, 2, 0, 1}, S{64, 4, 1, false, true, 128, 2, 1, 1},
-              S{64, 2, 2, true, false, 64, 1, 0, 1}}) {
-    SCOPED_TRACE(fmt::format("d{} h{}/{} causal {} cross {} BM{} STAGES{} OVERLAP{} ARRIVE{}", s.d,
-                             s.h, s.kvh, s.causal, s.cross, s.bm, s.stages, s.overlap, s.arrive));
+              // v3: dQ through shared memory and bulk reduce-adds (DQ=1),
+              // delta published once per query block (DELTA=1), each and both
+              S{128, 4, 2, true, true, 64, 2, 1, 1, 0}, S{128, 4, 4, true, false, 64, 2, 1, 0, 1},
+              S{128, 4, 4, true, false, 64, 2, 1, 1, 1}, S{128, 2, 1, false, true, 64, 1, 0, 1, 1},
+              S{64, 4, 1, true, true, 128, 2, 1, 1, 0}, S{64, 2, 2, false, false, 128, 2, 1, 0, 1},
+              S{64, 4, 2, true, false, 64, 2, 1, 1, 1}, S{64, 2, 2, false, true, 64, 1, 0, 1, 1}}) {
+    SCOPED_TRACE(fmt::format("d{} h{}/{} causal {} cross {} BM{} STAGES{} OVERLAP{} DQ{} DELTA{}", s.d,
+                             s.h, s.kvh, s.causal, s.cross, s.bm, s.stages, s.overlap, s.dq,
+                             s.delta));
     absl::StatusOr<Variant> v = Instantiate(
         "bwd_sm90",
         {{"BLOCK_M", s.bm}, {"BLOCK_N", 128}, {"STAGES", s.stages}, {"OVERLAP", s.overlap},
-         {"ARRIVE", s.arrive}},
+         {"DQ", s.dq}, {"DELTA", s.delta}},
         s.d);
     ASSERT_TRUE(v.ok()) << v.status();
     EvalRequest req;
     req.shape = Shape(Op::kBackward, s.d, s.h, s.kvh, s.causal, s.cross);
-    req.seed = 900 + s.d + s.bm + s.stages + 7 * s.overlap;
+    req.seed = 900 + s.d + s.bm + s.stages + 7 * s.overlap + 11 * s.dq + 13 * s.delta;
     req.candidate.source = v->source;
     req.candidate.manifest = v->manifest;
     req.options.iterations = 3;
@@ -245,9 +248,14 @@ TEST_F(EvalGpu, RetimeTimesBothInterleaved) {
   ASSERT_EQ(r->candidate.outcome, Outcome::kVerified) << r->candidate.message;
   ASSERT_EQ(r->incumbent.outcome, Outcome::kVerified) << r->incumbent.message;
   ASSERT_TRUE(r->candidate.timing && r->incumbent.timing);
-  EXPECT_GE(r->candidate.timing->samples, 10);
-  EXPECT_LE(r->candidate.timing->samples, 15);
+  // The pairs follow the win rule's schedule (core/timing.h): a look every
+  // 16 pairs, stopping at the one that decides, 96 at most. A kernel against
+  // itself has no gain to show.
+  EXPECT_GE(r->candidate.timing->samples, 16);
+  EXPECT_LE(r->candidate.timing->samples, 96);
+  EXPECT_EQ(r->candidate.timing->samples % 16, 0) << "stopped between looks";
   EXPECT_EQ(r->candidate.timing->samples, r->incumbent.timing->samples);
+  EXPECT_FALSE(r->comparison.candidate_wins) << r->comparison.Describe();
   ASSERT_TRUE(r->candidate.verified.has_value());
   EXPECT_TRUE(ExtentCovers(*r->candidate.verified, req.shape)) << "promotion covers the bucket";
   // Sample i of each is a pair: both were kept, one per timed step.
@@ -256,6 +264,23 @@ TEST_F(EvalGpu, RetimeTimesBothInterleaved) {
   std::cout << fmt::format("retime: candidate {:.2f} us, incumbent {:.2f} us; {}\n",
                            r->candidate.timing->median_us, r->incumbent.timing->median_us,
                            r->comparison.Describe());
+}
+
+// A rule without looks (LegacyWinRule) times the nominal iterations, as
+// an evaluation does.
+TEST_F(EvalGpu, RetimeWithoutAScheduleTimesTheNominalPairs) {
+  EvalRequest req;
+  req.shape = Shape(Op::kForward, 128, 4, 4, true, false);
+  req.seed = 12;
+  req.candidate = Good(false);
+  req.options.iterations = 10;
+  req.options.rule = LegacyWinRule();
+  absl::StatusOr<RetimeResult> r = evaluator_->Retime(req, Good(false));
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->candidate.timing && r->incumbent.timing) << r->candidate.message;
+  EXPECT_GE(r->candidate.timing->samples, 10);
+  EXPECT_LE(r->candidate.timing->samples, 15);
+  EXPECT_EQ(r->candidate.timing->samples, r->incumbent.timing->samples);
 }
 
 TEST_F(EvalGpu, RealisticShapeTakesSecondsNotMinutes) {
