@@ -242,6 +242,7 @@ struct Work {
   std::string selection;      // why this parent
   SpendLedger::Reservation reservation;
   int64_t reserved_tokens = 0;
+  int64_t prompt_estimate = 0;  // tokens, as reserved
 };
 
 // An answer's kernel before the checks that need the proposer's state.
@@ -754,6 +755,7 @@ struct State {
     }
     w.reservation = *r;
     w.reserved_tokens = tokens;
+    w.prompt_estimate = prompt_tokens;
     if (legacy_left >= 0) legacy_left -= tokens;
     return true;
   }
@@ -790,6 +792,9 @@ struct State {
     if (!answer.ok()) {
       call.outcome = absl::IsCancelled(answer.status()) ? "dropped" : "error";
       call.detail = std::string(answer.status().message());
+      // A request abandoned mid-answer was read by the endpoint, which may
+      // bill the prompt: it stays counted at its estimate.
+      if (absl::IsCancelled(answer.status())) call.prompt_tokens = w.prompt_estimate;
       if (absl::Status s = ledger->Settle(w.reservation, call); !s.ok())
         spdlog::error("model call {} not recorded: {}", w.reservation.call_id, s.ToString());
       {
