@@ -420,6 +420,10 @@ struct State {
   std::deque<Candidate> ready;
   int inflight = 0;
   int pending = 0;  // candidates the requests in flight may bring (their choices)
+  // A request ended since the last Propose(): until the caller asks again
+  // the proposer is still busy, even with nothing in flight (the answer to
+  // that Propose may be an error, or what a repair brings).
+  bool news = false;
   std::deque<RepairIntent> repairs;
   std::set<std::string> repaired;    // handles a repair was started (or replayed) for
   std::set<std::string> hashes;      // exact sources proposed or seen on this bucket
@@ -977,6 +981,7 @@ struct State {
   // drafts go on at once; fresh proposals only when the caller is
   // asynchronous (a synchronous Propose() starts its own).
   void FinishLocked() {
+    news = true;
     StartMoreLocked(async);
     changed.notify_all();
   }
@@ -1050,6 +1055,7 @@ class ModelProposer final : public Proposer {
     std::unique_lock lock(s.mu);
     s.ctx = ctx;
     s.have_ctx = true;
+    s.news = false;
     s.returned_since_ctx = 0;
     if (ctx.best && !ctx.best->variant_id.empty()) {
       // The served best is a program of this bucket, whatever the database knew.
@@ -1170,7 +1176,7 @@ class ModelProposer final : public Proposer {
 
   bool Busy() const override {
     std::lock_guard lock(state_->mu);
-    return state_->inflight > 0 || !state_->ready.empty();
+    return state_->inflight > 0 || !state_->ready.empty() || state_->news;
   }
 
  private:
