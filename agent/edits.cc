@@ -6,9 +6,8 @@
 #include <fmt/format.h>
 
 namespace kforge::agent {
-namespace {
 
-std::vector<std::string_view> Lines(std::string_view s) {
+std::vector<std::string_view> SplitLines(std::string_view s) {
   std::vector<std::string_view> out;
   size_t pos = 0;
   while (pos < s.size()) {
@@ -19,6 +18,8 @@ std::vector<std::string_view> Lines(std::string_view s) {
   }
   return out;
 }
+
+namespace {
 
 std::string_view RightTrim(std::string_view s) {
   while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) s.remove_suffix(1);
@@ -79,7 +80,7 @@ std::vector<size_t> FindLines(const std::vector<std::string_view>& hay,
 
 absl::StatusOr<ParsedEdits> ParseEdits(std::string_view text) {
   ParsedEdits out;
-  std::vector<std::string_view> lines = Lines(text);
+  std::vector<std::string_view> lines = SplitLines(text);
   for (size_t i = 0; i < lines.size(); ++i) {
     std::string_view t = Trim(lines[i]);
     if (out.parent.empty() && t.size() > 7) {
@@ -123,8 +124,8 @@ absl::StatusOr<std::string> ApplyEdits(std::string_view parent, const std::vecto
   std::string current(parent);
   for (size_t e = 0; e < edits.size(); ++e) {
     const SearchReplace& edit = edits[e];
-    std::vector<std::string_view> hay = Lines(current);
-    std::vector<std::string_view> needle = Lines(edit.search);
+    std::vector<std::string_view> hay = SplitLines(current);
+    std::vector<std::string_view> needle = SplitLines(edit.search);
     // Blank lines at either end of a SEARCH text are the model's framing.
     while (!needle.empty() && Trim(needle.front()).empty()) needle.erase(needle.begin());
     while (!needle.empty() && Trim(needle.back()).empty()) needle.pop_back();
@@ -154,7 +155,7 @@ absl::StatusOr<std::string> ApplyEdits(std::string_view parent, const std::vecto
 
 std::string LineDiff(std::string_view a, std::string_view b, size_t max_lines) {
   if (a == b) return "";
-  std::vector<std::string_view> x = Lines(a), y = Lines(b);
+  std::vector<std::string_view> x = SplitLines(a), y = SplitLines(b);
   // Common prefix and suffix first: kernels differ in a few places, and the
   // quadratic table below is then small.
   size_t pre = 0;

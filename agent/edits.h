@@ -48,6 +48,9 @@ absl::StatusOr<ParsedEdits> ParseEdits(std::string_view text);
 // ...)", "... occurs 2 times; include more lines to make it unique".
 absl::StatusOr<std::string> ApplyEdits(std::string_view parent, const std::vector<SearchReplace>& edits);
 
+// The lines of `s` without their '\n' (a final '\n' starts no empty line).
+std::vector<std::string_view> SplitLines(std::string_view s);
+
 // A unified diff (3 lines of context) from `a` to `b`, at most `max_lines`
 // lines (then cut, saying so); "" when they are equal. For showing one
 // variant as a change of another in a prompt.

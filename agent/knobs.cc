@@ -1,5 +1,7 @@
 #include "agent/knobs.h"
 
+#include "agent/edits.h"
+
 #include <algorithm>
 #include <cctype>
 #include <limits>
@@ -152,18 +154,6 @@ class Expr {
   int depth_ = 0;
 };
 
-std::vector<std::string_view> Lines(std::string_view s) {
-  std::vector<std::string_view> out;
-  size_t pos = 0;
-  while (pos < s.size()) {
-    size_t end = s.find('\n', pos);
-    if (end == std::string_view::npos) end = s.size();
-    out.push_back(s.substr(pos, end - pos));
-    pos = end + 1;
-  }
-  return out;
-}
-
 // "key=value" fields of a declaration.
 std::map<std::string, std::string> Fields(std::string_view rest) {
   std::map<std::string, std::string> out;
@@ -207,7 +197,7 @@ absl::StatusOr<KnobTemplate> ParseKnobTemplate(std::string_view source, std::str
                                                int head_dim) {
   KnobTemplate t;
   t.manifest_json = std::string(manifest_json);
-  std::vector<std::string_view> lines = Lines(source);
+  std::vector<std::string_view> lines = SplitLines(source);
   std::set<std::string> names;
   for (size_t i = 0; i < lines.size(); ++i) {
     std::string_view line = Trim(lines[i]);

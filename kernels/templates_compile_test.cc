@@ -3,6 +3,7 @@
 // where the template lists the arch, and the default knobs do not spill.
 #include <cctype>
 #include <cstdlib>
+#include <functional>
 #include <future>
 #include <thread>
 
@@ -57,6 +58,21 @@ std::vector<std::map<std::string, int>> AllCombinations(const TemplateInfo& t) {
   return out;
 }
 
+// Compiles every source for `arch`, hardware_concurrency (at least 2) at a
+// time, and hands each report to `check` with the source's index, in order.
+void CompileEach(const std::vector<std::string>& sources, const std::string& arch,
+                 const std::function<void(size_t, const testing::CompileReport&)>& check) {
+  const unsigned workers = std::max(2u, std::thread::hardware_concurrency());
+  for (size_t start = 0; start < sources.size(); start += workers) {
+    std::vector<std::future<testing::CompileReport>> fut;
+    for (size_t i = start; i < std::min(sources.size(), start + workers); ++i) {
+      fut.push_back(std::async(std::launch::async,
+                               [&, i] { return testing::CompileVariant(sources[i], arch); }));
+    }
+    for (size_t i = 0; i < fut.size(); ++i) check(start + i, fut[i].get());
+  }
+}
+
 std::string Describe(const std::map<std::string, int>& knobs, int d) {
   std::string s = "d" + std::to_string(d);
   for (const auto& [k, v] : knobs) s += " " + k + "=" + std::to_string(v);
@@ -108,22 +124,15 @@ TEST_P(TemplatesCompile, EveryValidKnobCombinationCompiles) {
     }
   }
   ASSERT_FALSE(jobs.empty());
-  const unsigned workers = std::max(2u, std::thread::hardware_concurrency());
-  for (size_t start = 0; start < jobs.size(); start += workers) {
-    std::vector<std::future<testing::CompileReport>> fut;
-    for (size_t i = start; i < std::min(jobs.size(), start + workers); ++i) {
-      fut.push_back(std::async(std::launch::async,
-                               [&, i] { return testing::CompileVariant(jobs[i].source, arch); }));
-    }
-    for (size_t i = 0; i < fut.size(); ++i) {
-      auto r = fut[i].get();
-      const auto& job = jobs[start + i];
-      EXPECT_TRUE(r.ok) << arch << " " << job.what << "\n" << r.log;
-      EXPECT_LE(GmemBytes(r.log), gpu::kMaxModuleGlobalBytes) << arch << " " << job.what;
-      std::printf("%-8s %-70s regs=%3d spill_st=%4d spill_ld=%4d %.2fs\n", arch.c_str(),
-                  job.what.c_str(), r.registers, r.spill_stores, r.spill_loads, r.seconds);
-    }
-  }
+  std::vector<std::string> sources;
+  for (const auto& job : jobs) sources.push_back(job.source);
+  CompileEach(sources, arch, [&](size_t i, const testing::CompileReport& r) {
+    const auto& job = jobs[i];
+    EXPECT_TRUE(r.ok) << arch << " " << job.what << "\n" << r.log;
+    EXPECT_LE(GmemBytes(r.log), gpu::kMaxModuleGlobalBytes) << arch << " " << job.what;
+    std::printf("%-8s %-70s regs=%3d spill_st=%4d spill_ld=%4d %.2fs\n", arch.c_str(),
+                job.what.c_str(), r.registers, r.spill_stores, r.spill_loads, r.seconds);
+  });
 }
 
 TEST_P(TemplatesCompile, DefaultKnobsDoNotSpill) {
@@ -243,21 +252,14 @@ TEST(TemplatesCompileSm90, FwdSm90CubinsArePinned) {
     }
   }
   ASSERT_EQ(jobs.size(), pinned.size());
-  const unsigned workers = std::max(2u, std::thread::hardware_concurrency());
-  for (size_t start = 0; start < jobs.size(); start += workers) {
-    std::vector<std::future<testing::CompileReport>> fut;
-    for (size_t i = start; i < std::min(jobs.size(), start + workers); ++i) {
-      fut.push_back(std::async(std::launch::async,
-                               [&, i] { return testing::CompileVariant(jobs[i].second, "sm_90a"); }));
-    }
-    for (size_t i = 0; i < fut.size(); ++i) {
-      const auto r = fut[i].get();
-      const std::string& what = jobs[start + i].first;
-      ASSERT_TRUE(r.ok) << what << "\n" << r.log;
-      ASSERT_TRUE(pinned.count(what)) << what;
-      EXPECT_EQ(Sha256Hex(r.cubin), pinned.at(what)) << what;
-    }
-  }
+  std::vector<std::string> sources;
+  for (const auto& job : jobs) sources.push_back(job.second);
+  CompileEach(sources, "sm_90a", [&](size_t i, const testing::CompileReport& r) {
+    const std::string& what = jobs[i].first;
+    ASSERT_TRUE(r.ok) << what << "\n" << r.log;
+    ASSERT_TRUE(pinned.count(what)) << what;
+    EXPECT_EQ(Sha256Hex(r.cubin), pinned.at(what)) << what;
+  });
 }
 
 // bwd_sm90: every setting validate() accepts (OVERLAP, DQ and DELTA both
@@ -331,26 +333,19 @@ TEST(TemplatesCompileSm90, BwdSm90SettingsDoNotSpillAndArePinned) {
   }
   ASSERT_EQ(jobs.size(), 36u);  // 9 of the 16 block/stage/overlap settings, x4
   ASSERT_EQ(jobs.size(), pinned.size());
-  const unsigned workers = std::max(2u, std::thread::hardware_concurrency());
-  for (size_t start = 0; start < jobs.size(); start += workers) {
-    std::vector<std::future<testing::CompileReport>> fut;
-    for (size_t i = start; i < std::min(jobs.size(), start + workers); ++i) {
-      fut.push_back(std::async(std::launch::async,
-                               [&, i] { return testing::CompileVariant(jobs[i].second, "sm_90a"); }));
-    }
-    for (size_t i = 0; i < fut.size(); ++i) {
-      const auto r = fut[i].get();
-      const std::string& what = jobs[start + i].first;
-      ASSERT_TRUE(r.ok) << what << "\n" << r.log;
-      EXPECT_EQ(r.spill_stores, 0) << what << "\n" << r.log;
-      EXPECT_EQ(r.spill_loads, 0) << what << "\n" << r.log;
-      EXPECT_EQ(r.log.find("C7517"), std::string::npos) << what << "\n" << r.log;
-      EXPECT_EQ(r.log.find("C7511"), std::string::npos) << what << "\n" << r.log;
-      EXPECT_EQ(r.log.find("C7512"), std::string::npos) << what << "\n" << r.log;
-      ASSERT_TRUE(pinned.count(what)) << what;
-      if (pin) EXPECT_EQ(Sha256Hex(r.cubin), pinned.at(what)) << what;
-    }
-  }
+  std::vector<std::string> sources;
+  for (const auto& job : jobs) sources.push_back(job.second);
+  CompileEach(sources, "sm_90a", [&](size_t i, const testing::CompileReport& r) {
+    const std::string& what = jobs[i].first;
+    ASSERT_TRUE(r.ok) << what << "\n" << r.log;
+    EXPECT_EQ(r.spill_stores, 0) << what << "\n" << r.log;
+    EXPECT_EQ(r.spill_loads, 0) << what << "\n" << r.log;
+    EXPECT_EQ(r.log.find("C7517"), std::string::npos) << what << "\n" << r.log;
+    EXPECT_EQ(r.log.find("C7511"), std::string::npos) << what << "\n" << r.log;
+    EXPECT_EQ(r.log.find("C7512"), std::string::npos) << what << "\n" << r.log;
+    ASSERT_TRUE(pinned.count(what)) << what;
+    if (pin) EXPECT_EQ(Sha256Hex(r.cubin), pinned.at(what)) << what;
+  });
 }
 
 
