@@ -22,17 +22,31 @@ int main(int argc, char** argv) {
   CLI::App app{"kforge-server: finds, verifies and serves the fastest jagged attention kernels"};
   app.set_version_flag("--version", "kforge-server " KFORGE_VERSION, "print the version and exit");
   std::string config_path, listen, database, log_level;
-  std::vector<std::string> client_tokens, worker_tokens;
-  bool insecure = false, allow_ungated = false;
+  std::string client_tokens_file, worker_tokens_file, tls_cert, tls_key, tls_client_ca;
+  std::vector<std::string> flag_tokens;
+  bool insecure = false, allow_ungated = false, allow_plaintext = false;
   int64_t lease_ttl_ms = 0;
   int heartbeat_ms = 0, http_port = -1;
   app.add_option("--config", config_path, "JSON config file (see server/config.h for keys)");
   app.add_option("--listen", listen, "gRPC listen address (default 127.0.0.1:50051)");
   app.add_option("--db", database, "SQLite database path (default kforge.db)");
-  app.add_option("--client-token", client_tokens, "client bearer token (repeatable)");
-  app.add_option("--worker-token", worker_tokens, "worker bearer token (repeatable)");
+  app.add_option("--client-tokens-file", client_tokens_file,
+                 "file of client bearer tokens, one a line (also: $KFORGE_CLIENT_TOKEN, "
+                 "config client_tokens)");
+  app.add_option("--worker-tokens-file", worker_tokens_file,
+                 "file of worker credentials, one \"name:token\" a line (also: "
+                 "$KFORGE_WORKER_TOKEN, config worker_tokens)");
+  // Tokens on the command line show in /proc/<pid>/cmdline and ps: the old
+  // flags stay only to say so.
+  app.add_option("--client-token,--worker-token", flag_tokens)->group("");
+  app.add_option("--tls-cert", tls_cert, "PEM certificate chain: serve TLS");
+  app.add_option("--tls-key", tls_key, "PEM private key of --tls-cert");
+  app.add_option("--tls-client-ca", tls_client_ca,
+                 "PEM CA bundle: require client certificates it signed (mTLS)");
+  app.add_flag("--allow-plaintext", allow_plaintext,
+               "serve without TLS on an address that is not loopback (another layer encrypts)");
   app.add_flag("--insecure-no-auth", insecure,
-               "run without authentication (refused otherwise when no tokens are configured)");
+               "run without authentication, on a loopback address only (local development)");
   app.add_flag("--allow-ungated-promotion", allow_ungated,
                "promote CONFIRM/RETIME results of workers without the memcheck sanitizer gate "
                "(for machines where compute-sanitizer cannot run)");
@@ -40,7 +54,20 @@ int main(int argc, char** argv) {
   app.add_option("--heartbeat-ms", heartbeat_ms, "heartbeat interval told to workers")->check(CLI::Range(10, 3600000));
   app.add_option("--http-port", http_port, "reserved for the dashboard (not served yet)")->check(CLI::Range(0, 65535));
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off");
+  app.footer(
+      "Environment: KFORGE_CLIENT_TOKEN, KFORGE_WORKER_TOKEN (comma-separated tokens of 32+ "
+      "characters, added to the configured ones; worker entries may be name:token).\n"
+      "Tokens are never taken from flags.");
   CLI11_PARSE(app, argc, argv);
+  if (!flag_tokens.empty()) {
+    for (const std::string& t : flag_tokens) kforge::ScrubFromProcessMemory(argc, argv, t);
+    std::fprintf(stderr,
+                 "kforge-server: --client-token and --worker-token are gone: a token on the "
+                 "command line shows in /proc/<pid>/cmdline and ps. Put tokens in "
+                 "KFORGE_CLIENT_TOKEN / KFORGE_WORKER_TOKEN, in files (--client-tokens-file, "
+                 "--worker-tokens-file) or in the config file (client_tokens, worker_tokens)\n");
+    return 2;
+  }
 
   ServerConfig cfg;
   if (!config_path.empty()) {
@@ -52,8 +79,12 @@ int main(int argc, char** argv) {
   kforge::server::ApplyEnvironment(cfg);
   if (!listen.empty()) cfg.server.listen_address = listen;
   if (!database.empty()) cfg.database = database;
-  if (!client_tokens.empty()) cfg.server.client_tokens = client_tokens;
-  if (!worker_tokens.empty()) cfg.server.worker_tokens = worker_tokens;
+  if (!client_tokens_file.empty()) cfg.client_tokens_file = client_tokens_file;
+  if (!worker_tokens_file.empty()) cfg.worker_tokens_file = worker_tokens_file;
+  if (!tls_cert.empty()) cfg.tls_cert_file = tls_cert;
+  if (!tls_key.empty()) cfg.tls_key_file = tls_key;
+  if (!tls_client_ca.empty()) cfg.tls_client_ca_file = tls_client_ca;
+  if (allow_plaintext) cfg.server.allow_plaintext = true;
   if (insecure) cfg.server.insecure_no_auth = true;
   if (allow_ungated) cfg.server.api.allow_ungated_promotion = true;
   if (lease_ttl_ms > 0) cfg.server.api.lease_ttl_ms = lease_ttl_ms;
@@ -61,10 +92,16 @@ int main(int argc, char** argv) {
   if (http_port >= 0) cfg.http_port = http_port;
   if (!log_level.empty()) cfg.log_level = log_level;
   spdlog::set_level(spdlog::level::from_str(cfg.log_level));
+  if (absl::Status s = kforge::server::ReadConfigFiles(cfg); !s.ok()) {
+    std::fprintf(stderr, "kforge-server: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  for (const std::string& w : cfg.warnings) spdlog::warn("{}", w);
   if (absl::Status s = kforge::server::ValidateConfig(cfg); !s.ok()) {
     std::fprintf(stderr, "kforge-server: %s\n", std::string(s.message()).c_str());
     return 2;
-  }  // The tokens live in this process's memory now: take them out of what
+  }
+  // The tokens live in this process's memory now: take them out of what
   // /proc/<pid>/cmdline and environ show, and out of reach of other
   // processes of this user.
   for (const auto* list : {&cfg.server.client_tokens, &cfg.server.worker_tokens}) {

@@ -18,6 +18,7 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <spdlog/spdlog.h>
 
+#include "core/transport.h"
 #include "kforge/v1/kforge.grpc.pb.h"
 #include "server/auth.h"
 
@@ -245,15 +246,38 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
 }  // namespace
 
 absl::Status CheckAuthConfig(const ServerOptions& o) {
-  if (o.insecure_no_auth) return absl::OkStatus();
+  const bool tls = !o.tls_cert_pem.empty();
+  if (o.tls_cert_pem.empty() != o.tls_key_pem.empty())
+    return absl::InvalidArgumentError("TLS needs both a certificate and its key");
+  if (!o.tls_client_ca_pem.empty() && !tls)
+    return absl::InvalidArgumentError("a client CA (mTLS) needs TLS: give a certificate and key");
+  if (o.insecure_no_auth) {
+    // Without auth, whoever reaches the port owns the service: only this
+    // host may, whatever else is configured.
+    if (!IsLoopbackAddress(o.listen_address))
+      return absl::FailedPreconditionError(fmt::format(
+          "--insecure-no-auth listens on loopback addresses only (127.0.0.1, [::1], "
+          "localhost), not {}: configure tokens to serve other hosts",
+          o.listen_address));
+    return absl::OkStatus();
+  }
+  if (absl::Status s = CheckPlaintext(o.listen_address, tls, o.allow_plaintext,
+                                      "tls_cert_file and tls_key_file (--tls-cert, --tls-key)");
+      !s.ok())
+    return s;
   if (o.client_tokens.empty() || o.worker_tokens.empty())
     return absl::FailedPreconditionError(fmt::format(
-        "no {} configured: set client_tokens and worker_tokens in the config file, "
-        "--client-token/--worker-token, or KFORGE_CLIENT_TOKEN/KFORGE_WORKER_TOKEN; "
-        "or pass --insecure-no-auth to run without authentication (local development only)",
+        "no {} configured: set KFORGE_CLIENT_TOKEN/KFORGE_WORKER_TOKEN, "
+        "--client-tokens-file/--worker-tokens-file, or client_tokens and worker_tokens in the "
+        "config file; or pass --insecure-no-auth to run without authentication (local "
+        "development only)",
         o.client_tokens.empty() && o.worker_tokens.empty() ? "client or worker tokens"
         : o.client_tokens.empty()                          ? "client tokens"
                                                            : "worker tokens"));
+  for (size_t i = 0; i < o.client_tokens.size(); ++i)
+    if (absl::Status s = CheckToken(o.client_tokens[i], fmt::format("client tokens[{}]", i));
+        !s.ok())
+      return s;
   absl::StatusOr<std::vector<WorkerCredential>> workers = ParseWorkerTokens(o.worker_tokens, "worker tokens");
   if (!workers.ok()) return workers.status();
   for (const auto& t : o.client_tokens)
@@ -267,6 +291,18 @@ absl::Status CheckAuthConfig(const ServerOptions& o) {
 }
 
 namespace {
+
+// TLS when a certificate is configured; with a client CA, every client must
+// present a certificate it signed (the bearer tokens are still checked).
+std::shared_ptr<grpc::ServerCredentials> Credentials(const ServerOptions& o) {
+  if (o.tls_cert_pem.empty()) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions ssl(
+      o.tls_client_ca_pem.empty() ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+                                  : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  ssl.pem_root_certs = o.tls_client_ca_pem;
+  ssl.pem_key_cert_pairs.push_back({o.tls_key_pem, o.tls_cert_pem});
+  return grpc::SslServerCredentials(ssl);
+}
 
 // Unparseable entries leave no credential; Start refuses them first
 // (CheckAuthConfig).
@@ -345,7 +381,7 @@ class Server::Impl {
     grpc::EnableDefaultHealthCheckService(true);
     grpc::reflection::InitProtoReflectionServerBuilderPlugin();
     grpc::ServerBuilder builder;
-    builder.AddListeningPort(options_.listen_address, grpc::InsecureServerCredentials(), &port_);
+    builder.AddListeningPort(options_.listen_address, Credentials(options_), &port_);
     builder.RegisterService(&kernel_service_);
     builder.RegisterService(&worker_service_);
     builder.SetMaxReceiveMessageSize(options_.max_receive_message_bytes);
@@ -360,8 +396,11 @@ class Server::Impl {
     reaper_ = std::thread([this] { Reap(); });
     const size_t colon = options_.listen_address.rfind(':');
     address_ = fmt::format("{}:{}", options_.listen_address.substr(0, colon), port_);
-    spdlog::info("kforge-server listening on {} ({} served kernels, auth {})", address_,
-                 cache_.size(), options_.insecure_no_auth ? "OFF" : "on");
+    spdlog::info("kforge-server listening on {} ({} served kernels, auth {}, {})", address_,
+                 cache_.size(), options_.insecure_no_auth ? "OFF" : "on",
+                 options_.tls_cert_pem.empty()        ? "plaintext"
+                 : options_.tls_client_ca_pem.empty() ? "TLS"
+                                                      : "TLS with client certificates");
     return absl::OkStatus();
   }
 

@@ -28,11 +28,11 @@
 namespace kforge::server {
 namespace {
 
-constexpr char kClient[] = "client-token-0123456789";
-constexpr char kWorker[] = "worker-token-0123456789";
+constexpr char kClient[] = "client-token-0123456789abcdef0123456";
+constexpr char kWorker[] = "worker-token-0123456789abcdef0123456";
 // Per-host worker credentials (ServerOptions::worker_tokens "name:token").
-constexpr char kHostAToken[] = "host-a-token-0123456789";
-constexpr char kHostBToken[] = "host-b-token-0123456789";
+constexpr char kHostAToken[] = "host-a-token-0123456789abcdef0123456";
+constexpr char kHostBToken[] = "host-b-token-0123456789abcdef0123456";
 const std::vector<std::string> kHostTokens = {std::string("host-a:") + kHostAToken,
                                               std::string("host-b:") + kHostBToken};
 constexpr char kManifest[] =

@@ -29,7 +29,7 @@ namespace v1 = kforge::v1;
 
 namespace {
 
-constexpr char kToken[] = "bench-client-token-0123456789";
+constexpr char kToken[] = "bench-client-token-0123456789abcdef0123";
 
 kforge::ShapeKey BenchShape() {
   kforge::ShapeKey k;
@@ -137,7 +137,7 @@ int main(int argc, char** argv) {
     kforge::server::ServerOptions o;
     o.listen_address = "127.0.0.1:0";
     o.client_tokens = {token};
-    o.worker_tokens = {"bench-worker-token-0123456789"};
+    o.worker_tokens = {"bench-worker-token-0123456789abcdef0123"};
     auto started = kforge::server::Server::Start(o, store.get(), nullptr, nullptr);
     if (!started.ok()) {
       fmt::print(stderr, "bench: {}\n", std::string(started.status().message()));

@@ -39,8 +39,8 @@ namespace {
 
 using namespace std::chrono_literals;
 
-constexpr char kClientToken[] = "runtime-test-client-token";
-constexpr char kWorkerToken[] = "runtime-test-worker-token";
+constexpr char kClientToken[] = "runtime-test-client-token-0123456789ab";
+constexpr char kWorkerToken[] = "runtime-test-worker-token-0123456789ab";
 
 int FreePort() {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -143,10 +143,14 @@ class ServerSourceTest : public ::testing::Test {
       best_ = testing::PutBest(**store, Key(), v->source, v->manifest_json, compiled->cubin);
     }
     port_ = FreePort();
+    // Tokens in files: the server takes none from flags.
+    std::ofstream(dir_ / "client.tokens") << kClientToken << "\n";
+    std::ofstream(dir_ / "worker.tokens") << kWorkerToken << "\n";
     server_ = std::make_unique<Process>(
         std::vector<std::string>{KFORGE_SERVER_BIN, "--listen", Address(), "--db",
-                                 (dir_ / "kforge.db").string(), "--client-token", kClientToken,
-                                 "--worker-token", kWorkerToken},
+                                 (dir_ / "kforge.db").string(), "--client-tokens-file",
+                                 (dir_ / "client.tokens").string(), "--worker-tokens-file",
+                                 (dir_ / "worker.tokens").string()},
         dir_ / "server.log");
     for (int i = 0; i < 200 && !Connectable(port_); ++i) std::this_thread::sleep_for(50ms);
     ASSERT_TRUE(Connectable(port_)) << Read(dir_ / "server.log");

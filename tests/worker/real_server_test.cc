@@ -39,7 +39,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-constexpr char kWorkerToken[] = "real-test-worker-token";
+constexpr char kWorkerToken[] = "real-test-worker-token-0123456789abcdef";
 
 constexpr char kGoodSource[] = R"(#include "kforge/attn_params.h"
 extern "C" __global__ void kf_attn_fwd(const __grid_constant__ KfAttnParams p) {
@@ -187,12 +187,14 @@ class RealServer : public ::testing::Test {
   }
 
   void StartServer() {
+    // Tokens in the environment: the server takes none from flags.
     server_ = std::make_unique<Process>(
         std::vector<std::string>{ServerBinary(), "--listen", Address(), "--db",
-                                 (dir_ / "kforge.db").string(), "--worker-token", kWorkerToken,
-                                 "--client-token", "client-token", "--heartbeat-ms", "100",
+                                 (dir_ / "kforge.db").string(), "--heartbeat-ms", "100",
                                  "--lease-ttl-ms", "600"},
-        dir_ / "server.log");
+        dir_ / "server.log",
+        std::vector<std::string>{std::string("KFORGE_WORKER_TOKEN=") + kWorkerToken,
+                                 "KFORGE_CLIENT_TOKEN=client-token-0123456789abcdef0123456789"});
     ASSERT_TRUE(server_->running());
   }
 
