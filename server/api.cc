@@ -186,7 +186,7 @@ absl::Status KforgeApi::ListShapes(const v1::ListShapesRequest& req,
     if (absl::Status s = ValidateArch(req.arch()); !s.ok()) return s;
   }
   auto bests = store_->ListBest(req.arch(), *page);
-  if (!bests.ok()) return bests.status();
+  if (!bests.ok()) return PageTokenError(bests.status());
   for (const auto& b : bests->items) {
     auto* s = resp->add_shapes();
     s->set_bucket(b.bucket);
@@ -208,7 +208,7 @@ absl::Status KforgeApi::ListVariants(const v1::ListVariantsRequest& req,
     if (!b.ok()) return Invalid("bucket", std::string(b.status().message()));
   }
   auto variants = store_->ListVariants(req.bucket(), *page);
-  if (!variants.ok()) return variants.status();
+  if (!variants.ok()) return PageTokenError(variants.status());
   for (const auto& v : variants->items) {
     auto* s = resp->add_variants();
     s->set_variant_id(v.id);
@@ -259,7 +259,7 @@ absl::Status KforgeApi::ListJobs(const v1::ListJobsRequest& req, v1::ListJobsRes
   auto page = PageFromProto(req.page_size(), req.page_token());
   if (!page.ok()) return page.status();
   auto jobs = store_->ListJobs(*page);
-  if (!jobs.ok()) return jobs.status();
+  if (!jobs.ok()) return PageTokenError(jobs.status());
   for (const auto& rec : jobs->items) {
     auto view = DecodeJob(rec);
     if (view.ok()) {

@@ -123,13 +123,20 @@ void ShapeToProto(const ShapeKey& k, v1::Shape* out) {
   }
 }
 
+absl::Status PageTokenError(const absl::Status& store_error) {
+  if (!absl::IsInvalidArgument(store_error)) return store_error;
+  return Invalid("page_token", "is not a token returned by a previous call");
+}
+
 absl::StatusOr<Page> PageFromProto(int32_t page_size, const std::string& page_token) {
   if (page_size < 0 || page_size > kMaxPageSize)
     return Invalid("page_size", fmt::format("{} is out of range [0, {}]", page_size, kMaxPageSize));
-  // The store's tokens are row numbers; anything else cannot have come from
-  // a previous response.
-  if (page_token.size() > 20 ||
-      page_token.find_first_not_of("0123456789") != std::string::npos)
+  // Each list's store has its own token form (row numbers, bucket|arch for
+  // shapes) and checks it; here only what no token ever is: long, or not
+  // printable ASCII.
+  if (page_token.size() > kMaxPageTokenBytes ||
+      std::any_of(page_token.begin(), page_token.end(),
+                  [](char c) { return c < 0x20 || c > 0x7e; }))
     return Invalid("page_token", "is not a token returned by a previous call");
   Page p;
   if (page_size > 0) p.limit = page_size;

@@ -39,6 +39,11 @@ void ShapeToProto(const ShapeKey& key, v1::Shape* out);
 
 // page_size in [0, 1000]; 0 means the default.
 absl::StatusOr<Page> PageFromProto(int32_t page_size, const std::string& page_token);
+// A store's INVALID_ARGUMENT for a page (a token it did not make) as the
+// request error; other errors unchanged.
+absl::Status PageTokenError(const absl::Status& store_error);
+// Longer than any token a list returns (a bucket id and an arch).
+inline constexpr size_t kMaxPageTokenBytes = 512;
 
 absl::StatusOr<JobSpec> JobSpecFromProto(const v1::SubmitJobRequest& req,
                                          const ServedLimits& limits);

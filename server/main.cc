@@ -1,6 +1,8 @@
 // kforge-server: the composition root. Reads the configuration, opens the
 // store, builds the proposer factory and seed provider, starts the server
 // and shuts it down gracefully on SIGTERM/SIGINT.
+#include <sys/stat.h>
+
 #include <csignal>
 #include <cstdio>
 #include <memory>
@@ -15,7 +17,21 @@
 #include "kforge/version.h"
 #include "server/config.h"
 #include "server/server.h"
-#include "storage/store.h"
+#include "storage/sqlite_store.h"
+
+namespace {
+
+// A database made by an older kforge (or copied in) may be readable by
+// everyone; its worker sessions and results are not for them.
+void WarnIfOthersCanRead(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && (st.st_mode & 077) != 0)
+    spdlog::warn("database {} is readable by group or others (mode {:03o}); chmod 600 it and "
+                 "its -wal and -shm files",
+                 path, st.st_mode & 0777);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using kforge::server::ServerConfig;
@@ -24,12 +40,15 @@ int main(int argc, char** argv) {
   std::string config_path, listen, database, log_level;
   std::string client_tokens_file, worker_tokens_file, tls_cert, tls_key, tls_client_ca;
   std::vector<std::string> flag_tokens;
-  bool insecure = false, allow_ungated = false, allow_plaintext = false;
+  bool insecure = false, allow_ungated = false, allow_plaintext = false, init = false;
   int64_t lease_ttl_ms = 0;
   int heartbeat_ms = 0, http_port = -1;
   app.add_option("--config", config_path, "JSON config file (see server/config.h for keys)");
   app.add_option("--listen", listen, "gRPC listen address (default 127.0.0.1:50051)");
-  app.add_option("--db", database, "SQLite database path (default kforge.db)");
+  app.add_option("--db", database,
+                 "SQLite database path (default kforge.db; created mode 600 when missing)");
+  app.add_flag("--init", init,
+               "accept an empty or foreign database file and initialise it (refused otherwise)");
   app.add_option("--client-tokens-file", client_tokens_file,
                  "file of client bearer tokens, one a line (also: $KFORGE_CLIENT_TOKEN, "
                  "config client_tokens)");
@@ -128,7 +147,8 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  auto store = kforge::OpenSqliteStore(cfg.database);
+  WarnIfOthersCanRead(cfg.database);
+  auto store = kforge::OpenSqliteStore(cfg.database, kforge::SqliteOptions{.init = init});
   if (!store.ok()) {
     std::fprintf(stderr, "kforge-server: opening %s: %s\n", cfg.database.c_str(),
                  std::string(store.status().message()).c_str());
