@@ -134,7 +134,7 @@ class OpenAIClient final : public ChatClient {
       }
       wait = std::min(*wait, config_.max_backoff);
       spdlog::warn("{}; retry {}/{} in {} ms", last.ToString(), attempt + 1, attempts - 1, wait->count());
-      std::this_thread::sleep_for(*wait);
+      (config_.clock != nullptr ? config_.clock : &system_clock_)->SleepFor(*wait);
     }
     return absl::Status(last.code(), fmt::format("{} (gave up after {} attempts)", std::string(last.message()), attempts));
   }
@@ -205,6 +205,7 @@ class OpenAIClient final : public ChatClient {
   }
 
   OpenAIConfig config_;
+  SystemClock system_clock_;  // when config_.clock is null
   std::string key_;
   std::string url_;
 };

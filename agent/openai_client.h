@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/clock.h"
 
 namespace kforge::agent {
 
@@ -48,6 +49,9 @@ struct OpenAIConfig {
   // chunk). The answer is assembled before Complete() returns; streaming
   // keeps long generations alive through proxies that cut idle connections.
   bool stream = false;
+  // What the waits between attempts wait on; must outlive the client.
+  // Null: the system's clock.
+  Clock* clock = nullptr;
 };
 
 struct ChatMessage {

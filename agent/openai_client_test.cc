@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <thread>
 
 #include "agent/fake_openai_server.h"
+#include "core/clock.h"
 
 namespace kforge::agent {
 namespace {
@@ -122,19 +124,48 @@ TEST(OpenAIClient, MissingUsageIsEstimated) {
   EXPECT_EQ(got->total_tokens, got->prompt_tokens + 4);
 }
 
-TEST(OpenAIClient, HonoursRetryAfterOn429) {
+// The waits between attempts are on an injected clock: Complete runs on a
+// thread, and the test moves time past each wait (and checks none is cut short).
+class OpenAIClientRetry : public ::testing::Test {
+ protected:
+  void Start(FakeOpenAIServer& server) {
+    OpenAIConfig c = Config(server);
+    c.clock = &clock_;
+    client_ = Client(c);
+    thread_ = std::thread([this] { got_ = client_->Complete(Hello()); });
+  }
+  absl::StatusOr<ChatResponse> Finish() {
+    thread_.join();
+    return got_;
+  }
+  // The client waits `expected` before its next attempt, and makes none
+  // while it waits.
+  void ExpectWait(const FakeOpenAIServer& server, std::chrono::milliseconds expected) {
+    ASSERT_TRUE(clock_.AwaitWaiters(1));
+    EXPECT_EQ(clock_.NextDeadline(), expected);
+    const size_t sent = server.Requests().size();
+    clock_.Advance(expected - 1ms);
+    ASSERT_TRUE(clock_.AwaitWaiters(1));
+    EXPECT_EQ(server.Requests().size(), sent) << "retried before its wait";
+    clock_.Advance(1ms);
+  }
+  ManualClock clock_;
+  std::unique_ptr<ChatClient> client_;
+  absl::StatusOr<ChatResponse> got_;
+  std::thread thread_;
+};
+
+TEST_F(OpenAIClientRetry, HonoursRetryAfterOn429) {
   FakeOpenAIServer server;
   server.Then(FakeOpenAIServer::Status(429, R"({"error":"slow down"})", "1"));
   server.Then(FakeOpenAIServer::Answer("finally"));
-  auto got = Client(Config(server))->Complete(Hello());
+  Start(server);
+  ExpectWait(server, 1000ms);  // Retry-After: 1, not the 10 ms backoff
+  auto got = Finish();
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->content, "finally");
   EXPECT_EQ(got->attempts, 2);
-  auto seen = server.Requests();
-  ASSERT_EQ(seen.size(), 2u);
-  auto waited = seen[1].at - seen[0].at;
-  EXPECT_GE(waited, 900ms);   // Retry-After: 1, not the 10 ms backoff
-  EXPECT_LT(waited, 1900ms);
+  EXPECT_EQ(server.Requests().size(), 2u);
 }
 
 TEST(OpenAIClient, RetriesA500ThenSucceeds) {
@@ -146,18 +177,16 @@ TEST(OpenAIClient, RetriesA500ThenSucceeds) {
   EXPECT_EQ(got->attempts, 2);
 }
 
-TEST(OpenAIClient, GivesUpAfterTheRetriesWithBackoff) {
+TEST_F(OpenAIClientRetry, GivesUpAfterTheRetriesWithBackoff) {
   FakeOpenAIServer server;
   server.Then(FakeOpenAIServer::Status(503));
-  auto got = Client(Config(server))->Complete(Hello());
+  Start(server);
+  for (auto backoff : {10ms, 20ms, 40ms}) ExpectWait(server, backoff);  // doubling
+  auto got = Finish();
   EXPECT_EQ(got.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(Msg(got.status()), HasSubstr("HTTP 503"));
   EXPECT_THAT(Msg(got.status()), HasSubstr("gave up after 4 attempts"));
-  auto seen = server.Requests();
-  ASSERT_EQ(seen.size(), 4u);  // 1 + max_retries
-  // Backoff doubles: 10, 20, 40 ms.
-  EXPECT_GE(seen[3].at - seen[2].at, 35ms);
-  EXPECT_GE(seen[3].at - seen[0].at, 65ms);
+  EXPECT_EQ(server.Requests().size(), 4u);  // 1 + max_retries
 }
 
 TEST(OpenAIClient, Still429AfterRetriesIsUnavailable) {

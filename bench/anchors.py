@@ -6,20 +6,12 @@ import torch
 import torch.nn.functional as F
 from triton.testing import do_bench
 
+# The one length rule (core/lengths.h), shared with kforge's benchmark and `kforge tune`.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+from kforge.lengths import draw_shape_lengths  # noqa: E402
+
 dev = "cuda"
 print("torch", torch.__version__, torch.cuda.get_device_name(), flush=True)
-
-def draw_lengths(spec, B, g):
-    d = spec["dist"]
-    if d == "fixed":
-        return torch.full((B,), spec["hi"], dtype=torch.long)
-    if d == "uniform":
-        return torch.randint(spec["lo"], spec["hi"] + 1, (B,), generator=g)
-    if d == "pareto":  # heavy tail: most sequences short, a few near the cap
-        u = torch.rand(B, generator=g, dtype=torch.float64)
-        x = spec["lo"] * (1.0 - u) ** (-1.0 / spec["alpha"])
-        return x.clamp(spec["lo"], spec["hi"]).long()
-    raise ValueError(d)
 
 def offsets(L):
     o = torch.zeros(len(L) + 1, dtype=torch.int32); o[1:] = torch.cumsum(L, 0); return o
@@ -36,11 +28,11 @@ only = os.environ.get("ONLY")
 rows = []
 for s in json.load(open(os.environ.get("SHAPES", "shapes.json"))):
     if only and s["name"] not in only.split(","): continue
-    g = torch.Generator().manual_seed(1)
     B, H, D, causal = s["B"], s["H"], s["D"], s["causal"]
     KVH = s.get("KVH", H)  # kforge: key/value heads (grouped-query attention)
-    Lq = draw_lengths(s["q"], B, g)
-    Lk = Lq.clone() if s["kv"] == "same" else draw_lengths(s["kv"], B, g)
+    lq, lk = draw_shape_lengths(s)
+    Lq = torch.tensor(lq, dtype=torch.long)
+    Lk = Lq.clone() if lk is None else torch.tensor(lk, dtype=torch.long)
     oq, ok = offsets(Lq).to(dev), offsets(Lk).to(dev)
     Tq, Tk = int(oq[-1]), int(ok[-1])
     q = torch.randn(Tq, H, D, device=dev, dtype=torch.bfloat16, requires_grad=True)

@@ -19,7 +19,6 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -30,6 +29,7 @@
 #include <grpcpp/grpcpp.h>
 #include <nlohmann/json.hpp>
 
+#include "core/lengths.h"
 #include "kforge/v1/kforge.grpc.pb.h"
 #include "kforge/version.h"
 #include "pack/proto.h"
@@ -207,8 +207,10 @@ void AddShapeFlags(CLI::App* cmd, ShapeFlags& f) {
 }
 
 // bench/shapes.json: entries {"name","B","H","D","q":{dist...},"kv":"same"|{dist},
-// "causal"}, optionally "KVH" (key/value heads). Lengths are drawn (seeded) from the distribution and summarised;
-// entries may also give the Shape fields directly (head_dim, batch, ...).
+// "causal"}, optionally "KVH" (key/value heads). Lengths are drawn from the
+// distribution by the one rule (core/lengths.h, seed 1 per shape: the
+// batches bench/ and the anchors time) and summarised; entries may also give
+// the Shape fields directly (head_dim, batch, ...).
 // Entries with "lq" (and "lk" when "kv" is not "same") lists of lengths, as
 // bench/attention/lengths.py writes them, are sent as exact offsets: the
 // workers then time every candidate on exactly that batch.
@@ -218,28 +220,6 @@ std::vector<v1::Shape> ShapesFromFile(const std::string& path, const std::string
   json j = json::parse(in, nullptr, false);
   if (j.is_object() && j.contains("shapes")) j = j["shapes"];
   if (!j.is_array()) throw Failure{2, fmt::format("{}: expected a JSON array of shapes", path)};
-  std::mt19937_64 rng(1234);
-  auto draw = [&](const json& d, int64_t batch, int64_t* max_len, int64_t* total) {
-    const std::string dist = d.value("dist", "fixed");
-    const int64_t hi = d.value("hi", int64_t{1});
-    const int64_t lo = d.value("lo", int64_t{1});
-    *max_len = 0;
-    *total = 0;
-    for (int64_t b = 0; b < batch; ++b) {
-      int64_t len = hi;
-      if (dist == "uniform") {
-        len = lo + static_cast<int64_t>(rng() % static_cast<uint64_t>(std::max<int64_t>(1, hi - lo + 1)));
-      } else if (dist == "pareto") {
-        const double alpha = d.value("alpha", 1.0);
-        const double u = (static_cast<double>(rng() >> 11) + 1) / 9007199254740993.0;
-        len = std::min<int64_t>(hi, static_cast<int64_t>(lo / std::pow(u, 1.0 / alpha)));
-      } else if (dist != "fixed") {
-        throw Failure{2, fmt::format("{}: unknown length distribution '{}'", path, dist)};
-      }
-      *max_len = std::max(*max_len, len);
-      *total += len;
-    }
-  };
   std::vector<v1::Shape> out;
   for (size_t i = 0; i < j.size(); ++i) {
     const json& e = j[i];
@@ -277,12 +257,23 @@ std::vector<v1::Shape> ShapesFromFile(const std::string& path, const std::string
           s.mutable_cu_seqlens_k()->Add(cu_k.begin(), cu_k.end());
         }
       } else if (e.contains("q")) {
+        absl::StatusOr<kforge::DrawnLengths> drawn = kforge::DrawShapeLengths(e);
+        if (!drawn.ok())
+          throw Failure{2, fmt::format("{}: shape {}: {}", path, i, std::string(drawn.status().message()))};
+        auto summarise = [](const std::vector<int64_t>& lengths, int64_t* max_len, int64_t* total) {
+          *max_len = 0;
+          *total = 0;
+          for (int64_t len : lengths) {
+            *max_len = std::max(*max_len, len);
+            *total += len;
+          }
+        };
         int64_t mx = 0, tot = 0;
-        draw(e["q"], batch, &mx, &tot);
+        summarise(drawn->q, &mx, &tot);
         s.set_max_len_q(mx);
         s.set_total_q(tot);
-        if (e.contains("kv") && e["kv"].is_object()) {
-          draw(e["kv"], batch, &mx, &tot);
+        if (drawn->cross) {
+          summarise(drawn->k, &mx, &tot);
           s.set_cross(true);
           s.set_max_len_k(mx);
           s.set_total_k(tot);
@@ -434,13 +425,48 @@ int Export(Client& c, const Globals& g, const std::string& arch, const std::stri
   return 0;
 }
 
-}  // namespace
+// Each subcommand's own flags, as CLI11 fills them. `shape` is shared by
+// get and tune, `limit` by the listing commands.
+struct GetFlags {
+  std::string out_dir;
+  bool tune_if_untuned = false;
+};
 
-int main(int argc, char** argv) {
+struct TuneFlags {
+  std::string shapes_file, name, proposer = "builtin";
+  int max_variants = 0, max_seconds = 0;
+  int64_t max_tokens = 0;
+  uint64_t seed = 0;
+  bool no_watch = false, compile_only = false;
+};
+
+struct ListFlags {
+  std::vector<std::string> jobs_args;  // [show|cancel|watch ID]
+  int limit = 50;
+  std::string bucket;       // variants
+  std::string arch_filter;  // shapes
+};
+
+struct ExportFlags {
+  std::string arch, op = "all", out;
+};
+
+struct CommandLine {
   Globals g;
+  ShapeFlags shape;
+  GetFlags get;
+  TuneFlags tune;
+  ListFlags list;
+  ExportFlags export_flags;
+  // The subcommands, to tell which one was given.
+  CLI::App *get_cmd = nullptr, *tune_cmd = nullptr, *jobs_cmd = nullptr, *variants_cmd = nullptr,
+           *shapes_cmd = nullptr, *export_cmd = nullptr, *workers_cmd = nullptr;
+};
+
+// --server and --token default to the environment; the flags override it.
+void AddGlobalFlags(CLI::App& app, Globals& g) {
   if (const char* s = std::getenv("KFORGE_SERVER")) g.server = s;
   if (const char* t = std::getenv("KFORGE_TOKEN")) g.token = t;
-  CLI::App app{"kforge: get tuned jagged attention kernels, run and watch tuning jobs"};
   app.set_version_flag("--version", "kforge " KFORGE_VERSION, "print the version and exit");
   app.require_subcommand(1);
   app.fallthrough();  // global flags (--json, --server...) also after the subcommand
@@ -448,214 +474,263 @@ int main(int argc, char** argv) {
   app.add_option("--token", g.token, "client bearer token (env KFORGE_TOKEN)");
   app.add_flag("--json", g.json, "machine-readable output");
   app.add_option("--timeout", g.timeout_s, "seconds per call")->capture_default_str();
+}
 
-  ShapeFlags shape;
-  std::string out_dir;
-  bool tune_if_untuned = false;
+CLI::App* AddGetCommand(CLI::App& app, ShapeFlags& shape, GetFlags& f) {
   auto* get = app.add_subcommand("get", "get the kernel for a shape");
   AddShapeFlags(get, shape);
-  get->add_option("--out", out_dir, "write source, cubin and manifest to this directory");
-  get->add_flag("--tune", tune_if_untuned, "enqueue tuning when the bucket is untuned");
+  get->add_option("--out", f.out_dir, "write source, cubin and manifest to this directory");
+  get->add_flag("--tune", f.tune_if_untuned, "enqueue tuning when the bucket is untuned");
+  return get;
+}
 
-  std::string shapes_file, name, proposer = "builtin";
-  int max_variants = 0, max_seconds = 0;
-  int64_t max_tokens = 0;
-  uint64_t seed = 0;
-  bool no_watch = false, compile_only = false;
+CLI::App* AddTuneCommand(CLI::App& app, ShapeFlags& shape, TuneFlags& f) {
   auto* tune = app.add_subcommand("tune", "submit a tuning job and watch it");
   AddShapeFlags(tune, shape);
-  tune->add_option("--shapes", shapes_file, "shapes JSON file (like bench/shapes.json)");
-  tune->add_option("--name", name, "job name");
-  tune->add_option("--proposer", proposer, "builtin | model")->capture_default_str();
-  tune->add_option("--max-variants", max_variants, "variants per shape bucket (0: server default)");
-  tune->add_option("--max-seconds", max_seconds, "wall-clock budget (0: none)");
-  tune->add_option("--max-tokens", max_tokens, "model token budget (0: none)");
-  tune->add_option("--seed", seed, "proposer seed");
-  tune->add_flag("--no-watch", no_watch, "submit and return");
-  tune->add_flag("--compile-only", compile_only,
+  tune->add_option("--shapes", f.shapes_file, "shapes JSON file (like bench/shapes.json)");
+  tune->add_option("--name", f.name, "job name");
+  tune->add_option("--proposer", f.proposer, "builtin | model")->capture_default_str();
+  tune->add_option("--max-variants", f.max_variants, "variants per shape bucket (0: server default)");
+  tune->add_option("--max-seconds", f.max_seconds, "wall-clock budget (0: none)");
+  tune->add_option("--max-tokens", f.max_tokens, "model token budget (0: none)");
+  tune->add_option("--seed", f.seed, "proposer seed");
+  tune->add_flag("--no-watch", f.no_watch, "submit and return");
+  tune->add_flag("--compile-only", f.compile_only,
                  "only compile the proposals for --arch (no GPU run, no best chosen)");
+  return tune;
+}
 
-  auto* jobs = app.add_subcommand("jobs", "list jobs; 'jobs show ID', 'jobs cancel ID', 'jobs watch ID'");
-  std::vector<std::string> jobs_args;
-  int limit = 50;
-  jobs->add_option("args", jobs_args, "[show|cancel|watch ID]");
-  jobs->add_option("--limit", limit, "rows")->capture_default_str();
+void AddListCommands(CLI::App& app, CommandLine& cl) {
+  ListFlags& f = cl.list;
+  cl.jobs_cmd = app.add_subcommand("jobs", "list jobs; 'jobs show ID', 'jobs cancel ID', 'jobs watch ID'");
+  cl.jobs_cmd->add_option("args", f.jobs_args, "[show|cancel|watch ID]");
+  cl.jobs_cmd->add_option("--limit", f.limit, "rows")->capture_default_str();
 
-  std::string bucket;
-  auto* variants = app.add_subcommand("variants", "list kernel variants");
-  variants->add_option("--bucket", bucket, "only variants evaluated on this bucket");
-  variants->add_option("--limit", limit, "rows")->capture_default_str();
+  cl.variants_cmd = app.add_subcommand("variants", "list kernel variants");
+  cl.variants_cmd->add_option("--bucket", f.bucket, "only variants evaluated on this bucket");
+  cl.variants_cmd->add_option("--limit", f.limit, "rows")->capture_default_str();
 
-  std::string arch_filter;
-  auto* shapes = app.add_subcommand("shapes", "list tuned shape buckets and their best");
-  shapes->add_option("--arch", arch_filter, "only this architecture");
-  shapes->add_option("--limit", limit, "rows")->capture_default_str();
+  cl.shapes_cmd = app.add_subcommand("shapes", "list tuned shape buckets and their best");
+  cl.shapes_cmd->add_option("--arch", f.arch_filter, "only this architecture");
+  cl.shapes_cmd->add_option("--limit", f.limit, "rows")->capture_default_str();
+}
 
-  std::string export_arch, export_op = "all", export_out;
+CLI::App* AddExportCommand(CLI::App& app, ExportFlags& f) {
   auto* export_cmd = app.add_subcommand("export", "write the server's verified kernels into a kernel pack");
-  export_cmd->add_option("--arch", export_arch, "only this architecture (e.g. sm_90a); default: all");
-  export_cmd->add_option("--op", export_op, "fwd | bwd | all")->capture_default_str();
-  export_cmd->add_option("--out", export_out, "pack file to write")->required();
+  export_cmd->add_option("--arch", f.arch, "only this architecture (e.g. sm_90a); default: all");
+  export_cmd->add_option("--op", f.op, "fwd | bwd | all")->capture_default_str();
+  export_cmd->add_option("--out", f.out, "pack file to write")->required();
+  return export_cmd;
+}
 
-  auto* workers = app.add_subcommand("workers", "list the registered workers and whether they are connected");
+CLI::App* AddWorkersCommand(CLI::App& app) {
+  return app.add_subcommand("workers", "list the registered workers and whether they are connected");
+}
 
+// get --out: the kernel's source, manifest and (when served) cubin.
+void WriteKernelFiles(const std::string& out_dir, const v1::Kernel& k) {
+  std::filesystem::create_directories(out_dir);
+  auto write = [&](const std::string& file, const std::string& data) {
+    std::ofstream o(std::filesystem::path(out_dir) / file, std::ios::binary);
+    o << data;
+    if (!o) throw Failure{1, fmt::format("cannot write {}/{}", out_dir, file)};
+  };
+  write("kernel.cu", k.source());
+  write("manifest.json", k.manifest().json());
+  if (!k.cubin().empty()) write(fmt::format("kernel.{}.cubin", k.arch()), k.cubin());
+}
+
+void PrintKernel(const v1::GetKernelResponse& resp, const std::string& out_dir) {
+  const v1::Kernel& k = resp.kernel();
+  fmt::print("variant      {}\n", k.variant_id().empty() ? "(seed default)" : k.variant_id());
+  fmt::print("tuned        {}\n", k.tuned() ? "yes" : "no");
+  fmt::print("requested    {}\n", k.requested_bucket());
+  fmt::print("served from  {}\n", k.served_bucket().empty() ? "(seed default)" : k.served_bucket());
+  fmt::print("arch         {}\n", k.arch());
+  fmt::print("entry        {}  threads {}  smem {} B  tile {}x{}\n",
+             k.manifest().entry_point(), k.manifest().threads_per_block(),
+             k.manifest().dynamic_smem_bytes(), k.manifest().tile_m(), k.manifest().tile_n());
+  fmt::print("timing       {}{}\n", Us(k.timing()),
+             k.gpu_name().empty() ? "" : fmt::format(" on {}", k.gpu_name()));
+  fmt::print("origin       {} {}\n", k.provenance().origin(),
+             k.provenance().template_name().empty() ? k.provenance().model()
+                                                   : k.provenance().template_name());
+  fmt::print("source       {} bytes, cubin {} bytes\n", k.source().size(), k.cubin().size());
+  if (!resp.tuning_job_id().empty()) fmt::print("tuning job   {}\n", resp.tuning_job_id());
+  if (!out_dir.empty()) fmt::print("written to   {}\n", out_dir);
+}
+
+int RunGet(Client& c, const Globals& g, const ShapeFlags& shape, const GetFlags& f) {
+  v1::GetKernelRequest req;
+  *req.mutable_shape() = ShapeFrom(shape);
+  req.set_tune_if_untuned(f.tune_if_untuned);
+  v1::GetKernelResponse resp;
+  c.Check(c.stub().GetKernel(c.Ctx().get(), req, &resp), "GetKernel");
+  if (!f.out_dir.empty()) WriteKernelFiles(f.out_dir, resp.kernel());
+  if (g.json) {
+    v1::GetKernelResponse brief = resp;
+    brief.mutable_kernel()->clear_cubin();
+    brief.mutable_kernel()->clear_source();
+    fmt::print("{}\n", ToJson(brief));
+  } else {
+    PrintKernel(resp, f.out_dir);
+  }
+  return 0;
+}
+
+v1::SubmitJobRequest TuneRequest(const ShapeFlags& shape, const TuneFlags& f) {
+  v1::SubmitJobRequest req;
+  req.set_name(f.name);
+  req.set_proposer(f.proposer);
+  req.mutable_budget()->set_max_variants(f.max_variants);
+  req.mutable_budget()->set_max_seconds(f.max_seconds);
+  req.mutable_budget()->set_max_tokens(f.max_tokens);
+  req.set_seed(f.seed);
+  req.set_compile_only(f.compile_only);
+  if (!f.shapes_file.empty()) {
+    for (auto& s : ShapesFromFile(f.shapes_file, shape.arch)) *req.add_shapes() = std::move(s);
+  } else {
+    *req.add_shapes() = ShapeFrom(shape);
+  }
+  return req;
+}
+
+int RunTune(Client& c, const Globals& g, const ShapeFlags& shape, const TuneFlags& f) {
+  const v1::SubmitJobRequest req = TuneRequest(shape, f);
+  v1::Job job;
+  c.Check(c.stub().SubmitJob(c.Ctx().get(), req, &job), "SubmitJob");
+  if (f.no_watch) {
+    if (g.json) fmt::print("{}\n", ToJson(job));
+    else fmt::print("submitted job {} ({} bucket(s))\n", job.id(), job.progress_size());
+    return 0;
+  }
+  if (!g.json) {
+    fmt::print("submitted job {} ({} bucket(s)); watching (Ctrl-C stops watching, not the job)\n",
+               job.id(), job.progress_size());
+    std::fflush(stdout);
+  }
+  return Watch(c, g, job.id());
+}
+
+int ListJobs(Client& c, const Globals& g, int limit) {
+  v1::ListJobsRequest req;
+  req.set_page_size(limit);
+  v1::ListJobsResponse resp;
+  c.Check(c.stub().ListJobs(c.Ctx().get(), req, &resp), "ListJobs");
+  if (g.json) {
+    fmt::print("{}\n", ToJson(resp));
+  } else {
+    fmt::print("{:<8} {:<10} {:<9} {:>7} {:<24} {}\n", "ID", "STATE", "PROPOSER", "BUCKETS",
+               "CREATED", "NAME");
+    for (const auto& j : resp.jobs())
+      fmt::print("{:<8} {:<10} {:<9} {:>7} {:<24} {}\n", j.id(), StateName(j.state()),
+                 j.proposer(), j.progress_size(), j.created_at(), j.name());
+  }
+  return 0;
+}
+
+// jobs show|cancel|watch ID.
+int RunJobAction(Client& c, const Globals& g, const std::string& verb, const std::string& id) {
+  if (verb == "watch") return Watch(c, g, id);
+  v1::Job job;
+  if (verb == "show") {
+    v1::GetJobRequest req;
+    req.set_job_id(id);
+    c.Check(c.stub().GetJob(c.Ctx().get(), req, &job), "GetJob");
+  } else if (verb == "cancel") {
+    v1::CancelJobRequest req;
+    req.set_job_id(id);
+    c.Check(c.stub().CancelJob(c.Ctx().get(), req, &job), "CancelJob");
+  } else {
+    throw Failure{2, fmt::format("jobs: unknown action '{}' (show, cancel, watch)", verb)};
+  }
+  if (g.json) fmt::print("{}\n", ToJson(job));
+  else PrintJob(job);
+  return 0;
+}
+
+int RunJobs(Client& c, const Globals& g, const ListFlags& f) {
+  if (f.jobs_args.empty() || f.jobs_args[0] == "list") return ListJobs(c, g, f.limit);
+  if (f.jobs_args.size() != 2) throw Failure{2, "usage: kforge jobs [show|cancel|watch ID]"};
+  return RunJobAction(c, g, f.jobs_args[0], f.jobs_args[1]);
+}
+
+int RunVariants(Client& c, const Globals& g, const ListFlags& f) {
+  v1::ListVariantsRequest req;
+  req.set_bucket(f.bucket);
+  req.set_page_size(f.limit);
+  v1::ListVariantsResponse resp;
+  c.Check(c.stub().ListVariants(c.Ctx().get(), req, &resp), "ListVariants");
+  if (g.json) {
+    fmt::print("{}\n", ToJson(resp));
+  } else {
+    fmt::print("{:<8} {:<10} {:<12} {:<40} {:>5} {:<14} {}\n", "ID", "ORIGIN", "TEMPLATE",
+               "KNOBS", "EVALS", "BEST", "TIME");
+    for (const auto& v : resp.variants())
+      fmt::print("{:<8} {:<10} {:<12} {:<40} {:>5} {:<14} {}\n", v.variant_id(),
+                 v.provenance().origin(), v.provenance().template_name(),
+                 v.provenance().knobs_json().substr(0, 40), v.evaluations(),
+                 v.best_outcome().empty() ? "-" : v.best_outcome(), Us(v.best_timing()));
+  }
+  return 0;
+}
+
+int RunWorkers(Client& c, const Globals& g) {
+  v1::ListWorkersResponse resp;
+  c.Check(c.stub().ListWorkers(c.Ctx().get(), v1::ListWorkersRequest(), &resp), "ListWorkers");
+  if (g.json) fmt::print("{}\n", ToJson(resp));
+  else PrintWorkers(resp);
+  return 0;
+}
+
+int RunShapes(Client& c, const Globals& g, const ListFlags& f) {
+  v1::ListShapesRequest req;
+  req.set_arch(f.arch_filter);
+  req.set_page_size(f.limit);
+  v1::ListShapesResponse resp;
+  c.Check(c.stub().ListShapes(c.Ctx().get(), req, &resp), "ListShapes");
+  if (g.json) {
+    fmt::print("{}\n", ToJson(resp));
+  } else {
+    fmt::print("{:<76} {:<8} {:<8} {:<12} {}\n", "BUCKET", "ARCH", "BEST", "TIME", "UPDATED");
+    for (const auto& s : resp.shapes())
+      fmt::print("{:<76} {:<8} {:<8} {:<12} {}\n", s.bucket(), s.arch(), s.best_variant_id(),
+                 Us(s.best_timing()), s.updated_at());
+  }
+  return 0;
+}
+
+// Runs the subcommand that was given; a Failure says why it could not.
+int RunCommand(CommandLine& cl) {
+  Client c(cl.g);
+  if (*cl.get_cmd) return RunGet(c, cl.g, cl.shape, cl.get);
+  if (*cl.tune_cmd) return RunTune(c, cl.g, cl.shape, cl.tune);
+  if (*cl.jobs_cmd) return RunJobs(c, cl.g, cl.list);
+  if (*cl.variants_cmd) return RunVariants(c, cl.g, cl.list);
+  if (*cl.export_cmd)
+    return Export(c, cl.g, cl.export_flags.arch, cl.export_flags.op, cl.export_flags.out);
+  if (*cl.workers_cmd) return RunWorkers(c, cl.g);
+  if (*cl.shapes_cmd) return RunShapes(c, cl.g, cl.list);
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CommandLine cl;
+  CLI::App app{"kforge: get tuned jagged attention kernels, run and watch tuning jobs"};
+  AddGlobalFlags(app, cl.g);
+  cl.get_cmd = AddGetCommand(app, cl.shape, cl.get);
+  cl.tune_cmd = AddTuneCommand(app, cl.shape, cl.tune);
+  AddListCommands(app, cl);
+  cl.export_cmd = AddExportCommand(app, cl.export_flags);
+  cl.workers_cmd = AddWorkersCommand(app);
   CLI11_PARSE(app, argc, argv);
 
   try {
-    Client c(g);
-    if (*get) {
-      v1::GetKernelRequest req;
-      *req.mutable_shape() = ShapeFrom(shape);
-      req.set_tune_if_untuned(tune_if_untuned);
-      v1::GetKernelResponse resp;
-      c.Check(c.stub().GetKernel(c.Ctx().get(), req, &resp), "GetKernel");
-      const v1::Kernel& k = resp.kernel();
-      if (!out_dir.empty()) {
-        std::filesystem::create_directories(out_dir);
-        auto write = [&](const std::string& file, const std::string& data) {
-          std::ofstream o(std::filesystem::path(out_dir) / file, std::ios::binary);
-          o << data;
-          if (!o) throw Failure{1, fmt::format("cannot write {}/{}", out_dir, file)};
-        };
-        write("kernel.cu", k.source());
-        write("manifest.json", k.manifest().json());
-        if (!k.cubin().empty()) write(fmt::format("kernel.{}.cubin", k.arch()), k.cubin());
-      }
-      if (g.json) {
-        v1::GetKernelResponse brief = resp;
-        brief.mutable_kernel()->clear_cubin();
-        brief.mutable_kernel()->clear_source();
-        fmt::print("{}\n", ToJson(brief));
-      } else {
-        fmt::print("variant      {}\n", k.variant_id().empty() ? "(seed default)" : k.variant_id());
-        fmt::print("tuned        {}\n", k.tuned() ? "yes" : "no");
-        fmt::print("requested    {}\n", k.requested_bucket());
-        fmt::print("served from  {}\n", k.served_bucket().empty() ? "(seed default)" : k.served_bucket());
-        fmt::print("arch         {}\n", k.arch());
-        fmt::print("entry        {}  threads {}  smem {} B  tile {}x{}\n",
-                   k.manifest().entry_point(), k.manifest().threads_per_block(),
-                   k.manifest().dynamic_smem_bytes(), k.manifest().tile_m(), k.manifest().tile_n());
-        fmt::print("timing       {}{}\n", Us(k.timing()),
-                   k.gpu_name().empty() ? "" : fmt::format(" on {}", k.gpu_name()));
-        fmt::print("origin       {} {}\n", k.provenance().origin(),
-                   k.provenance().template_name().empty() ? k.provenance().model()
-                                                         : k.provenance().template_name());
-        fmt::print("source       {} bytes, cubin {} bytes\n", k.source().size(), k.cubin().size());
-        if (!resp.tuning_job_id().empty()) fmt::print("tuning job   {}\n", resp.tuning_job_id());
-        if (!out_dir.empty()) fmt::print("written to   {}\n", out_dir);
-      }
-      return 0;
-    }
-    if (*tune) {
-      v1::SubmitJobRequest req;
-      req.set_name(name);
-      req.set_proposer(proposer);
-      req.mutable_budget()->set_max_variants(max_variants);
-      req.mutable_budget()->set_max_seconds(max_seconds);
-      req.mutable_budget()->set_max_tokens(max_tokens);
-      req.set_seed(seed);
-      req.set_compile_only(compile_only);
-      if (!shapes_file.empty()) {
-        for (auto& s : ShapesFromFile(shapes_file, shape.arch)) *req.add_shapes() = std::move(s);
-      } else {
-        *req.add_shapes() = ShapeFrom(shape);
-      }
-      v1::Job job;
-      c.Check(c.stub().SubmitJob(c.Ctx().get(), req, &job), "SubmitJob");
-      if (no_watch) {
-        if (g.json) fmt::print("{}\n", ToJson(job));
-        else fmt::print("submitted job {} ({} bucket(s))\n", job.id(), job.progress_size());
-        return 0;
-      }
-      if (!g.json) {
-        fmt::print("submitted job {} ({} bucket(s)); watching (Ctrl-C stops watching, not the job)\n",
-                   job.id(), job.progress_size());
-        std::fflush(stdout);
-      }
-      return Watch(c, g, job.id());
-    }
-    if (*jobs) {
-      if (jobs_args.empty() || jobs_args[0] == "list") {
-        v1::ListJobsRequest req;
-        req.set_page_size(limit);
-        v1::ListJobsResponse resp;
-        c.Check(c.stub().ListJobs(c.Ctx().get(), req, &resp), "ListJobs");
-        if (g.json) {
-          fmt::print("{}\n", ToJson(resp));
-        } else {
-          fmt::print("{:<8} {:<10} {:<9} {:>7} {:<24} {}\n", "ID", "STATE", "PROPOSER", "BUCKETS",
-                     "CREATED", "NAME");
-          for (const auto& j : resp.jobs())
-            fmt::print("{:<8} {:<10} {:<9} {:>7} {:<24} {}\n", j.id(), StateName(j.state()),
-                       j.proposer(), j.progress_size(), j.created_at(), j.name());
-        }
-        return 0;
-      }
-      if (jobs_args.size() != 2) throw Failure{2, "usage: kforge jobs [show|cancel|watch ID]"};
-      const std::string& verb = jobs_args[0];
-      if (verb == "watch") return Watch(c, g, jobs_args[1]);
-      v1::Job job;
-      if (verb == "show") {
-        v1::GetJobRequest req;
-        req.set_job_id(jobs_args[1]);
-        c.Check(c.stub().GetJob(c.Ctx().get(), req, &job), "GetJob");
-      } else if (verb == "cancel") {
-        v1::CancelJobRequest req;
-        req.set_job_id(jobs_args[1]);
-        c.Check(c.stub().CancelJob(c.Ctx().get(), req, &job), "CancelJob");
-      } else {
-        throw Failure{2, fmt::format("jobs: unknown action '{}' (show, cancel, watch)", verb)};
-      }
-      if (g.json) fmt::print("{}\n", ToJson(job));
-      else PrintJob(job);
-      return 0;
-    }
-    if (*variants) {
-      v1::ListVariantsRequest req;
-      req.set_bucket(bucket);
-      req.set_page_size(limit);
-      v1::ListVariantsResponse resp;
-      c.Check(c.stub().ListVariants(c.Ctx().get(), req, &resp), "ListVariants");
-      if (g.json) {
-        fmt::print("{}\n", ToJson(resp));
-      } else {
-        fmt::print("{:<8} {:<10} {:<12} {:<40} {:>5} {:<14} {}\n", "ID", "ORIGIN", "TEMPLATE",
-                   "KNOBS", "EVALS", "BEST", "TIME");
-        for (const auto& v : resp.variants())
-          fmt::print("{:<8} {:<10} {:<12} {:<40} {:>5} {:<14} {}\n", v.variant_id(),
-                     v.provenance().origin(), v.provenance().template_name(),
-                     v.provenance().knobs_json().substr(0, 40), v.evaluations(),
-                     v.best_outcome().empty() ? "-" : v.best_outcome(), Us(v.best_timing()));
-      }
-      return 0;
-    }
-    if (*export_cmd) return Export(c, g, export_arch, export_op, export_out);
-    if (*workers) {
-      v1::ListWorkersResponse resp;
-      c.Check(c.stub().ListWorkers(c.Ctx().get(), v1::ListWorkersRequest(), &resp), "ListWorkers");
-      if (g.json) fmt::print("{}\n", ToJson(resp));
-      else PrintWorkers(resp);
-      return 0;
-    }
-    if (*shapes) {
-      v1::ListShapesRequest req;
-      req.set_arch(arch_filter);
-      req.set_page_size(limit);
-      v1::ListShapesResponse resp;
-      c.Check(c.stub().ListShapes(c.Ctx().get(), req, &resp), "ListShapes");
-      if (g.json) {
-        fmt::print("{}\n", ToJson(resp));
-      } else {
-        fmt::print("{:<76} {:<8} {:<8} {:<12} {}\n", "BUCKET", "ARCH", "BEST", "TIME", "UPDATED");
-        for (const auto& s : resp.shapes())
-          fmt::print("{:<76} {:<8} {:<8} {:<12} {}\n", s.bucket(), s.arch(), s.best_variant_id(),
-                     Us(s.best_timing()), s.updated_at());
-      }
-      return 0;
-    }
+    return RunCommand(cl);
   } catch (const Failure& f) {
     std::fprintf(stderr, "kforge: %s\n", f.message.c_str());
     return f.code;
   }
-  return 2;
 }

@@ -5,11 +5,12 @@
 #include <cmath>
 #include <fstream>
 #include <map>
-#include <random>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "core/lengths.h"
 
 namespace kforge {
 namespace {
@@ -30,25 +31,10 @@ const std::map<std::string, std::pair<double, double>> kMeasuredUs = {
     {"d64_self_causal", {1434.6, 12966}},
 };
 
-// Draws lengths the way bench/attention/lengths.py does (not the same
-// numbers: that draw is torch's), so the exact-offsets floor is exercised
-// on batches of the same distribution.
-std::vector<int32_t> Draw(const json& spec, int batch, std::mt19937_64& rng) {
+// Offsets of drawn lengths.
+std::vector<int32_t> Offsets(const std::vector<int64_t>& lengths) {
   std::vector<int32_t> cu = {0};
-  const std::string dist = spec.at("dist");
-  const int hi = spec.at("hi");
-  for (int i = 0; i < batch; ++i) {
-    int len = hi;
-    if (dist == "uniform") {
-      len = std::uniform_int_distribution<int>(spec.at("lo"), hi)(rng);
-    } else if (dist == "pareto") {
-      const double u = std::uniform_real_distribution<double>(0, 1)(rng);
-      const double lo = spec.at("lo");
-      len = static_cast<int>(std::clamp(lo * std::pow(1 - u, -1.0 / spec.at("alpha").get<double>()),
-                                        lo, static_cast<double>(hi)));
-    }
-    cu.push_back(cu.back() + len);
-  }
+  for (int64_t len : lengths) cu.push_back(cu.back() + int32_t(len));
   return cu;
 }
 
@@ -63,7 +49,6 @@ std::vector<PublicShape> PublicShapes(Op op) {
   EXPECT_TRUE(in) << "bench/shapes.json";
   const json shapes = json::parse(in);
   std::vector<PublicShape> out;
-  std::mt19937_64 rng(1);
   for (const json& s : shapes) {
     PublicShape p;
     p.name = s.at("name");
@@ -74,10 +59,13 @@ std::vector<PublicShape> PublicShapes(Op op) {
     k.kv_heads = k.heads;
     k.causal = s.at("causal");
     k.arch = "sm_90a";
-    const int batch = s.at("B");
-    p.cu_q = Draw(s.at("q"), batch, rng);
-    k.cross = !s.at("kv").is_string();
-    if (k.cross) p.cu_k = Draw(s.at("kv"), batch, rng);
+    // The batches the benchmarks time (core/lengths.h).
+    absl::StatusOr<DrawnLengths> drawn = DrawShapeLengths(s);
+    EXPECT_TRUE(drawn.ok()) << p.name << ": " << drawn.status();
+    if (!drawn.ok()) continue;
+    p.cu_q = Offsets(drawn->q);
+    k.cross = drawn->cross;
+    if (k.cross) p.cu_k = Offsets(drawn->k);
     EXPECT_TRUE(FillLengthStats(p.cu_q, p.cu_k, k).ok()) << p.name;
     out.push_back(std::move(p));
   }

@@ -34,7 +34,24 @@ double BinomialHalfCdf(int n, int k) {
   return std::min(1.0, total);
 }
 
-int Percent(double confidence) { return int(std::lround(confidence * 100)); }
+// "95", "99.2": a confidence as a percentage, one decimal when it has one.
+std::string Percent(double confidence) {
+  const double p = confidence * 100;
+  if (std::abs(p - std::round(p)) < 0.05) return fmt::format("{}", std::lround(p));
+  return fmt::format("{:.1f}", p);
+}
+
+std::string PercentOf(double fraction) { return fmt::format("{:g}", fraction * 100); }
+
+// Where the schedule looks at `n` pairs: every look_pairs below n, then n.
+std::vector<int> LookPoints(const WinRule& rule, int n) {
+  std::vector<int> points;
+  if (rule.look_pairs > 0) {
+    for (int m = rule.look_pairs; m < n; m += rule.look_pairs) points.push_back(m);
+  }
+  points.push_back(n);
+  return points;
+}
 
 }  // namespace
 
@@ -55,6 +72,35 @@ Timing Summarize(std::vector<double> samples_us) {
   t.p75_us = Quantile(s, 0.75);
   t.samples_us = std::move(samples_us);
   return t;
+}
+
+int WinRule::Looks() const {
+  if (look_pairs <= 0) return 1;
+  return std::max(1, (max_pairs + look_pairs - 1) / look_pairs);
+}
+
+double WinRule::LookConfidence() const { return 1 - (1 - confidence) / Looks(); }
+
+WinRule LegacyWinRule() {
+  return WinRule{.confidence = 0.95, .min_gain = 0.01, .look_pairs = 0, .max_pairs = 0};
+}
+
+absl::Status ValidateWinRule(const WinRule& rule) {
+  if (!(rule.confidence > 0.5 && rule.confidence < 1))
+    return absl::InvalidArgumentError(fmt::format("win rule: confidence {} is not in (0.5, 1)", rule.confidence));
+  if (!(rule.min_gain >= 0) || !std::isfinite(rule.min_gain))
+    return absl::InvalidArgumentError(fmt::format("win rule: min_gain {} is negative", rule.min_gain));
+  if (rule.look_pairs < 0) return absl::InvalidArgumentError("win rule: look_pairs is negative");
+  if (rule.look_pairs == 0) return absl::OkStatus();
+  if (rule.max_pairs < rule.look_pairs)
+    return absl::InvalidArgumentError(fmt::format("win rule: max_pairs {} is below look_pairs {}",
+                                                  rule.max_pairs, rule.look_pairs));
+  if (const int need = MinPairs(rule.LookConfidence()); rule.look_pairs < need) {
+    return absl::InvalidArgumentError(
+        fmt::format("win rule: a look of {} pairs has no {}% bound (needs {})", rule.look_pairs,
+                    Percent(rule.LookConfidence()), need));
+  }
+  return absl::OkStatus();
 }
 
 int MinPairs(double confidence) {
@@ -89,22 +135,100 @@ absl::StatusOr<PairedRatios> ComparePaired(std::span<const double> candidate_us,
   const double alpha = 1 - confidence;
   int k = 0;
   while (k < r.pairs && BinomialHalfCdf(r.pairs, k) <= alpha) ++k;
-  if (k > 0) r.lower_bound = ratios[size_t(k - 1)];
+  if (k > 0) {
+    r.lower_bound = ratios[size_t(k - 1)];
+    r.upper_bound = ratios[size_t(r.pairs - k)];  // the same order statistic from the top
+  }
   return r;
 }
+
+absl::StatusOr<PairDecision> DecidePairs(std::span<const double> candidate_us,
+                                         std::span<const double> incumbent_us,
+                                         const WinRule& rule) {
+  if (absl::Status s = ValidateWinRule(rule); !s.ok()) return s;
+  // Every sample is checked, those past the cap too: a report is well
+  // formed as a whole or not at all.
+  if (absl::StatusOr<PairedRatios> all = ComparePaired(candidate_us, incumbent_us, 0.5); !all.ok())
+    return all.status();
+  int n = int(candidate_us.size());
+  if (rule.look_pairs > 0) n = std::min(n, rule.max_pairs);
+  const double confidence = rule.LookConfidence();
+  const double threshold = 1 + rule.min_gain;
+  PairDecision d;
+  const std::vector<int> points = LookPoints(rule, n);
+  for (size_t look = 0; look < points.size(); ++look) {
+    const size_t m = size_t(points[look]);
+    absl::StatusOr<PairedRatios> r =
+        ComparePaired(candidate_us.first(m), incumbent_us.first(m), confidence);
+    if (!r.ok()) return r.status();
+    d.ratios = *r;
+    d.look = int(look) + 1;
+    d.looks_taken = d.look;
+    if (r->lower_bound > threshold) {
+      d.verdict = PairVerdict::kWins;
+      return d;
+    }
+    if (r->upper_bound > 0 && r->upper_bound <= threshold) {
+      d.verdict = PairVerdict::kBelowGain;
+      return d;
+    }
+  }
+  return d;
+}
+
+bool EnoughPairs(std::span<const double> candidate_us, std::span<const double> incumbent_us,
+                 const WinRule& rule) {
+  const size_t n = std::min(candidate_us.size(), incumbent_us.size());
+  if (rule.look_pairs <= 0) return false;
+  if (n >= size_t(rule.max_pairs)) return true;
+  if (n == 0 || n % size_t(rule.look_pairs) != 0) return false;
+  absl::StatusOr<PairDecision> d = DecidePairs(candidate_us.first(n), incumbent_us.first(n), rule);
+  return d.ok() && d->verdict != PairVerdict::kUndecided;
+}
+
+namespace {
+
+// The bound that decided (or the bounds that did not), e.g. "99.2% lower
+// bound 1.052 > 1.01 at look 1 of 6, 95% overall".
+std::string BoundText(const Comparison& c) {
+  const PairedRatios& r = c.decision.ratios;
+  const double look_confidence = c.rule.LookConfidence();
+  const std::string at = c.rule.look_pairs > 0
+                             ? fmt::format(" at look {} of {}, {}% overall", c.decision.look,
+                                           c.rule.Looks(), Percent(c.rule.confidence))
+                             : "";
+  if (r.lower_bound <= 0) {
+    return fmt::format("too few pairs for a {}% bound (needs {})", Percent(look_confidence),
+                       MinPairs(look_confidence));
+  }
+  const double threshold = 1 + c.rule.min_gain;
+  switch (c.decision.verdict) {
+    case PairVerdict::kWins:
+      return fmt::format("{}% lower bound {:.3f} > {:.2f}{}", Percent(look_confidence), r.lower_bound,
+                         threshold, at);
+    case PairVerdict::kBelowGain:
+      return fmt::format("{}% upper bound {:.3f} <= {:.2f}{}", Percent(look_confidence),
+                         r.upper_bound, threshold, at);
+    case PairVerdict::kUndecided:
+      break;
+  }
+  if (c.rule.look_pairs <= 0) {
+    return fmt::format("{}% lower bound {:.3f} <= {:.2f}", Percent(look_confidence), r.lower_bound,
+                       threshold);
+  }
+  return fmt::format("{}% bounds {:.3f} to {:.3f} around {:.2f}{}: undecided", Percent(look_confidence),
+                     r.lower_bound, r.upper_bound, threshold, at);
+}
+
+}  // namespace
 
 std::string Comparison::Describe() const {
   const char* verdict = candidate_wins ? "candidate wins" : "incumbent holds";
   if (paired) {
-    const std::string bound =
-        ratios.lower_bound > 0
-            ? fmt::format("{}% lower bound {:.3f} {} {:.2f}", Percent(rule.confidence),
-                          ratios.lower_bound, candidate_wins ? ">" : "<=", 1 + rule.min_gain)
-            : fmt::format("too few pairs for a {}% bound (needs {})", Percent(rule.confidence),
-                          MinPairs(rule.confidence));
+    const PairedRatios& r = decision.ratios;
     return fmt::format("{}: median of {} paired ratios {:.3f} ({}; {} of {} favour the candidate); "
                        "{:.2f} vs {:.2f} us",
-                       verdict, ratios.pairs, ratios.median, bound, ratios.favouring, ratios.pairs,
+                       verdict, r.pairs, r.median, BoundText(*this), r.favouring, r.pairs,
                        candidate_median_us, incumbent_median_us);
   }
   return fmt::format("{}: {:.2f} vs {:.2f} us (unpaired, spread {:.2f} us)", verdict,
@@ -117,12 +241,11 @@ Comparison CompareTimings(const Timing& candidate, const Timing& incumbent, cons
   c.candidate_median_us = candidate.median_us;
   c.incumbent_median_us = incumbent.median_us;
   if (!candidate.samples_us.empty() && candidate.samples_us.size() == incumbent.samples_us.size()) {
-    absl::StatusOr<PairedRatios> r =
-        ComparePaired(candidate.samples_us, incumbent.samples_us, rule.confidence);
-    if (r.ok()) {
+    absl::StatusOr<PairDecision> d = DecidePairs(candidate.samples_us, incumbent.samples_us, rule);
+    if (d.ok()) {
       c.paired = true;
-      c.ratios = *r;
-      c.candidate_wins = r->lower_bound > 1 + rule.min_gain;
+      c.decision = *d;
+      c.candidate_wins = d->verdict == PairVerdict::kWins;
       return c;
     }
   }
@@ -137,10 +260,16 @@ std::string MeasuredAlone(std::string_view how, const Timing& t) {
 
 std::string MeasuredAgainst(const Comparison& c, std::string_view incumbent_variant_id) {
   if (c.paired) {
-    return fmt::format("retime: median of {} paired ratios {:.3f} ({}% lower bound {:.3f}) vs {}; "
+    const PairedRatios& r = c.decision.ratios;
+    const std::string schedule =
+        c.rule.look_pairs > 0
+            ? fmt::format(", look {} of {}: {}% overall, min gain {}%", c.decision.look,
+                          c.rule.Looks(), Percent(c.rule.confidence), PercentOf(c.rule.min_gain))
+            : "";
+    return fmt::format("retime: median of {} paired ratios {:.3f} ({}% lower bound {:.3f}{}) vs {}; "
                        "median {:.2f} us",
-                       c.ratios.pairs, c.ratios.median, Percent(c.rule.confidence),
-                       c.ratios.lower_bound, incumbent_variant_id, c.candidate_median_us);
+                       r.pairs, r.median, Percent(c.rule.LookConfidence()), r.lower_bound, schedule,
+                       incumbent_variant_id, c.candidate_median_us);
   }
   return fmt::format("retime: median {:.2f} us vs {:.2f} us (unpaired, spread {:.2f} us) vs {}",
                      c.candidate_median_us, c.incumbent_median_us, c.spread_us,

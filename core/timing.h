@@ -10,15 +10,37 @@
 // batch, launch by launch (A B, B A, A B, ...), so sample i of each ran
 // back to back under the same clocks. The decision is a paired statistic on
 // the ratios incumbent_us[i] / candidate_us[i]: the candidate wins when the
-// one-sided sign-test lower bound, at `confidence`, on the median ratio
-// exceeds 1 + `min_gain`. A clock that moves between pairs moves both
-// halves of a pair, so it widens neither the ratios nor the bound, where
-// the older rule (medians apart by more than either interquartile range)
-// turned real wins down. The bound is order statistics only: no random
-// numbers, so a decision is reproduced exactly from the stored samples.
+// one-sided sign-test lower bound on the median ratio exceeds
+// 1 + `min_gain`. A clock that moves between pairs moves both halves of a
+// pair, so it widens neither the ratios nor the bound, where the older rule
+// (medians apart by more than either interquartile range) turned real wins
+// down. The bound is order statistics only: no random numbers, so a
+// decision is reproduced exactly from the stored samples.
 //
-// Timings without per-launch samples (older workers, rows stored before
-// schema v5) are compared with that older rule.
+// How many pairs. A RETIME takes pairs until the decision is clear, up to a
+// cap: it looks after every `look_pairs` pairs (16, 32, ... up to
+// `max_pairs`, 96) and stops at the first look where the lower bound clears
+// 1 + min_gain (the candidate wins) or the upper bound is at or below it
+// (the candidate's gain is below the minimum: the incumbent holds); at the
+// cap, undecided, the incumbent holds. Each look bounds at the confidence
+// 1 - (1 - confidence) / looks, looks = max_pairs / look_pairs (Bonferroni),
+// so that however many looks are taken the chance of declaring a win for a
+// candidate whose true gain is below min_gain stays within 1 - confidence
+// (5%): peeking costs no stated confidence. A close call thus gets up to 96
+// pairs, where a clear one is settled in 16 (at 16 pairs the per-look bound
+// is the 3rd smallest ratio; at 96 the 36th: a median gain of about
+// min_gain plus a third of the per-pair noise is resolved). The worker
+// stops timing at the deciding look (EnoughPairs) and the server decides
+// again on the samples it gets with the same looks (DecidePairs), so both
+// reach the same verdict at the same look.
+//
+// Every verdict says the rule it used (Describe: the per-look and the
+// overall confidence, the look, the minimum gain): the server writes it
+// into the RETIME's stored evaluation message, and a promotion's served
+// figure (MeasuredAgainst) carries it. RETIMEs stored before the schedule
+// were decided by LegacyWinRule: one look at all pairs at 95%. Timings
+// without per-launch samples (older workers, rows stored before schema v5)
+// are compared with the unpaired rule.
 //
 // Thread-safe: plain values and pure functions.
 #pragma once
@@ -26,8 +48,10 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
 namespace kforge {
@@ -51,9 +75,29 @@ struct Timing {
 Timing Summarize(std::vector<double> samples_us);
 
 struct WinRule {
-  double confidence = 0.95;  // of the lower bound on the median ratio
-  double min_gain = 0.01;    // the bound must exceed 1 + min_gain
+  // Of the whole decision: a candidate whose true median gain is below
+  // min_gain is declared the winner with probability at most 1 - confidence.
+  double confidence = 0.95;
+  double min_gain = 0.01;  // the lower bound must exceed 1 + min_gain
+  // The pair schedule: a look after every look_pairs pairs, up to
+  // max_pairs. look_pairs 0: one look at all the pairs there are, at
+  // `confidence` (LegacyWinRule).
+  int look_pairs = 16;
+  int max_pairs = 96;
+
+  // Looks the schedule allows (1 for a single look).
+  int Looks() const;
+  // The confidence of each look's bounds.
+  double LookConfidence() const;
 };
+
+// How RETIMEs were decided before the schedule (rows before schema v6).
+WinRule LegacyWinRule();
+
+// OK when the rule can decide: confidence in (0.5, 1), min_gain >= 0,
+// look_pairs >= 0, and with looks, max_pairs >= look_pairs and the first
+// look large enough for a bound at the per-look confidence (MinPairs).
+absl::Status ValidateWinRule(const WinRule& rule);
 
 // The sign-test statistic on paired ratios incumbent / candidate (> 1: the
 // candidate is faster).
@@ -64,6 +108,9 @@ struct PairedRatios {
   // ratio, k the largest with P(Binomial(pairs, 1/2) < k) <= 1 - confidence.
   // 0 when there are too few pairs for any bound (MinPairs).
   double lower_bound = 0;
+  // The one-sided upper bound at the same confidence: the k-th largest
+  // ratio; 0 when there is none.
+  double upper_bound = 0;
   int favouring = 0;       // pairs whose ratio is above 1
 };
 
@@ -77,17 +124,45 @@ absl::StatusOr<PairedRatios> ComparePaired(std::span<const double> candidate_us,
                                            std::span<const double> incumbent_us,
                                            double confidence);
 
+// The sequential rule on paired samples (see the top of this file).
+enum class PairVerdict {
+  kUndecided,  // no look was clear: the incumbent holds
+  kWins,       // a look's lower bound cleared 1 + min_gain
+  kBelowGain,  // a look's upper bound was at or below 1 + min_gain
+};
+
+struct PairDecision {
+  PairVerdict verdict = PairVerdict::kUndecided;
+  // At the deciding look, or the last one taken when none decided.
+  PairedRatios ratios;
+  int look = 0;        // which look (1-based); 0: none could be taken
+  int looks_taken = 0;
+};
+
+// Decides on the first min(pairs, max_pairs) pairs, looking where the
+// schedule does and once more at the last pair. INVALID_ARGUMENT as
+// ComparePaired, or when the rule is not valid.
+absl::StatusOr<PairDecision> DecidePairs(std::span<const double> candidate_us,
+                                         std::span<const double> incumbent_us,
+                                         const WinRule& rule);
+
+// Whether a RETIME that has timed these pairs should time no more: it
+// reached max_pairs, or it stands at a look of the schedule and that look
+// decided. Never for a rule without looks: its pair count is the caller's.
+bool EnoughPairs(std::span<const double> candidate_us, std::span<const double> incumbent_us,
+                 const WinRule& rule);
+
 struct Comparison {
   bool candidate_wins = false;
-  bool paired = false;     // decided on PairedRatios, else on the spreads
-  PairedRatios ratios;     // paired only
+  bool paired = false;     // decided on the pairs (DecidePairs), else on the spreads
+  PairDecision decision;   // paired only
   double spread_us = 0;    // unpaired only: the larger interquartile range
   double candidate_median_us = 0, incumbent_median_us = 0;
   WinRule rule;
 
-  // One line for messages and logs, e.g. "candidate wins: median of 24
-  // paired ratios 1.074 (95% lower bound 1.052 > 1.01; 22 of 24 favour
-  // it); 1554.80 vs 1700.70 us".
+  // One line for messages and logs, e.g. "candidate wins: median of 16
+  // paired ratios 1.074 (99.2% lower bound 1.052 > 1.01 at look 1 of 6, 95%
+  // overall; 16 of 16 favour the candidate); 1554.80 vs 1700.70 us".
   std::string Describe() const;
 };
 
@@ -98,8 +173,8 @@ Comparison CompareTimings(const Timing& candidate, const Timing& incumbent,
                           const WinRule& rule = {});
 
 // How a figure was measured, for a served best: "retime: ..." from the
-// comparison that promoted it, "confirm: median of 23 launches" for a
-// timing taken alone.
+// comparison that promoted it (with the confidence and the rule's
+// schedule), "confirm: median of 23 launches" for a timing taken alone.
 std::string MeasuredAlone(std::string_view how, const Timing& t);
 std::string MeasuredAgainst(const Comparison& c, std::string_view incumbent_variant_id);
 

@@ -48,12 +48,6 @@ namespace {
 
 using nlohmann::json;
 
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 // Fresh, reproducible per-task seeds from the job's seed.
 uint64_t SplitMix(uint64_t x) {
   x += 0x9e3779b97f4a7c15ULL;
@@ -246,7 +240,10 @@ absl::StatusOr<JobView> DecodeJob(const JobRecord& record) {
 }
 
 JobEngine::JobEngine(Store* store, ProposerFactory factory, JobEngineOptions options)
-    : store_(store), factory_(std::move(factory)), options_(std::move(options)) {}
+    : store_(store),
+      factory_(std::move(factory)),
+      options_(std::move(options)),
+      clock_(options_.clock != nullptr ? options_.clock : &system_clock_) {}
 
 JobEngine::~JobEngine() { Stop(); }
 
@@ -290,12 +287,12 @@ void JobEngine::Post(std::function<void()> fn) {
 }
 
 void JobEngine::Loop() {
-  auto next_tick = std::chrono::steady_clock::now();
+  Clock::TimePoint next_tick = clock_->Now();
   for (;;) {
     std::function<void()> fn;
     {
       std::unique_lock lock(queue_mu_);
-      queue_cv_.wait_until(lock, next_tick, [&] { return stopping_ || !queue_.empty(); });
+      clock_->WaitUntil(lock, queue_cv_, next_tick, [&] { return stopping_ || !queue_.empty(); });
       if (stopping_) return;
       if (!queue_.empty()) {
         fn = std::move(queue_.front());
@@ -303,9 +300,11 @@ void JobEngine::Loop() {
       }
     }
     if (fn) fn();
-    if (std::chrono::steady_clock::now() >= next_tick) {
+    // The next tick is due 250 ms after this one began, not after it ended:
+    // time that passes during a tick (a test advancing its clock) counts.
+    if (const Clock::TimePoint now = clock_->Now(); now >= next_tick) {
       Tick();
-      next_tick = std::chrono::steady_clock::now() + std::chrono::milliseconds(250);
+      next_tick = now + std::chrono::milliseconds(250);
     }
   }
 }
@@ -333,6 +332,8 @@ absl::StatusOr<JobView> JobEngine::Submit(JobSpec spec) {
   }
   JobRecord rec;
   rec.name = spec.name;
+  // The time budget runs from here, on the engine's clock.
+  rec.created_unix_ms = rec.updated_unix_ms = NowMs();
   rec.state = kforge::JobState::kRunning;
   rec.proposer = spec.proposer;
   rec.spec_json = EncodeJobSpec(spec);

@@ -37,6 +37,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "agent/proposer.h"
+#include "core/clock.h"
 #include "core/shape.h"
 #include "storage/store.h"
 
@@ -118,6 +119,10 @@ struct JobEngineOptions {
   int64_t proposer_retry_base_ms = 15000;
   // Called after tasks were enqueued, so long-polling LeaseTask calls wake up.
   std::function<void()> on_tasks_enqueued;
+  // What time budgets, proposer retries and the engine's tick read and wait
+  // on; must outlive the engine. Null: the system's clock. A job's
+  // created_unix_ms, from which its time budget runs, is this clock's.
+  Clock* clock = nullptr;
 };
 
 class JobEngine {
@@ -175,10 +180,13 @@ class JobEngine {
   void Persist(JobState& job, const std::string& message);
   JobView ViewOf(const JobState& job) const;
   void Notify(const JobState& job, const std::string& message, bool final);
+  int64_t NowMs() const { return clock_->UnixMs(); }
 
   Store* store_;  // must outlive the engine
   ProposerFactory factory_;
   JobEngineOptions options_;
+  SystemClock system_clock_;
+  Clock* const clock_;  // options_.clock or &system_clock_
 
   std::mutex queue_mu_;
   std::condition_variable queue_cv_;

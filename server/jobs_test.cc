@@ -1,18 +1,68 @@
 // The job engine without gRPC: rounds, budget, exhaustion, cancellation and
 // the restart replay (Remember/Observe in original order), on the in-memory
-// store with a recording proposer.
+// store with a recording proposer. The engine runs on a ManualClock: time
+// budgets and proposer backoffs pass when a test advances it, and the tests
+// wait for the engine's events (job updates, enqueued tasks), not for time.
 #include "server/jobs.h"
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
-#include <thread>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
 namespace kforge::server {
 namespace {
+
+using namespace std::chrono_literals;
+
+// Counts notifications, so a waiter misses none that came after it looked.
+class Signal {
+ public:
+  void Notify() {
+    {
+      std::lock_guard lock(mu_);
+      ++generation_;
+    }
+    cv_.notify_all();
+  }
+  uint64_t generation() {
+    std::lock_guard lock(mu_);
+    return generation_;
+  }
+  // Until a notification after `seen`; false after `timeout` (real time).
+  bool WaitPast(uint64_t seen, std::chrono::milliseconds timeout = 10s) {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, timeout, [&] { return generation_ > seen; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t generation_ = 0;
+};
+
+// Waits, on the job's events, until `pred` holds for the job as stored;
+// returns the last view seen.
+JobView WaitForJob(JobEngine& e, const std::string& id, const std::function<bool(const JobView&)>& pred) {
+  // Shared with the watch callback, which may still run after Unwatch.
+  auto changed = std::make_shared<Signal>();
+  const uint64_t watch = e.Watch(id, [changed](const JobEvent&) { changed->Notify(); });
+  JobView v;
+  for (;;) {
+    const uint64_t seen = changed->generation();
+    if (auto got = e.Get(id); got.ok()) {
+      v = *got;
+      if (pred(v)) break;
+    }
+    if (!changed->WaitPast(seen)) break;
+  }
+  e.Unwatch(watch);
+  return v;
+}
 
 struct Log {
   std::mutex mu;
@@ -78,8 +128,14 @@ int64_t Now() {
 class JobsTest : public ::testing::Test {
  protected:
   void SetUp() override { store_ = NewMemoryStore(); }
-  std::unique_ptr<JobEngine> Engine(int limit, int per_round = 2) {
+  JobEngineOptions Options() {
     JobEngineOptions o;
+    o.clock = &clock_;
+    o.on_tasks_enqueued = [this] { enqueued_.Notify(); };
+    return o;
+  }
+  std::unique_ptr<JobEngine> Engine(int limit, int per_round = 2) {
+    JobEngineOptions o = Options();
     o.candidates_per_round = per_round;
     auto e = std::make_unique<JobEngine>(
         store_.get(),
@@ -107,18 +163,19 @@ class JobsTest : public ::testing::Test {
     engine.OnTaskCompleted(**t, e);
     return true;
   }
-  JobView WaitFor(JobEngine& e, const std::string& id, std::function<bool(const JobView&)> pred) {
-    JobView v;
-    for (int i = 0; i < 300; ++i) {
-      auto got = e.Get(id);
-      if (got.ok()) {
-        v = *got;
-        if (pred(v)) break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  // CompleteOne once the engine has queued a task (waiting for it to).
+  bool CompleteNext(JobEngine& engine, Outcome outcome, double us) {
+    for (;;) {
+      const uint64_t seen = enqueued_.generation();
+      if (CompleteOne(engine, outcome, us)) return true;
+      if (!enqueued_.WaitPast(seen)) return false;
     }
-    return v;
   }
+  JobView WaitFor(JobEngine& e, const std::string& id, std::function<bool(const JobView&)> pred) {
+    return WaitForJob(e, id, pred);
+  }
+  ManualClock clock_;  // outlives the engines the tests make
+  Signal enqueued_;
   std::unique_ptr<Store> store_;
   Log log_;
 };
@@ -163,12 +220,10 @@ TEST_F(JobsTest, RunsRoundsUntilTheBudgetIsSpent) {
   auto job = engine->Submit(spec);
   ASSERT_TRUE(job.ok()) << job.status();
   ASSERT_EQ(job->progress.size(), 1u);
-  int done = 0;
-  for (int i = 0; i < 200 && done < 5; ++i) {
-    if (CompleteOne(*engine, done % 2 ? Outcome::kWrong : Outcome::kVerified, 100.0 - done)) ++done;
-    else std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  for (int done = 0; done < 5; ++done) {
+    ASSERT_TRUE(CompleteNext(*engine, done % 2 ? Outcome::kWrong : Outcome::kVerified, 100.0 - done))
+        << done;
   }
-  EXPECT_EQ(done, 5);
   JobView v = WaitFor(*engine, job->record.id, [](const JobView& v) { return IsFinal(v.record.state); });
   EXPECT_EQ(v.record.state, JobState::kSucceeded);
   ASSERT_EQ(v.progress.size(), 1u);
@@ -186,8 +241,7 @@ TEST_F(JobsTest, AnExhaustedProposerEndsTheJob) {
   spec.max_variants = 10;
   auto job = engine->Submit(spec);
   ASSERT_TRUE(job.ok());
-  for (int i = 0; i < 100 && !CompleteOne(*engine, Outcome::kVerified, 5); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_TRUE(CompleteNext(*engine, Outcome::kVerified, 5));
   JobView v = WaitFor(*engine, job->record.id, [](const JobView& v) { return IsFinal(v.record.state); });
   EXPECT_EQ(v.record.state, JobState::kSucceeded);
   EXPECT_EQ(v.progress[0].proposed, 1);
@@ -214,12 +268,7 @@ TEST_F(JobsTest, RestartReplaysHistoryAndContinuesWithoutRepeats) {
     auto job = engine->Submit(spec);
     ASSERT_TRUE(job.ok());
     id = job->record.id;
-    int done = 0;
-    for (int i = 0; i < 200 && done < 3; ++i) {
-      if (CompleteOne(*engine, Outcome::kVerified, 50.0 + done)) ++done;
-      else std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    ASSERT_EQ(done, 3);
+    for (int done = 0; done < 3; ++done) ASSERT_TRUE(CompleteNext(*engine, Outcome::kVerified, 50.0 + done));
     WaitFor(*engine, id, [](const JobView& v) { return v.progress[0].proposed == 4; });
     engine->Stop();  // "crash": the engine's memory is gone, the store stays
   }
@@ -238,11 +287,7 @@ TEST_F(JobsTest, RestartReplaysHistoryAndContinuesWithoutRepeats) {
   auto v = engine->Get(id);
   ASSERT_TRUE(v.ok());
   EXPECT_EQ(v->record.state, JobState::kRunning);
-  int done = 0;
-  for (int i = 0; i < 300 && done < 3; ++i) {
-    if (CompleteOne(*engine, Outcome::kVerified, 40.0)) ++done;
-    else std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  for (int done = 0; done < 3; ++done) ASSERT_TRUE(CompleteNext(*engine, Outcome::kVerified, 40.0));
   JobView end = WaitFor(*engine, id, [](const JobView& v) { return IsFinal(v.record.state); });
   EXPECT_EQ(end.record.state, JobState::kSucceeded);
   EXPECT_EQ(end.progress[0].proposed, 6);
@@ -251,14 +296,17 @@ TEST_F(JobsTest, RestartReplaysHistoryAndContinuesWithoutRepeats) {
     EXPECT_NE(c, "propose:cand 0") << "a replayed proposer proposed again";
 }
 
-// Fails with `codes` in turn, then proposes one candidate per call.
+// Fails with `codes` in turn, then proposes one candidate per call;
+// `calls` counts every Propose.
 class Flaky : public agent::Proposer {
  public:
-  explicit Flaky(std::vector<absl::StatusCode> codes) : codes_(std::move(codes)) {}
+  Flaky(std::vector<absl::StatusCode> codes, std::atomic<int>* calls)
+      : codes_(std::move(codes)), calls_(calls) {}
   absl::StatusOr<std::vector<agent::Candidate>> Propose(const agent::ProposalContext&, int) override {
-    if (calls_ < codes_.size()) return absl::Status(codes_[calls_++], "endpoint says no");
+    const size_t call = size_t(calls_->fetch_add(1));
+    if (call < codes_.size()) return absl::Status(codes_[call], "endpoint says no");
     agent::Candidate c;
-    c.source = fmt::format("flaky {}", calls_++);
+    c.source = fmt::format("flaky {}", call);
     c.manifest_json = "{}";
     return std::vector<agent::Candidate>{c};
   }
@@ -268,55 +316,104 @@ class Flaky : public agent::Proposer {
 
  private:
   std::vector<absl::StatusCode> codes_;
-  size_t calls_ = 0;
+  std::atomic<int>* calls_;
 };
 
-std::unique_ptr<JobEngine> FlakyEngine(Store* store, std::vector<absl::StatusCode> codes) {
-  JobEngineOptions o;
-  o.proposer_retry_base_ms = 20;
-  o.max_proposer_retries = 2;
-  auto e = std::make_unique<JobEngine>(
-      store,
-      [codes](const std::string&, uint64_t) -> absl::StatusOr<std::unique_ptr<agent::Proposer>> {
-        return std::make_unique<Flaky>(codes);
-      },
-      o);
-  EXPECT_TRUE(e->Start().ok());
-  return e;
-}
+class FlakyJobsTest : public JobsTest {
+ protected:
+  // Retries after 1 s, then 2 s; the third UNAVAILABLE fails the bucket.
+  std::unique_ptr<JobEngine> FlakyEngine(std::vector<absl::StatusCode> codes) {
+    JobEngineOptions o = Options();
+    o.proposer_retry_base_ms = 1000;
+    o.max_proposer_retries = 2;
+    auto e = std::make_unique<JobEngine>(
+        store_.get(),
+        [this, codes](const std::string&, uint64_t) -> absl::StatusOr<std::unique_ptr<agent::Proposer>> {
+          return std::make_unique<Flaky>(codes, &calls_);
+        },
+        o);
+    EXPECT_TRUE(e->Start().ok());
+    return e;
+  }
+  // Until the proposer has been asked `n` times (each ask is followed by a
+  // job update).
+  void WaitForCalls(JobEngine& e, const std::string& job, int n) {
+    WaitFor(e, job, [&](const JobView&) { return calls_.load() >= n; });
+    ASSERT_EQ(calls_.load(), n);
+  }
+  std::atomic<int> calls_{0};
+};
 
-TEST_F(JobsTest, UnavailableProposerIsRetriedWithBackoff) {
-  auto engine = FlakyEngine(store_.get(), {absl::StatusCode::kUnavailable,
-                                           absl::StatusCode::kUnavailable});
+// The engine checks due retries on its tick (250 ms of its clock): a retry
+// comes at the first tick past its backoff, never before the backoff.
+TEST_F(FlakyJobsTest, UnavailableProposerIsAskedAgainOnlyAfterEachBackoff) {
+  auto engine = FlakyEngine({absl::StatusCode::kUnavailable, absl::StatusCode::kUnavailable});
   JobSpec spec;
   spec.shapes = {Shape()};
   spec.max_variants = 1;
   auto job = engine->Submit(spec);
   ASSERT_TRUE(job.ok());
+  WaitForCalls(*engine, job->record.id, 1);
+  int calls = 1;
+  for (auto backoff : {1000ms, 2000ms}) {
+    ASSERT_TRUE(clock_.AwaitWaiters(1));  // the engine, waiting for its next tick
+    clock_.Advance(backoff - 1ms);
+    ASSERT_TRUE(clock_.AwaitWaiters(1));
+    EXPECT_EQ(calls_.load(), calls) << "asked again before the " << backoff.count() << " ms backoff";
+    clock_.Advance(1ms + 250ms);
+    WaitForCalls(*engine, job->record.id, ++calls);
+  }
   JobView v = WaitFor(*engine, job->record.id, [](const JobView& v) { return v.progress[0].proposed == 1; });
   EXPECT_EQ(v.progress[0].proposed, 1) << "retried after two UNAVAILABLE answers";
   EXPECT_EQ(v.record.state, JobState::kRunning);
 }
 
-TEST_F(JobsTest, ProposerThatStaysDownFailsTheJob) {
-  auto engine = FlakyEngine(store_.get(), std::vector<absl::StatusCode>(5, absl::StatusCode::kUnavailable));
+TEST_F(FlakyJobsTest, ProposerThatStaysDownFailsTheJob) {
+  auto engine = FlakyEngine(std::vector<absl::StatusCode>(5, absl::StatusCode::kUnavailable));
   JobSpec spec;
   spec.shapes = {Shape()};
   auto job = engine->Submit(spec);
   ASSERT_TRUE(job.ok());
+  for (int n = 1; n <= 2; ++n) {
+    WaitForCalls(*engine, job->record.id, n);
+    ASSERT_TRUE(clock_.AwaitWaiters(1));
+    clock_.Advance(10s);
+  }
   JobView v = WaitFor(*engine, job->record.id, [](const JobView& v) { return IsFinal(v.record.state); });
   EXPECT_EQ(v.record.state, JobState::kFailed);
+  EXPECT_EQ(calls_.load(), 3);
   EXPECT_NE(v.record.message.find("endpoint says no"), std::string::npos) << v.record.message;
 }
 
-TEST_F(JobsTest, SpentProposerBudgetEndsTheBucketNormally) {
-  auto engine = FlakyEngine(store_.get(), {absl::StatusCode::kResourceExhausted});
+TEST_F(FlakyJobsTest, SpentProposerBudgetEndsTheBucketNormally) {
+  auto engine = FlakyEngine({absl::StatusCode::kResourceExhausted});
   JobSpec spec;
   spec.shapes = {Shape()};
   auto job = engine->Submit(spec);
   ASSERT_TRUE(job.ok());
   JobView v = WaitFor(*engine, job->record.id, [](const JobView& v) { return IsFinal(v.record.state); });
   EXPECT_EQ(v.record.state, JobState::kSucceeded);
+}
+
+// A time budget ends the job when the engine's clock passes it, tasks
+// outstanding or not, and cancels those tasks.
+TEST_F(JobsTest, TheTimeBudgetEndsTheJobWhenTheClockPassesIt) {
+  auto engine = Engine(/*limit=*/100);
+  JobSpec spec;
+  spec.shapes = {Shape()};
+  spec.max_seconds = 60;
+  auto job = engine->Submit(spec);
+  ASSERT_TRUE(job.ok());
+  WaitFor(*engine, job->record.id, [](const JobView& v) { return v.progress[0].proposed > 0; });
+  ASSERT_TRUE(clock_.AwaitWaiters(1));
+  clock_.Advance(59s);
+  ASSERT_TRUE(clock_.AwaitWaiters(1));
+  EXPECT_EQ(engine->Get(job->record.id)->record.state, JobState::kRunning) << "ended early";
+  clock_.Advance(1s);
+  JobView v = WaitFor(*engine, job->record.id, [](const JobView& v) { return IsFinal(v.record.state); });
+  EXPECT_EQ(v.record.state, JobState::kSucceeded);
+  EXPECT_NE(v.record.message.find("time budget of 60 s reached"), std::string::npos) << v.record.message;
+  EXPECT_FALSE(CompleteOne(*engine, Outcome::kVerified, 1.0)) << "its tasks were cancelled";
 }
 
 TEST_F(JobsTest, CancelStopsTheJobAndItsTasks) {

@@ -98,6 +98,11 @@ PromotionDecision DecidePromotion(const PromotionInput& in) {
         const Comparison c = CompareTimings(in.eval->timing, in.eval->incumbent_timing, in.rule);
         if (c.candidate_wins) {
           Promote(in, MeasuredAgainst(c, task.incumbent_variant_id), d);
+          // The verdict and the rule it used go into the stored evaluation;
+          // a refusal (gates) says why instead and keeps the verdict after it.
+          const std::string verdict = fmt::format("won against {}: {}", task.incumbent_variant_id,
+                                                  c.Describe());
+          d.note = d.note.empty() ? verdict : d.note + "; " + verdict;
         } else {
           d.note = fmt::format("kept incumbent {}: {}", task.incumbent_variant_id, c.Describe());
         }

@@ -13,10 +13,11 @@
 //   RETIME    candidate and incumbent alternating launch by launch on one
 //             batch in one process: promotes when the candidate wins by
 //             core/timing.h's rule (CompareTimings on the evaluation's
-//             timing and incumbent_timing: the 95% sign-test lower bound on
-//             the median of the paired ratios incumbent/candidate above
-//             1.01; the medians apart by more than the larger interquartile
-//             range for a report without samples), or when the incumbent
+//             timing and incumbent_timing: the sign-test lower bound on the
+//             median of the paired ratios incumbent/candidate above 1.01 at
+//             one of the pair schedule's looks, 95% overall; the medians
+//             apart by more than the larger interquartile range for a report
+//             without samples), or when the incumbent
 //             failed the checks the candidate passed; against a best that
 //             changed meanwhile, a new RETIME.
 // A promotion says how the new best's figure was measured (measured_by),
@@ -71,8 +72,9 @@ struct PromotionDecision {
   // (against `incumbent_variant_id`).
   std::optional<TaskKind> follow_up;
   std::string incumbent_variant_id;
-  // Why a verified result changed nothing, for the evaluation's message;
-  // empty when there is nothing to say.
+  // Why a verified result changed nothing, or a RETIME's verdict and the
+  // rule it used, for the evaluation's message; empty when there is
+  // nothing to say.
   std::string note;
 };
 

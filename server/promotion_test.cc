@@ -111,17 +111,26 @@ TEST(Promotion, ARetimeDecidesOnThePairedRatios) {
             std::max(e.timing.Spread(), incumbent.Spread()));
   PromotionDecision d = Decide(retime, e, Best("v1", 1700.7), true, incumbent);
   EXPECT_TRUE(d.promote) << d.note;
-  EXPECT_NE(d.measured_by.find("retime: median of 24 paired ratios"), std::string::npos)
+  // Clear at the pair schedule's first look (16 pairs of the 24 reported).
+  EXPECT_NE(d.measured_by.find("retime: median of 16 paired ratios"), std::string::npos)
+      << d.measured_by;
+  EXPECT_NE(d.measured_by.find("look 1 of 6: 95% overall, min gain 1%"), std::string::npos)
       << d.measured_by;
   EXPECT_NE(d.measured_by.find("vs v1"), std::string::npos) << d.measured_by;
+  // The stored evaluation says the verdict and the rule too.
+  EXPECT_NE(d.note.find("won against v1: candidate wins: median of 16 paired ratios"),
+            std::string::npos)
+      << d.note;
+  EXPECT_NE(d.note.find("99.2% lower bound"), std::string::npos) << d.note;
 
   // The same pairs with the incumbent 0.5% slower: below the minimum gain.
   for (size_t i = 0; i < inc.size(); ++i) inc[i] = cand[i] * 1.005;
   PromotionDecision hold = Decide(retime, e, Best("v1", 1700.7), true, Summarize(inc));
   EXPECT_FALSE(hold.promote);
-  EXPECT_NE(hold.note.find("kept incumbent v1: incumbent holds: median of 24 paired ratios"),
+  EXPECT_NE(hold.note.find("kept incumbent v1: incumbent holds: median of 16 paired ratios"),
             std::string::npos)
       << hold.note;
+  EXPECT_NE(hold.note.find("upper bound"), std::string::npos) << hold.note;
 }
 
 TEST(Promotion, AConfirmSaysItTimedTheCandidateAlone) {

@@ -408,8 +408,9 @@ TYPED_TEST(StoreTest, RetimeSamplesRoundTripAndReproduceTheDecision) {
   EXPECT_DOUBLE_EQ(evals[0].incumbent_timing.p75_us, e.incumbent_timing.p75_us);
   const Comparison again = CompareTimings(evals[0].timing, evals[0].incumbent_timing);
   EXPECT_EQ(again.candidate_wins, decided.candidate_wins);
-  EXPECT_EQ(again.ratios.lower_bound, decided.ratios.lower_bound);
-  EXPECT_EQ(again.ratios.median, decided.ratios.median);
+  EXPECT_EQ(again.decision.ratios.lower_bound, decided.decision.ratios.lower_bound);
+  EXPECT_EQ(again.decision.ratios.median, decided.decision.ratios.median);
+  EXPECT_EQ(again.decision.look, decided.decision.look);
   EXPECT_EQ(MeasuredAgainst(again, "v0"), best.measured_by);
 
   ASSERT_OK_AND_ASSIGN(BestRecord got, this->store().GetBest(bucket, "sm_90a"));

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -69,11 +70,8 @@ std::string DefaultSanitizer() {
   return "";
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{"kforge-worker: compiles, verifies and times kernel variants for a kforge server"};
-  app.set_version_flag("--version", "kforge-worker " KFORGE_VERSION, "print the version and exit");
+// Every flag of the command line, as CLI11 fills it.
+struct WorkerFlags {
   std::string server = "127.0.0.1:50051";
   std::string token;
   std::string token_file;
@@ -92,7 +90,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> child_env;
   std::string sanitizer_gate;
   std::string sanitizer;
-  std::vector<std::string> sanitizer_tools(std::begin(kSanitizerTools), std::end(kSanitizerTools));
+  std::vector<std::string> sanitizer_tools =
+      std::vector<std::string>(std::begin(kSanitizerTools), std::end(kSanitizerTools));
   bool no_sanitizer_gate = false;
   std::string log_level = "info";
   // Hidden: the sandboxed children (evaluator, compiler).
@@ -102,257 +101,256 @@ int main(int argc, char** argv) {
   std::string request_dir;
   int result_fd = kChildResultFd;
   std::string self_test;  // test only: see child.h
+};
 
-  app.add_option("--server", server, "kforge server address (host:port)")->capture_default_str();
+void AddFlags(CLI::App& app, WorkerFlags& f) {
+  app.set_version_flag("--version", "kforge-worker " KFORGE_VERSION, "print the version and exit");
+  app.add_option("--server", f.server, "kforge server address (host:port)")->capture_default_str();
   auto* token_opt = app.add_option(
-      "--token", token,
+      "--token", f.token,
       "worker token (default: $KFORGE_WORKER_TOKEN); prefer --token-file, which no /proc file shows");
-  app.add_option("--token-file", token_file, "file whose first line is the worker token")
+  app.add_option("--token-file", f.token_file, "file whose first line is the worker token")
       ->excludes(token_opt);
-  app.add_option("--gpu", gpu_ordinal, "CUDA device ordinal")->capture_default_str();
-  app.add_option("--name", name, "worker name shown by the server (default: HOST-gpuN)");
-  app.add_option("--cache-dir", cache_dir,
+  app.add_option("--gpu", f.gpu_ordinal, "CUDA device ordinal")->capture_default_str();
+  app.add_option("--name", f.name, "worker name shown by the server (default: HOST-gpuN)");
+  app.add_option("--cache-dir", f.cache_dir,
                  "compile cache and scratch folder (default: $XDG_CACHE_HOME/kforge or ~/.cache/kforge)");
-  app.add_option("--compile-threads", compile_threads, "parallel NVRTC compiles")
+  app.add_option("--compile-threads", f.compile_threads, "parallel NVRTC compiles")
       ->capture_default_str()
       ->check(CLI::Range(1, 256));
-  app.add_flag("--compile-only", force_compile_only, "serve compile tasks only, even with a GPU");
-  app.add_option("--arch", compile_arch,
+  app.add_flag("--compile-only", f.force_compile_only, "serve compile tasks only, even with a GPU");
+  app.add_option("--arch", f.compile_arch,
                  "NVRTC target a compile-only worker registers for (a GPU worker uses its device's)")
       ->capture_default_str();
-  app.add_option("--lease-wait-ms", lease_wait_ms, "long-poll wait for a task")->capture_default_str();
-  app.add_option("--nvrtc-option", nvrtc_options, "extra NVRTC option before each variant's own (repeatable)");
-  app.add_option("--child-env", child_env,
+  app.add_option("--lease-wait-ms", f.lease_wait_ms, "long-poll wait for a task")->capture_default_str();
+  app.add_option("--nvrtc-option", f.nvrtc_options, "extra NVRTC option before each variant's own (repeatable)");
+  app.add_option("--child-env", f.child_env,
                  "environment variable the compile and evaluator children keep, beyond PATH, "
                  "LD_LIBRARY_PATH, CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER and TMPDIR (repeatable)");
-  app.add_option("--eval-setup-limit-s", eval_setup_limit_s,
+  app.add_option("--eval-setup-limit-s", f.eval_setup_limit_s,
                  "watchdog: seconds until the reference must have run")
       ->capture_default_str();
-  app.add_option("--eval-min-limit-s", eval_min_limit_s,
+  app.add_option("--eval-min-limit-s", f.eval_min_limit_s,
                  "watchdog: least time allowed for the candidate's runs")
       ->capture_default_str();
-  app.add_option("--eval-reference-factor", eval_reference_factor,
+  app.add_option("--eval-reference-factor", f.eval_reference_factor,
                  "watchdog: candidate runs may take this many times the reference")
       ->capture_default_str();
-  app.add_option("--eval-absolute-limit-s", eval_absolute_limit_s,
+  app.add_option("--eval-absolute-limit-s", f.eval_absolute_limit_s,
                  "watchdog: hard cap on one evaluation")
       ->capture_default_str();
-  app.add_option("--sanitizer", sanitizer,
+  app.add_option("--sanitizer", f.sanitizer,
                  "compute-sanitizer binary for the gates (default: $CUDA_HOME/bin or "
                  "/usr/local/cuda/bin/compute-sanitizer when it exists)");
-  app.add_option("--sanitizer-gate", sanitizer_gate,
+  app.add_option("--sanitizer-gate", f.sanitizer_gate,
                  "like --sanitizer, and refuse to start unless memcheck works there");
-  app.add_option("--sanitizer-tools", sanitizer_tools,
+  app.add_option("--sanitizer-tools", f.sanitizer_tools,
                  "tools every promotion candidate runs under (tools that do not work here are "
                  "dropped at start)")
       ->delimiter(',')
       ->check(CLI::IsMember(std::vector<std::string>(std::begin(kSanitizerTools),
                                                      std::end(kSanitizerTools))));
-  app.add_flag("--no-sanitizer-gate", no_sanitizer_gate,
+  app.add_flag("--no-sanitizer-gate", f.no_sanitizer_gate,
                "run no sanitizer gates (the server then promotes nothing from this worker "
                "unless it allows ungated promotion)");
-  app.add_option("--log-level", log_level, "trace|debug|info|warn|error")->capture_default_str();
-  app.add_flag("--eval-child", eval_child)->group("");
-  app.add_flag("--compile-child", compile_child)->group("");
-  app.add_flag("--compile-child-unsealed", compile_child_unsealed)->group("");
-  app.add_option("--request-dir", request_dir)->group("");
-  app.add_option("--result-fd", result_fd)->group("");
-  app.add_option("--self-test", self_test)->group("");
-  CLI11_PARSE(app, argc, argv);
+  app.add_option("--log-level", f.log_level, "trace|debug|info|warn|error")->capture_default_str();
+  app.add_flag("--eval-child", f.eval_child)->group("");
+  app.add_flag("--compile-child", f.compile_child)->group("");
+  app.add_flag("--compile-child-unsealed", f.compile_child_unsealed)->group("");
+  app.add_option("--request-dir", f.request_dir)->group("");
+  app.add_option("--result-fd", f.result_fd)->group("");
+  app.add_option("--self-test", f.self_test)->group("");
+}
 
-  spdlog::set_level(spdlog::level::from_str(log_level));
-  if (compile_child) return RunCompileChild(STDIN_FILENO, result_fd, !compile_child_unsealed);
-  if (eval_child) {
-    spdlog::set_pattern("[eval-child %P] %v");
-    if (request_dir.empty()) {
-      fmt::print(stderr, "--eval-child needs --request-dir\n");
-      return 2;
-    }
-    return RunEvalChild(request_dir, result_fd, self_test);
+// The hidden child modes: the exit status when this process is one.
+std::optional<int> RunAsChild(const WorkerFlags& f) {
+  if (f.compile_child) return RunCompileChild(STDIN_FILENO, f.result_fd, !f.compile_child_unsealed);
+  if (!f.eval_child) return std::nullopt;
+  spdlog::set_pattern("[eval-child %P] %v");
+  if (f.request_dir.empty()) {
+    fmt::print(stderr, "--eval-child needs --request-dir\n");
+    return 2;
   }
-  spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%^%l%$] %v");
-  // SIGINT/SIGTERM stop the worker; every thread started from here on (compile pool, gRPC)
-  // inherits the blocked mask, so only the waiter below sees them.
+  return RunEvalChild(f.request_dir, f.result_fd, f.self_test);
+}
+
+// SIGINT/SIGTERM stop the worker; every thread started from here on (compile pool, gRPC)
+// inherits the blocked mask, so only the waiter (ServeUntilStopped) sees them.
+sigset_t BlockStopSignals() {
   signal(SIGPIPE, SIG_IGN);
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  return stop_signals;
+}
 
-  // The token, and every other kforge credential this process was handed,
-  // leave argv and the environment now, before any thread or child starts.
+// The token, and every other kforge credential this process was handed,
+// leave argv and the environment now, before any thread or child starts.
+// Sets f.token; returns every secret seen (for redaction).
+absl::StatusOr<std::vector<std::string>> TakeCredentials(WorkerFlags& f, int argc, char** argv) {
   std::string env_token;
   std::vector<std::string> secrets;
   for (auto& [name, value] : kforge::TakeSecretEnvironment(kforge::IsKforgeTokenVariable)) {
     if (name == "KFORGE_WORKER_TOKEN") env_token = value;
     if (!value.empty()) secrets.push_back(value);
   }
-  if (!token_file.empty()) {
-    absl::StatusOr<std::string> t = kforge::ReadTokenFile(token_file);
-    if (!t.ok()) {
-      spdlog::error("--token-file: {}", std::string(t.status().message()));
-      return 2;
-    }
-    token = *t;
-  } else if (token.empty()) {
-    token = env_token;
+  if (!f.token_file.empty()) {
+    absl::StatusOr<std::string> t = kforge::ReadTokenFile(f.token_file);
+    if (!t.ok()) return absl::InvalidArgumentError(fmt::format("--token-file: {}", std::string(t.status().message())));
+    f.token = *t;
+  } else if (f.token.empty()) {
+    f.token = env_token;
   }
-  if (!token.empty()) secrets.push_back(token);
+  if (!f.token.empty()) secrets.push_back(f.token);
   for (const std::string& s : secrets) kforge::ScrubFromProcessMemory(argc, argv, s);
   if (absl::Status s = kforge::MakeUndumpable(); !s.ok()) {
     spdlog::warn("{}: the worker's memory is readable by processes of its user",
                  std::string(s.message()));
   }
-  if (name.empty()) name = DefaultName(gpu_ordinal);
+  return secrets;
+}
+
+absl::StatusOr<std::filesystem::path> MakeCacheDir(const std::string& flag) {
   const std::filesystem::path cache =
-      cache_dir.empty() ? DefaultCacheDir() : std::filesystem::path(cache_dir);
+      flag.empty() ? DefaultCacheDir() : std::filesystem::path(flag);
   std::error_code ec;
   std::filesystem::create_directories(cache / "cubins", ec);
   if (ec) {
-    spdlog::error("cannot create cache dir {}: {}", cache.string(), ec.message());
-    return 2;
+    return absl::InternalError(
+        fmt::format("cannot create cache dir {}: {}", cache.string(), ec.message()));
   }
+  return cache;
+}
 
-  // The GPU, if any. The parent never opens a context: each evaluation's
-  // child opens its own and takes it down with it.
-  Registration registration;
-  registration.worker_name = name;
+// Fills the GPU part of `registration` from the device (compile-only when
+// there is no driver). The parent never opens a context: each evaluation's
+// child opens its own and takes it down with it. `driver` keeps the loaded
+// driver, if any.
+absl::Status DetectGpu(const WorkerFlags& f, Registration& registration,
+                       std::unique_ptr<kforge::gpu::Driver>& driver) {
   registration.gpu.nvrtc_version = kforge::gpu::NvrtcVersion();
-  std::unique_ptr<kforge::gpu::Driver> driver;
   absl::StatusOr<std::unique_ptr<kforge::gpu::Driver>> loaded = kforge::gpu::Driver::Load();
   if (!loaded.ok()) {
     spdlog::warn("no CUDA driver: serving compile-only tasks ({})", std::string(loaded.status().message()));
     registration.compile_only = true;
-  } else {
-    driver = *std::move(loaded);
-    absl::StatusOr<int> count = driver->DeviceCount();
-    if (!count.ok() || gpu_ordinal < 0 || gpu_ordinal >= *count) {
-      spdlog::error("--gpu {}: {}", gpu_ordinal,
+    return absl::OkStatus();
+  }
+  driver = *std::move(loaded);
+  absl::StatusOr<int> count = driver->DeviceCount();
+  if (!count.ok() || f.gpu_ordinal < 0 || f.gpu_ordinal >= *count) {
+    return absl::InvalidArgumentError(
+        fmt::format("--gpu {}: {}", f.gpu_ordinal,
                     count.ok() ? fmt::format("this machine has {} CUDA device(s)", *count)
-                               : std::string(count.status().message()));
-      return 2;
-    }
-    absl::StatusOr<kforge::gpu::DeviceInfo> info = driver->GetDeviceInfo(gpu_ordinal);
-    if (!info.ok()) {
-      spdlog::error("GPU {}: {}", gpu_ordinal, std::string(info.status().message()));
-      return 2;
-    }
-    registration.gpu.name = info->name;
-    registration.gpu.compute_capability = info->ComputeCapability();
-    registration.gpu.arch = info->arch;
-    registration.gpu.sm_count = info->sm_count;
-    registration.gpu.memory_bytes = info->memory_bytes;
-    registration.gpu.driver_version = info->DriverVersionString();
-    registration.compile_only = force_compile_only;
-    spdlog::info("GPU {}: {} (cc {}, {}, {} SMs, {:.0f} GiB), driver {}, NVRTC {}{}", gpu_ordinal,
-                 info->name, registration.gpu.compute_capability, info->arch, info->sm_count,
-                 static_cast<double>(info->memory_bytes) / (1 << 30),
-                 registration.gpu.driver_version, registration.gpu.nvrtc_version,
-                 force_compile_only ? "; compile-only by request" : "");
+                               : std::string(count.status().message())));
   }
-
-  if (registration.compile_only && registration.gpu.arch.empty()) {
-    if (absl::Status s = kforge::ValidateArch(compile_arch); !s.ok()) {
-      spdlog::error("--arch: {}", std::string(s.message()));
-      return 2;
-    }
-    registration.gpu.arch = compile_arch;
+  absl::StatusOr<kforge::gpu::DeviceInfo> info = driver->GetDeviceInfo(f.gpu_ordinal);
+  if (!info.ok()) {
+    return absl::InternalError(
+        fmt::format("GPU {}: {}", f.gpu_ordinal, std::string(info.status().message())));
   }
+  registration.gpu.name = info->name;
+  registration.gpu.compute_capability = info->ComputeCapability();
+  registration.gpu.arch = info->arch;
+  registration.gpu.sm_count = info->sm_count;
+  registration.gpu.memory_bytes = info->memory_bytes;
+  registration.gpu.driver_version = info->DriverVersionString();
+  registration.compile_only = f.force_compile_only;
+  spdlog::info("GPU {}: {} (cc {}, {}, {} SMs, {:.0f} GiB), driver {}, NVRTC {}{}", f.gpu_ordinal,
+               info->name, registration.gpu.compute_capability, info->arch, info->sm_count,
+               static_cast<double>(info->memory_bytes) / (1 << 30),
+               registration.gpu.driver_version, registration.gpu.nvrtc_version,
+               f.force_compile_only ? "; compile-only by request" : "");
+  return absl::OkStatus();
+}
 
-  for (const std::string& n : child_env) {
-    if (absl::Status s = CheckChildEnvName(n); !s.ok()) {
-      spdlog::error("{}", std::string(s.message()));
-      return 2;
-    }
+// A compile-only worker without a device registers for --arch.
+absl::Status ChooseCompileArch(const WorkerFlags& f, Registration& registration) {
+  if (!registration.compile_only || !registration.gpu.arch.empty()) return absl::OkStatus();
+  if (absl::Status s = kforge::ValidateArch(f.compile_arch); !s.ok()) {
+    return absl::InvalidArgumentError(fmt::format("--arch: {}", std::string(s.message())));
   }
+  registration.gpu.arch = f.compile_arch;
+  return absl::OkStatus();
+}
 
-  // Candidate sources are compiled in children that hold no secret; the
-  // cache stays here. A child that cannot run at all would make every task a
-  // worker fault, so find out now.
-  CompileChildOptions cco;
-  cco.child_env = child_env;
-  cco.secrets = secrets;
-  const CompileChild compiler(cco);
-  {
-    kforge::gpu::CompileRequest probe;
-    probe.source = "extern \"C\" __global__ void kf_probe() {}\n";
-    probe.arch = registration.gpu.arch.empty() ? compile_arch : registration.gpu.arch;
-    probe.name = "probe.cu";
-    absl::StatusOr<kforge::gpu::CompileResult> r = compiler.Compile(probe);
-    if (!r.ok() || !r->ok) {
-      spdlog::error("the compile child does not work here: {}",
-                    r.ok() ? r->log : std::string(r.status().message()));
-      return 2;
-    }
-    if (compiler.sealed().value_or(false)) {
-      spdlog::info("compile child ready ({:.0f} ms for an empty kernel); it can open no file",
-                   r->compile_ms);
-    } else {
-      spdlog::warn("compile child ready ({:.0f} ms for an empty kernel), but this kernel has no "
-                   "Landlock: it could open files, and only the source check and redaction "
-                   "keep them out of logs",
-                   r->compile_ms);
-    }
+absl::Status CheckChildEnv(const std::vector<std::string>& names) {
+  for (const std::string& n : names) {
+    if (absl::Status s = CheckChildEnvName(n); !s.ok()) return s;
   }
-  kforge::gpu::CompileCache compile_cache(cache / "cubins");
-  kforge::gpu::CompilePool compile_pool(compile_threads, &compile_cache, compiler.AsCompiler());
+  return absl::OkStatus();
+}
 
-  std::unique_ptr<Sandbox> sandbox;
-  RunnerOptions ro;
-  if (!registration.compile_only) {
-    SandboxOptions so;
-    so.scratch_dir = cache / "sandbox";
-    auto ms = [](double s) { return std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); };
-    so.setup_limit = ms(eval_setup_limit_s);
-    so.min_run_limit = ms(eval_min_limit_s);
-    so.absolute_limit = ms(eval_absolute_limit_s);
-    so.reference_factor = eval_reference_factor;
-    so.child_env = child_env;
-    sandbox = std::make_unique<Sandbox>(so);
-    const std::string path = no_sanitizer_gate          ? ""
-                             : !sanitizer_gate.empty() ? sanitizer_gate
-                             : !sanitizer.empty()      ? sanitizer
+// A compile child that cannot run at all would make every task a worker
+// fault, so find out now, on an empty kernel.
+absl::Status ProbeCompileChild(const CompileChild& compiler, const std::string& arch) {
+  kforge::gpu::CompileRequest probe;
+  probe.source = "extern \"C\" __global__ void kf_probe() {}\n";
+  probe.arch = arch;
+  probe.name = "probe.cu";
+  absl::StatusOr<kforge::gpu::CompileResult> r = compiler.Compile(probe);
+  if (!r.ok() || !r->ok) {
+    return absl::InternalError(fmt::format("the compile child does not work here: {}",
+                                           r.ok() ? r->log : std::string(r.status().message())));
+  }
+  if (compiler.sealed().value_or(false)) {
+    spdlog::info("compile child ready ({:.0f} ms for an empty kernel); it can open no file",
+                 r->compile_ms);
+  } else {
+    spdlog::warn("compile child ready ({:.0f} ms for an empty kernel), but this kernel has no "
+                 "Landlock: it could open files, and only the source check and redaction "
+                 "keep them out of logs",
+                 r->compile_ms);
+  }
+  return absl::OkStatus();
+}
+
+SandboxOptions EvalSandboxOptions(const WorkerFlags& f, const std::filesystem::path& cache) {
+  SandboxOptions so;
+  so.scratch_dir = cache / "sandbox";
+  auto ms = [](double s) { return std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); };
+  so.setup_limit = ms(f.eval_setup_limit_s);
+  so.min_run_limit = ms(f.eval_min_limit_s);
+  so.absolute_limit = ms(f.eval_absolute_limit_s);
+  so.reference_factor = f.eval_reference_factor;
+  so.child_env = f.child_env;
+  return so;
+}
+
+// The sanitizer gates: which tools work here (probed on a seed kernel) go
+// into `ro`; --sanitizer-gate refuses to start without memcheck.
+absl::Status SetUpSanitizerGates(const WorkerFlags& f, const SandboxOptions& so,
+                                 const Registration& registration,
+                                 const std::filesystem::path& cache, RunnerOptions& ro) {
+  const std::string path = f.no_sanitizer_gate          ? ""
+                           : !f.sanitizer_gate.empty() ? f.sanitizer_gate
+                           : !f.sanitizer.empty()      ? f.sanitizer
                                                        : DefaultSanitizer();
-    if (!path.empty()) {
-      ro.sanitizer = path;
-      ro.gate_sandbox = GateSandboxOptions(so);
-      const std::string cubins = (cache / "cubins").string();
-      ro.sanitizer_tools =
-          ProbeSanitizerTools(path, sanitizer_tools, ro.gate_sandbox, gpu_ordinal, cubins,
-                              SeedCalibration(registration.gpu.arch, gpu_ordinal, cubins));
-      const bool memcheck = std::find(ro.sanitizer_tools.begin(), ro.sanitizer_tools.end(),
-                                      "memcheck") != ro.sanitizer_tools.end();
-      if (!sanitizer_gate.empty() && !memcheck) {
-        spdlog::error("--sanitizer-gate {}: memcheck does not run on this machine", path);
-        return 2;
-      }
-    }
-    if (ro.sanitizer_tools.empty()) {
-      spdlog::warn("no sanitizer gates: the server will not promote this worker's results unless "
-                   "its configuration allows ungated promotion");
+  if (!path.empty()) {
+    ro.sanitizer = path;
+    ro.gate_sandbox = GateSandboxOptions(so);
+    const std::string cubins = (cache / "cubins").string();
+    ro.sanitizer_tools =
+        ProbeSanitizerTools(path, f.sanitizer_tools, ro.gate_sandbox, f.gpu_ordinal, cubins,
+                            SeedCalibration(registration.gpu.arch, f.gpu_ordinal, cubins));
+    const bool memcheck = std::find(ro.sanitizer_tools.begin(), ro.sanitizer_tools.end(),
+                                    "memcheck") != ro.sanitizer_tools.end();
+    if (!f.sanitizer_gate.empty() && !memcheck) {
+      return absl::FailedPreconditionError(
+          fmt::format("--sanitizer-gate {}: memcheck does not run on this machine", path));
     }
   }
-  registration.sanitizer_tools = ro.sanitizer_tools;
+  if (ro.sanitizer_tools.empty()) {
+    spdlog::warn("no sanitizer gates: the server will not promote this worker's results unless "
+                 "its configuration allows ungated promotion");
+  }
+  return absl::OkStatus();
+}
 
-  ro.gpu = registration.gpu;
-  ro.compile_only = registration.compile_only;
-  ro.gpu_ordinal = gpu_ordinal;
-  ro.extra_compile_options = nvrtc_options;
-  ro.secrets = secrets;
-  ro.compile_cache_dir = (cache / "cubins").string();
-  LocalTaskRunner runner(&compile_pool, sandbox.get(), ro);
-
-  GrpcClientOptions co;
-  co.target = server;
-  co.token = token;
-  std::unique_ptr<ServerClient> client = MakeGrpcServerClient(co);
-
-  WorkerOptions wo;
-  wo.registration = registration;
-  wo.lease_wait = std::chrono::milliseconds(lease_wait_ms);
-  Worker worker(client.get(), &runner, wo);
-
+// Runs `worker` until it stops by itself or SIGINT/SIGTERM (blocked in
+// `stop_signals`) stops it.
+void ServeUntilStopped(Worker& worker, const sigset_t& stop_signals) {
   std::atomic<bool> done{false};
   std::thread signal_waiter([&] {
     timespec tick{0, 200 * 1000 * 1000};
@@ -365,13 +363,89 @@ int main(int argc, char** argv) {
       }
     }
   });
-
-  spdlog::info("kforge-worker {} serving {} ({}), cache {}", name, server,
-               (registration.compile_only ? "compile-only, " : "") + registration.gpu.arch,
-               cache.string());
   worker.Run();
   done.store(true);
   signal_waiter.join();
+}
+
+// What main() does with an error: log it and exit 2.
+int Fail(const absl::Status& s) {
+  spdlog::error("{}", std::string(s.message()));
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"kforge-worker: compiles, verifies and times kernel variants for a kforge server"};
+  WorkerFlags f;
+  AddFlags(app, f);
+  CLI11_PARSE(app, argc, argv);
+
+  spdlog::set_level(spdlog::level::from_str(f.log_level));
+  if (std::optional<int> child = RunAsChild(f)) return *child;
+  spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%^%l%$] %v");
+  const sigset_t stop_signals = BlockStopSignals();
+
+  absl::StatusOr<std::vector<std::string>> secrets = TakeCredentials(f, argc, argv);
+  if (!secrets.ok()) return Fail(secrets.status());
+  if (f.name.empty()) f.name = DefaultName(f.gpu_ordinal);
+  absl::StatusOr<std::filesystem::path> cache_dir = MakeCacheDir(f.cache_dir);
+  if (!cache_dir.ok()) return Fail(cache_dir.status());
+  const std::filesystem::path& cache = *cache_dir;
+
+  Registration registration;
+  registration.worker_name = f.name;
+  std::unique_ptr<kforge::gpu::Driver> driver;
+  if (absl::Status s = DetectGpu(f, registration, driver); !s.ok()) return Fail(s);
+  if (absl::Status s = ChooseCompileArch(f, registration); !s.ok()) return Fail(s);
+  if (absl::Status s = CheckChildEnv(f.child_env); !s.ok()) return Fail(s);
+
+  // Candidate sources are compiled in children that hold no secret; the
+  // cache stays here.
+  CompileChildOptions cco;
+  cco.child_env = f.child_env;
+  cco.secrets = *secrets;
+  const CompileChild compiler(cco);
+  if (absl::Status s = ProbeCompileChild(
+          compiler, registration.gpu.arch.empty() ? f.compile_arch : registration.gpu.arch);
+      !s.ok()) {
+    return Fail(s);
+  }
+  kforge::gpu::CompileCache compile_cache(cache / "cubins");
+  kforge::gpu::CompilePool compile_pool(f.compile_threads, &compile_cache, compiler.AsCompiler());
+
+  std::unique_ptr<Sandbox> sandbox;
+  RunnerOptions ro;
+  if (!registration.compile_only) {
+    const SandboxOptions so = EvalSandboxOptions(f, cache);
+    sandbox = std::make_unique<Sandbox>(so);
+    if (absl::Status s = SetUpSanitizerGates(f, so, registration, cache, ro); !s.ok()) return Fail(s);
+  }
+  registration.sanitizer_tools = ro.sanitizer_tools;
+
+  ro.gpu = registration.gpu;
+  ro.compile_only = registration.compile_only;
+  ro.gpu_ordinal = f.gpu_ordinal;
+  ro.extra_compile_options = f.nvrtc_options;
+  ro.secrets = *secrets;
+  ro.compile_cache_dir = (cache / "cubins").string();
+  LocalTaskRunner runner(&compile_pool, sandbox.get(), ro);
+
+  GrpcClientOptions co;
+  co.target = f.server;
+  co.token = f.token;
+  std::unique_ptr<ServerClient> client = MakeGrpcServerClient(co);
+
+  WorkerOptions wo;
+  wo.registration = registration;
+  wo.lease_wait = std::chrono::milliseconds(f.lease_wait_ms);
+  Worker worker(client.get(), &runner, wo);
+
+  spdlog::info("kforge-worker {} serving {} ({}), cache {}", f.name, f.server,
+               (registration.compile_only ? "compile-only, " : "") + registration.gpu.arch,
+               cache.string());
+  ServeUntilStopped(worker, stop_signals);
   WorkerStats s = worker.stats();
   spdlog::info("stopped: {} tasks, {} results accepted, {} rejected, {} dropped", s.tasks_leased,
                s.results_accepted, s.results_rejected, s.results_dropped);

@@ -148,9 +148,8 @@ class EvalWatcher final : public ChildWatcher {
   int launches_ = 0;
 };
 
-// What the run comes to: the child's report when it made one and exited
-// cleanly, else the sandbox's own verdict.
-SandboxRun Judge(const SandboxOptions& options, const EvalWatcher& w, const ChildExit& exit) {
+// What the sandbox saw of the run, whatever the child reported.
+SandboxRun RunFacts(const EvalWatcher& w, const ChildExit& exit) {
   SandboxRun run;
   run.reference_ms = w.reference_ms();
   run.launches = w.launches();
@@ -158,12 +157,61 @@ SandboxRun Judge(const SandboxOptions& options, const EvalWatcher& w, const Chil
   run.stderr_tail = exit.output_tail;
   if (!exit.killed && !exit.launch_failed && WIFEXITED(exit.wstatus))
     run.exit_code = WEXITSTATUS(exit.wstatus);
+  return run;
+}
 
+// How the child ended, for messages ("killed by SIGSEGV", "exited with code 1 (...)").
+std::string EndingOf(const ChildExit& exit) {
   std::string ending = exit.Ending();
   if (exit.launch_failed) ending += " (" + exit.launch_error + ")";
-  // The best explanation the child left: its fault event, else its output.
-  const std::string why = !w.fault().empty() ? w.fault() : LastLine(exit.output_tail);
+  return ending;
+}
 
+// The best explanation the child left: its fault event, else its output.
+std::string WhyOf(const EvalWatcher& w, const ChildExit& exit) {
+  return !w.fault().empty() ? w.fault() : LastLine(exit.output_tail);
+}
+
+// A report followed by an unclean exit (or no exit within the grace): a
+// success is not trusted, a failure keeps its outcome and says how the
+// child ended.
+ChildReport DistrustedReport(const SandboxOptions& options, const EvalWatcher& w,
+                             const ChildExit& exit) {
+  ChildReport r = *w.report();
+  const std::string why = WhyOf(w, exit);
+  const std::string how = exit.deadline_passed
+                              ? fmt::format("did not exit within {} after reporting",
+                                            Seconds(options.exit_grace))
+                              : EndingOf(exit) + " after reporting";
+  if (r.outcome == Outcome::kVerified || r.outcome == Outcome::kCompiled) {
+    r.outcome = Outcome::kCrashed;
+    r.message = fmt::format("child reported {} but {}{}", OutcomeName(w.report()->outcome), how,
+                            why.empty() ? "" : ": " + why);
+  } else {
+    r.message += fmt::format(" (child {})", how);
+  }
+  return r;
+}
+
+// No report: killed by the watchdog (kTimeout) or ended by itself (kCrashed).
+ChildReport UnreportedRun(const EvalWatcher& w, const ChildExit& exit, const SandboxRun& run) {
+  ChildReport r;
+  if (exit.killed) {
+    r.outcome = Outcome::kTimeout;
+    r.message = fmt::format("killed after {:.1f} s: {}", run.wall_ms / 1000.0, w.limit_reason());
+    if (run.reference_ms < 0) r.message += " (the reference never finished)";
+    return r;
+  }
+  r.outcome = Outcome::kCrashed;
+  r.message = exit.Clean() ? "child exited without a result" : "child " + EndingOf(exit);
+  if (const std::string why = WhyOf(w, exit); !why.empty()) r.message += ": " + why;
+  return r;
+}
+
+// What the run comes to: the child's report when it made one and exited
+// cleanly, else the sandbox's own verdict.
+SandboxRun Judge(const SandboxOptions& options, const EvalWatcher& w, const ChildExit& exit) {
+  SandboxRun run = RunFacts(w, exit);
   ChildReport& r = run.report;
   if (exit.cancelled) {
     run.cancelled = true;
@@ -177,26 +225,9 @@ SandboxRun Judge(const SandboxOptions& options, const EvalWatcher& w, const Chil
   } else if (w.report() && exit.Clean()) {
     r = *w.report();
   } else if (w.report()) {
-    r = *w.report();
-    const std::string how = exit.deadline_passed
-                                ? fmt::format("did not exit within {} after reporting",
-                                              Seconds(options.exit_grace))
-                                : ending + " after reporting";
-    if (r.outcome == Outcome::kVerified || r.outcome == Outcome::kCompiled) {
-      r.outcome = Outcome::kCrashed;
-      r.message = fmt::format("child reported {} but {}{}", OutcomeName(w.report()->outcome), how,
-                              why.empty() ? "" : ": " + why);
-    } else {
-      r.message += fmt::format(" (child {})", how);
-    }
-  } else if (exit.killed) {
-    r.outcome = Outcome::kTimeout;
-    r.message = fmt::format("killed after {:.1f} s: {}", run.wall_ms / 1000.0, w.limit_reason());
-    if (run.reference_ms < 0) r.message += " (the reference never finished)";
+    r = DistrustedReport(options, w, exit);
   } else {
-    r.outcome = Outcome::kCrashed;
-    r.message = exit.Clean() ? "child exited without a result" : "child " + ending;
-    if (!why.empty()) r.message += ": " + why;
+    r = UnreportedRun(w, exit, run);
   }
   // No candidate code runs before the reference event (the evaluator calls
   // back before the first candidate launch, and loading a module runs no
@@ -204,6 +235,25 @@ SandboxRun Judge(const SandboxOptions& options, const EvalWatcher& w, const Chil
   // own (driver, context, memory, reference), not because of the candidate.
   run.infrastructure_failure = !exit.cancelled && !w.report() && run.reference_ms < 0;
   return run;
+}
+
+// A fresh request directory under `scratch_dir` holding `request`; it is
+// removed when the returned ScratchDir goes.
+absl::StatusOr<std::unique_ptr<ScratchDir>> WriteRequest(const std::filesystem::path& scratch_dir,
+                                                         const ChildRequest& request) {
+  std::error_code ec;
+  std::filesystem::create_directories(scratch_dir, ec);
+  std::string tmpl = (scratch_dir / "kforge-eval-XXXXXX").string();
+  if (mkdtemp(tmpl.data()) == nullptr) {
+    return absl::InternalError(
+        fmt::format("sandbox: cannot create a request dir under {}: {}", scratch_dir.string(),
+                    std::strerror(errno)));
+  }
+  auto dir = std::make_unique<ScratchDir>(tmpl);
+  if (absl::Status s = WriteRequestDir(dir->path(), request); !s.ok()) {
+    return absl::InternalError(fmt::format("sandbox: {}", std::string(s.message())));
+  }
+  return dir;
 }
 
 }  // namespace
@@ -225,27 +275,20 @@ absl::StatusOr<std::vector<std::string>> Sandbox::Argv(const std::string& reques
   return args;
 }
 
+absl::StatusOr<ChildCommand> Sandbox::Command(const std::string& request_dir) const {
+  absl::StatusOr<std::vector<std::string>> argv = Argv(request_dir);
+  if (!argv.ok()) return argv.status();
+  return ChildCommand{.argv = *std::move(argv), .env = ChildEnvironment(options_.child_env)};
+}
+
 absl::StatusOr<SandboxRun> Sandbox::Run(const ChildRequest& request,
                                         const std::atomic<bool>* cancel) {
-  std::error_code ec;
-  std::filesystem::create_directories(options_.scratch_dir, ec);
-  std::string tmpl = (options_.scratch_dir / "kforge-eval-XXXXXX").string();
-  if (mkdtemp(tmpl.data()) == nullptr) {
-    return absl::InternalError(
-        fmt::format("sandbox: cannot create a request dir under {}: {}",
-                    options_.scratch_dir.string(), std::strerror(errno)));
-  }
-  ScratchDir dir(tmpl);
-  if (absl::Status s = WriteRequestDir(dir.path(), request); !s.ok()) {
-    return absl::InternalError(fmt::format("sandbox: {}", std::string(s.message())));
-  }
-  absl::StatusOr<std::vector<std::string>> argv = Argv(dir.path());
-  if (!argv.ok()) return argv.status();
-  ChildCommand command{.argv = *std::move(argv), .env = ChildEnvironment(options_.child_env)};
-
-  EvalWatcher watcher(options_, ChildClock::now());
-  absl::StatusOr<ChildExit> exit =
-      RunChild(command, watcher, options_.stderr_tail_bytes, cancel);
+  absl::StatusOr<std::unique_ptr<ScratchDir>> dir = WriteRequest(options_.scratch_dir, request);
+  if (!dir.ok()) return dir.status();
+  absl::StatusOr<ChildCommand> command = Command((*dir)->path());
+  if (!command.ok()) return command.status();
+  EvalWatcher watcher(options_, Clock::now());
+  absl::StatusOr<ChildExit> exit = RunChild(*command, watcher, options_.stderr_tail_bytes, cancel);
   if (!exit.ok()) return absl::InternalError(fmt::format("sandbox: {}", std::string(exit.status().message())));
   return Judge(options_, watcher, *exit);
 }

@@ -99,6 +99,8 @@ class Sandbox {
  private:
   // wrapper..., the executable, child_args..., and the request arguments.
   absl::StatusOr<std::vector<std::string>> Argv(const std::string& request_dir) const;
+  // Argv and the child's allowlisted environment.
+  absl::StatusOr<ChildCommand> Command(const std::string& request_dir) const;
 
   const SandboxOptions options_;
 };

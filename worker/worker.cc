@@ -8,7 +8,10 @@
 namespace kforge::worker {
 
 Worker::Worker(ServerClient* client, TaskRunner* runner, WorkerOptions options)
-    : client_(client), runner_(runner), options_(std::move(options)) {}
+    : client_(client),
+      runner_(runner),
+      options_(std::move(options)),
+      clock_(options_.clock != nullptr ? options_.clock : &system_clock_) {}
 
 Worker::~Worker() {
   Stop();
@@ -47,7 +50,7 @@ Worker::CallFailure Worker::Classify(const absl::Status& status) const {
 
 bool Worker::SleepFor(std::chrono::milliseconds d) {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_for(lock, d, [&] { return stopping_; });
+  clock_->WaitFor(lock, cv_, d, [&] { return stopping_; });
   return !stopping_;
 }
 
@@ -284,14 +287,15 @@ void Worker::HeartbeatLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
     if (!session_) {
-      cv_.wait_for(lock, std::chrono::milliseconds(200), [&] { return stopping_ || session_; });
+      // Not a wait on time: EnsureSession and Stop notify.
+      cv_.wait(lock, [&] { return stopping_ || session_; });
       continue;
     }
     const std::chrono::milliseconds interval(session_->heartbeat_interval_ms);
     const Session session = *session_;
     const std::string worker_id = session.worker_id;
     // Wait one interval; a new session (re-registration) restarts the wait.
-    if (cv_.wait_for(lock, interval, [&] {
+    if (clock_->WaitFor(lock, cv_, interval, [&] {
           return stopping_ || !session_ || session_->worker_id != worker_id;
         })) {
       continue;

@@ -41,6 +41,7 @@
 #include <string>
 #include <thread>
 
+#include "core/clock.h"
 #include "worker/rpc_client.h"
 #include "worker/task.h"
 #include "worker/task_runner.h"
@@ -61,6 +62,10 @@ struct WorkerOptions {
   std::chrono::milliseconds fault_pause_max{600000};
   // Lease one task ahead of the one running (see the top of this file).
   bool lease_ahead = true;
+  // What the waits on time (heartbeat intervals, backoffs, fault pauses)
+  // wait on; must outlive the Worker. Null: the system's clock. Tests pass
+  // a ManualClock and move time themselves.
+  Clock* clock = nullptr;
 };
 
 struct WorkerStats {
@@ -103,7 +108,7 @@ class Worker {
   bool EnsureSession();  // false: stopping
   void Report(const Session& session, const TaskSpec& task, const TaskResult& result);
   void HeartbeatLoop();
-  // Sleeps `d` or until Stop(); false when stopping.
+  // Waits `d` on the clock or until Stop(); false when stopping.
   bool SleepFor(std::chrono::milliseconds d);
   std::chrono::milliseconds NextBackoff();
   void ResetBackoff();
@@ -116,6 +121,8 @@ class Worker {
   ServerClient* const client_;  // must outlive this
   TaskRunner* const runner_;    // must outlive this
   const WorkerOptions options_;
+  SystemClock system_clock_;
+  Clock* const clock_;  // options_.clock or &system_clock_
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -29,20 +29,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(REPO, "python"))
 import kforge  # noqa: E402
+from kforge.lengths import draw_shape_lengths  # noqa: E402
 from torch.nn.attention.varlen import varlen_attn  # noqa: E402
-
-
-def draw_lengths(spec, B, g):  # must stay identical to bench/anchors.py
-    d = spec["dist"]
-    if d == "fixed":
-        return torch.full((B,), spec["hi"], dtype=torch.long)
-    if d == "uniform":
-        return torch.randint(spec["lo"], spec["hi"] + 1, (B,), generator=g)
-    if d == "pareto":
-        u = torch.rand(B, generator=g, dtype=torch.float64)
-        x = spec["lo"] * (1.0 - u) ** (-1.0 / spec["alpha"])
-        return x.clamp(spec["lo"], spec["hi"]).long()
-    raise ValueError(d)
 
 
 def offsets(L):
@@ -74,10 +62,10 @@ def main():
     print("torch", torch.__version__, torch.cuda.get_device_name(), flush=True)
     rows = []
     for s in shapes:
-        g = torch.Generator().manual_seed(1)
         B, H, D, causal = s["B"], s["H"], s["D"], s["causal"]
-        Lq = draw_lengths(s["q"], B, g)
-        Lk = Lq.clone() if s["kv"] == "same" else draw_lengths(s["kv"], B, g)
+        lq, lk = draw_shape_lengths(s)
+        Lq = torch.tensor(lq, dtype=torch.long)
+        Lk = Lq.clone() if lk is None else torch.tensor(lk, dtype=torch.long)
         cross = s["kv"] != "same"
         cu_q_cpu, cu_k_cpu = offsets(Lq), offsets(Lk)
         cu_q, cu_k = cu_q_cpu.cuda(), cu_k_cpu.cuda()

@@ -3,7 +3,9 @@
 # the benchmark shapes. Env: SHAPES_ONLY=a,b  CONFIGS="HEAD_DIM=128,BLOCK_N=128;..."  SKIP_CHECK=1
 import ctypes, json, math, os, sys, time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
 import torch
+from kforge.lengths import draw_shape_lengths  # the one length rule (core/lengths.h)
 from nvrtc_check import compile_src
 dev = "cuda"
 torch.cuda.init(); torch.zeros(1, device=dev); torch.cuda.synchronize()
@@ -155,20 +157,10 @@ def check(kern, Lq, Lk, causal, heads, kv_heads, D, seed=0, grid_cap=None):
     ok = worst_o < 3e-2 and worst_l < 2e-3
     return ok, worst_o, worst_l
 
-def draw_lengths(spec, B, g):
-    d = spec["dist"]
-    if d == "fixed": return torch.full((B,), spec["hi"], dtype=torch.long)
-    if d == "uniform": return torch.randint(spec["lo"], spec["hi"] + 1, (B,), generator=g)
-    u = torch.rand(B, generator=g, dtype=torch.float64)
-    x = spec["lo"] * (1.0 - u) ** (-1.0 / spec["alpha"])
-    return x.clamp(spec["lo"], spec["hi"]).long()
-
 def bench_shape(kern, s):
-    g = torch.Generator().manual_seed(1)
     B, H, D, causal = s["B"], s["H"], s["D"], s["causal"]
-    Lq = draw_lengths(s["q"], B, g)
-    Lk = Lq.clone() if s["kv"] == "same" else draw_lengths(s["kv"], B, g)
-    Lq, Lk = Lq.tolist(), Lk.tolist()
+    Lq, lk = draw_shape_lengths(s)
+    Lk = Lq if lk is None else lk
     if causal:
         pairs = sum(sum(min(max(i + 1 + (b - a), 0), b) for i in range(a)) for a, b in zip(Lq, Lk))
     else:

@@ -4,11 +4,7 @@
 
 #include "kernels/template_def.h"
 #include "kernels/templates/bwd_sm90_layout.h"
-
-namespace kforge::embedded {
-extern const char bwd_sm90_cuh[];
-extern const char bwd_sm90_layout_h[];
-}
+#include "kernels/templates/sm90/parts.h"
 
 namespace kforge::templates {
 namespace {
@@ -82,7 +78,7 @@ TemplateDef BwdSm90Template() {
   def.build = [archs = def.info.archs](const std::map<std::string, int>& k,
                                        int d) -> absl::StatusOr<Variant> {
     Variant v;
-    v.source = KnobPrelude(k, d) + embedded::bwd_sm90_layout_h + embedded::bwd_sm90_cuh;
+    v.source = KnobPrelude(k, d) + sm90::Assemble(sm90::BwdSm90Parts());
     Manifest& m = v.manifest;
     m.entry_point = "kf_attn_bwd";
     m.threads = 384;

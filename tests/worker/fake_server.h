@@ -101,6 +101,12 @@ class FakeWorkerService final : public pb::WorkerService::Service {
     if (!Authorized(ctx)) return {grpc::StatusCode::UNAUTHENTICATED, "bad token"};
     std::lock_guard<std::mutex> lock(mu_);
     if (grpc::Status s = CheckSession(ctx, req->worker_id()); !s.ok()) return s;
+    ++report_attempts_;
+    cv_.notify_all();
+    if (failing_reports_ > 0) {
+      --failing_reports_;
+      return {grpc::StatusCode::UNAVAILABLE, "the server is busy"};
+    }
     if (refuse_reports_) return {grpc::StatusCode::FAILED_PRECONDITION, "the lease ended"};
     reports_.push_back(*req);
     resp->set_accepted(true);
@@ -121,6 +127,12 @@ class FakeWorkerService final : public pb::WorkerService::Service {
   void RefuseReports(bool refuse) {
     std::lock_guard<std::mutex> lock(mu_);
     refuse_reports_ = refuse;
+  }
+  // The next `n` reports fail as a server that did not get them
+  // (UNAVAILABLE): the worker is to send them again.
+  void FailReports(int n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    failing_reports_ = n;
   }
   State state() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -147,6 +159,7 @@ class FakeWorkerService final : public pb::WorkerService::Service {
   int registrations_locked() const { return registrations_; }
   int unauthenticated_calls_locked() const { return unauthenticated_calls_; }
   int heartbeats_locked() const { return heartbeats_; }
+  int report_attempts_locked() const { return report_attempts_; }
   int renewals_locked(const std::string& id) const {
     auto it = renewals_.find(id);
     return it == renewals_.end() ? 0 : it->second;
@@ -158,6 +171,10 @@ class FakeWorkerService final : public pb::WorkerService::Service {
   std::map<std::string, pb::RegisterRequest> workers() {
     std::lock_guard<std::mutex> lock(mu_);
     return workers_;
+  }
+  int report_attempts() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return report_attempts_;
   }
   std::vector<std::string> leased() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -198,6 +215,8 @@ class FakeWorkerService final : public pb::WorkerService::Service {
   int registrations_ = 0;
   int unauthenticated_calls_ = 0;
   bool refuse_reports_ = false;
+  int failing_reports_ = 0;
+  int report_attempts_ = 0;
   std::deque<pb::Task> queue_;
   std::vector<std::string> leased_;
   std::vector<pb::ReportResultRequest> reports_;
@@ -212,13 +231,15 @@ class FakeWorkerService final : public pb::WorkerService::Service {
 // port.
 class FakeServer {
  public:
-  explicit FakeServer(std::string token, int port = 0) : token_(std::move(token)), port_(port) {
+  // `heartbeat_ms`: the interval Register asks workers for.
+  explicit FakeServer(std::string token, int port = 0, int heartbeat_ms = 100)
+      : token_(std::move(token)), port_(port), heartbeat_ms_(heartbeat_ms) {
     Start();
   }
   ~FakeServer() { Shutdown(); }
 
   void Start(FakeWorkerService::State state = {}) {
-    service_ = std::make_unique<FakeWorkerService>(token_, 100, std::move(state));
+    service_ = std::make_unique<FakeWorkerService>(token_, heartbeat_ms_, std::move(state));
     grpc::ServerBuilder builder;
     int selected = 0;
     builder.AddListeningPort("127.0.0.1:" + std::to_string(port_), grpc::InsecureServerCredentials(),
@@ -251,6 +272,7 @@ class FakeServer {
  private:
   const std::string token_;
   int port_;
+  const int heartbeat_ms_;
   std::unique_ptr<FakeWorkerService> service_;
   std::unique_ptr<grpc::Server> server_;
 };

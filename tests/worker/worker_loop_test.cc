@@ -3,7 +3,10 @@
 // results (real NVRTC, no GPU needed), send its session with every call,
 // keep it through a server restart that keeps sessions and register again
 // after one that lost them, heartbeat the task in progress and stop a task
-// the server cancels.
+// the server cancels. Waits on time (heartbeat intervals, backoffs, fault
+// pauses) run on a ManualClock where a test is about them: time moves when
+// the test says, so what may happen only after an interval provably does not
+// before it.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -12,6 +15,7 @@
 #include <chrono>
 #include <thread>
 
+#include "core/clock.h"
 #include "gpu/compile.h"
 #include "gpu/compile_cache.h"
 #include "tests/worker/fake_server.h"
@@ -77,9 +81,12 @@ bool Eventually(Pred pred, std::chrono::milliseconds timeout = 30s) {
 // A compile-only worker (real NVRTC) on its own thread.
 class WorkerHarness {
  public:
+  // `clock`, when given, is what the worker waits on (it must outlive the
+  // harness).
   explicit WorkerHarness(const std::string& address, std::string token = kToken,
                          TaskRunner* runner = nullptr,
-                         std::vector<std::string> sanitizer_tools = {})
+                         std::vector<std::string> sanitizer_tools = {}, Clock* clock = nullptr,
+                         int max_report_attempts = 8)
       : pool_(1, nullptr) {
     GrpcClientOptions co;
     co.target = address;
@@ -98,6 +105,8 @@ class WorkerHarness {
     wo.lease_wait = 300ms;
     wo.backoff_initial = 50ms;
     wo.backoff_max = 300ms;
+    wo.clock = clock;
+    wo.max_report_attempts = max_report_attempts;
     worker_ = std::make_unique<Worker>(client_.get(), runner ? runner : runner_.get(), wo);
     thread_ = std::thread([this] { worker_->Run(); });
   }
@@ -234,6 +243,34 @@ TEST(WorkerLoop, EvaluateOnACompileOnlyWorkerIsNotChargedToTheCandidate) {
   EXPECT_EQ(server.service().reports().size(), 0u);  // its lease expires; another worker runs it
 }
 
+// A worker fault pauses the worker on the clock before it runs anything
+// more: fault_pause_initial (5 s), doubling with each fault in a row.
+TEST(WorkerLoop, AWorkerFaultPausesTheWorkerLongerEachTimeInARow) {
+  FakeServer server(kToken, 0, /*heartbeat_ms=*/60000);
+  for (const char* id : {"e1", "e2", "e3"}) {
+    pb::Task t = CompileTask(id, kGoodSource);
+    t.set_kind(pb::TASK_KIND_EVALUATE);  // a compile-only worker cannot: its own fault
+    server.service().Enqueue(t);
+  }
+  ManualClock clock;
+  WorkerHarness h(server.address(), kToken, nullptr, {}, &clock);
+  auto faults = [&] { return h.worker().stats().worker_faults; };
+  ASSERT_TRUE(Eventually([&] { return faults() == 1; }));
+  ASSERT_TRUE(clock.AwaitWaiters(2));  // the pause and the heartbeat interval
+  clock.Advance(4999ms);
+  ASSERT_TRUE(clock.AwaitWaiters(2));
+  EXPECT_EQ(faults(), 1) << "ran the next task within the first pause";
+  clock.Advance(1ms);
+  ASSERT_TRUE(Eventually([&] { return faults() == 2; }));
+  ASSERT_TRUE(clock.AwaitWaiters(2));
+  clock.Advance(5000ms);  // the first pause's length: not the second's
+  ASSERT_TRUE(clock.AwaitWaiters(2));
+  EXPECT_EQ(faults(), 2) << "the second pause in a row was not doubled";
+  clock.Advance(5000ms);
+  ASSERT_TRUE(Eventually([&] { return faults() == 3; }));
+  EXPECT_EQ(server.service().reports().size(), 0u);
+}
+
 TEST(WorkerLoop, ReconnectsAndRegistersAgainAfterServerRestart) {
   FakeServer server(kToken);
   WorkerHarness h(server.address());
@@ -241,8 +278,9 @@ TEST(WorkerLoop, ReconnectsAndRegistersAgainAfterServerRestart) {
   ASSERT_TRUE(server.service().WaitFor([](auto& s) { return s.reports_locked() == 1; }));
 
   server.Shutdown();
-  std::this_thread::sleep_for(700ms);  // the worker sees the server gone
-  server.Start();                       // same port, no memory of the worker
+  // The worker sees the server gone (its long poll fails) before it comes back.
+  ASSERT_TRUE(Eventually([&] { return h.worker().stats().connection_errors > 0; }));
+  server.Start();  // same port, no memory of the worker
   ASSERT_TRUE(server.running());
   server.service().Enqueue(CompileTask("after", kGoodSource));
   ASSERT_TRUE(server.service().WaitFor([](auto& s) { return s.reports_locked() == 1; }))
@@ -253,6 +291,8 @@ TEST(WorkerLoop, ReconnectsAndRegistersAgainAfterServerRestart) {
   EXPECT_GT(h.worker().stats().connection_errors, 0);
 }
 
+// Real connections: a Register sent before anything listens waits for the
+// server (gRPC's wait-for-ready) and goes through once it is up.
 TEST(WorkerLoop, StartsBeforeTheServerAndKeepsTrying) {
   // Reserve a port, then free it so nothing listens there yet.
   int port;
@@ -268,10 +308,28 @@ TEST(WorkerLoop, StartsBeforeTheServerAndKeepsTrying) {
   ASSERT_TRUE(server.service().WaitFor([](auto& s) { return s.workers_locked() == 1; }));
 }
 
-TEST(WorkerLoop, WrongTokenIsRetriedNotFatal) {
+// A refused Register (here a wrong token) is not fatal: it is tried again
+// after each backoff on the clock, never before it, the backoff doubling
+// (jitter in [b/2, b]: 25-50 ms, then 50-100 ms).
+TEST(WorkerLoop, ARefusedRegisterIsRetriedAfterEachBackoffAndNotBefore) {
   FakeServer server(kToken);
-  WorkerHarness h(server.address(), "wrong-token");
-  ASSERT_TRUE(Eventually([&] { return h.worker().stats().connection_errors >= 2; }, 10s));
+  ManualClock clock;
+  WorkerHarness h(server.address(), "wrong-token", nullptr, {}, &clock);
+  auto errors = [&] { return h.worker().stats().connection_errors; };
+  ASSERT_TRUE(Eventually([&] { return errors() == 1; }));
+  const std::pair<std::chrono::milliseconds, std::chrono::milliseconds> backoffs[] = {
+      {24ms, 50ms}, {49ms, 100ms}};
+  int64_t want = 1;
+  for (const auto& [below, above] : backoffs) {
+    ASSERT_TRUE(clock.AwaitWaiters(1));  // the backoff (no session: no heartbeat wait)
+    clock.Advance(below);
+    ASSERT_TRUE(clock.AwaitWaiters(1));
+    EXPECT_EQ(errors(), want) << "retried before its backoff";
+    clock.Advance(above - below);
+    ++want;
+    ASSERT_TRUE(Eventually([&] { return errors() == want; }));
+  }
+  EXPECT_EQ(h.worker().stats().registrations, 0);
   EXPECT_EQ(server.service().workers().size(), 0u);
 }
 
@@ -295,17 +353,30 @@ class BlockingRunner final : public TaskRunner {
   std::atomic<bool> started_{false}, release_{false}, saw_cancel_{false};
 };
 
-TEST(WorkerLoop, HeartbeatsRenewTheLeaseOfTheTaskInProgress) {
-  FakeServer server(kToken);
+// One heartbeat per interval of the clock, naming the task in progress: a
+// 30 s interval passes in no real time, and no heartbeat goes out before it.
+TEST(WorkerLoop, HeartbeatsRenewTheLeaseOfTheTaskInProgressOncePerInterval) {
+  FakeServer server(kToken, 0, /*heartbeat_ms=*/30000);
+  ManualClock clock;
   BlockingRunner runner;
-  WorkerHarness h(server.address(), kToken, &runner);
+  WorkerHarness h(server.address(), kToken, &runner, {}, &clock);
   server.service().Enqueue(CompileTask("slow", kGoodSource));
   ASSERT_TRUE(Eventually([&] { return runner.started_.load(); }));
-  // heartbeat interval 100 ms: several renewals while the task runs
-  ASSERT_TRUE(server.service().WaitFor([](auto& s) { return s.renewals_locked("slow") >= 3; }, 10s));
+  for (int i = 1; i <= 3; ++i) {
+    ASSERT_TRUE(clock.AwaitWaiters(1));  // the heartbeat thread, its interval running
+    clock.Advance(29999ms);
+    ASSERT_TRUE(clock.AwaitWaiters(1));
+    EXPECT_EQ(h.worker().stats().heartbeats_ok, i - 1) << "a heartbeat before its interval";
+    clock.Advance(1ms);
+    ASSERT_TRUE(server.service().WaitFor([i](auto& s) { return s.renewals_locked("slow") == i; }))
+        << "heartbeat " << i;
+  }
   runner.release_.store(true);
   ASSERT_TRUE(server.service().WaitFor([](auto& s) { return s.reports_locked() == 1; }));
   EXPECT_EQ(server.service().reports()[0].result().message(), "released slow");
+  EXPECT_TRUE(server.service().WaitFor([](auto& s) {
+    return s.heartbeats_locked() == 3 && s.renewals_locked("slow") == 3;
+  }));
 }
 
 TEST(WorkerLoop, CancelledTaskIsStoppedAndNotReported) {
@@ -496,6 +567,61 @@ TEST(WorkerLoop, AConfirmTaskReachesTheRunnerAsConfirm) {
   ASSERT_TRUE(runner.seen.has_value());
   EXPECT_EQ(runner.seen->kind, TaskKind::kConfirm);
   EXPECT_FALSE(runner.seen->incumbent.has_value());
+}
+
+// A report the server did not get (UNAVAILABLE) is sent again once the
+// backoff has passed on the clock, until the server takes it.
+TEST(WorkerLoop, AReportThatFailsIsSentAgainAfterEachBackoff) {
+  FakeServer server(kToken, 0, /*heartbeat_ms=*/60000);
+  ManualClock clock;
+  RecordingRunner runner;
+  WorkerHarness h(server.address(), kToken, &runner, {}, &clock);
+  server.service().FailReports(2);
+  server.service().Enqueue(CompileTask("r", kGoodSource));
+  // The backoff doubles from 50 ms, drawn in [b/2, b].
+  const std::pair<std::chrono::milliseconds, std::chrono::milliseconds> backoffs[] = {
+      {24ms, 50ms}, {49ms, 100ms}};
+  int attempt = 1;
+  for (const auto& [below, above] : backoffs) {
+    ASSERT_TRUE(server.service().WaitFor(
+        [attempt](auto& s) { return s.report_attempts_locked() == attempt; }));
+    ASSERT_TRUE(clock.AwaitWaiters(2));  // the backoff and the heartbeat interval
+    clock.Advance(below);
+    ASSERT_TRUE(clock.AwaitWaiters(2));
+    EXPECT_EQ(server.service().report_attempts(), attempt) << "sent again before its backoff";
+    clock.Advance(above - below);
+    ++attempt;
+  }
+  ASSERT_TRUE(server.service().WaitFor([](auto& s) { return s.reports_locked() == 1; }));
+  EXPECT_EQ(server.service().reports()[0].task_id(), "r");
+  ASSERT_TRUE(Eventually([&] { return h.worker().stats().results_accepted == 1; }));
+  EXPECT_EQ(h.worker().stats().connection_errors, 2);
+  EXPECT_EQ(h.worker().stats().results_dropped, 0);
+}
+
+// After max_report_attempts the result is dropped (the lease expires on the
+// server and the task is handed out again) and the worker serves on.
+TEST(WorkerLoop, AReportThatKeepsFailingIsDroppedAfterItsAttempts) {
+  FakeServer server(kToken, 0, /*heartbeat_ms=*/60000);
+  ManualClock clock;
+  RecordingRunner runner;
+  WorkerHarness h(server.address(), kToken, &runner, {}, &clock, /*max_report_attempts=*/3);
+  server.service().FailReports(1000);
+  server.service().Enqueue(CompileTask("lost", kGoodSource));
+  for (int attempt = 1; attempt <= 3; ++attempt) {
+    ASSERT_TRUE(server.service().WaitFor(
+        [attempt](auto& s) { return s.report_attempts_locked() == attempt; }));
+    EXPECT_EQ(h.worker().stats().results_dropped, 0);
+    ASSERT_TRUE(clock.AwaitWaiters(2));
+    clock.Advance(300ms);
+  }
+  ASSERT_TRUE(Eventually([&] { return h.worker().stats().results_dropped == 1; }));
+  EXPECT_EQ(server.service().report_attempts(), 3);
+  EXPECT_EQ(h.worker().stats().results_accepted, 0);
+  // The worker goes on serving.
+  server.service().FailReports(0);
+  server.service().Enqueue(CompileTask("next", kGoodSource));
+  ASSERT_TRUE(server.service().WaitFor([](auto& s) { return s.reports_locked() == 1; }));
 }
 
 }  // namespace

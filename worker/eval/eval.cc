@@ -615,12 +615,18 @@ struct Evaluator::Impl {
   // Runs `steps` for every contender: each step launches each contender that
   // has not failed on the step's problem (timed steps alternate their order,
   // A B B A ...) and checks the launch. A CUDA fault ends the run: the
-  // context is gone.
+  // context is gone. `timing_done`, when given, is asked after each timed
+  // step; once it says so the remaining timed steps are skipped, and every
+  // other launch (the checks among them) still runs.
+  using TimingDone = std::function<bool(const std::vector<Contender>&)>;
   void RunSteps(std::vector<Contender>& contenders, std::vector<Problem>& problems,
-                const std::vector<LaunchStep>& steps, const EvalOptions& o) {
+                const std::vector<LaunchStep>& steps, const EvalOptions& o,
+                const TimingDone& timing_done = {}) {
     int timed_index = 0;
+    bool timing_over = false;
     for (size_t si = 0; si < steps.size(); ++si) {
       const LaunchStep& step = steps[si];
+      if (step.timed && timing_over) continue;
       Problem& p = problems[size_t(step.problem)];
       std::vector<size_t> order(contenders.size());
       for (size_t i = 0; i < order.size(); ++i) order[i] = i;
@@ -690,7 +696,10 @@ struct Evaluator::Impl {
         }
         if (step.timed) c.samples.push_back(double(ms) * 1000.0);
       }
-      if (step.timed) ++timed_index;
+      if (step.timed) {
+        ++timed_index;
+        if (timing_done && timing_done(contenders)) timing_over = true;
+      }
     }
   }
 
@@ -927,11 +936,14 @@ absl::StatusOr<RetimeResult> Evaluator::Retime(const EvalRequest& req, const Can
   absl::StatusOr<std::vector<Problem>> problems =
       m.MakeProblems(*std::move(specs), backward, req.seed ^ 0x5bd1e995ull, timing_index, &ref_time);
   if (!problems.ok()) return problems.status();
+  // Pairs: as many as the win rule's schedule may take (its cap); the
+  // timing stops at the look that decides (core/timing.h EnoughPairs).
+  const int pairs = o.rule.look_pairs > 0 ? o.rule.max_pairs : o.iterations;
   const std::vector<LaunchStep> steps = PlanLaunches(
       req.seed ^ 0x5bd1e995ull, LaunchPlanOptions{.problems = int(problems->size()),
                                                   .timing_problem = timing_index,
                                                   .warmup = o.warmup,
-                                                  .iterations = o.iterations,
+                                                  .iterations = pairs,
                                                   .twice = Impl::CornerIndices(*problems)});
   if (on_reference) on_reference(ref_time->median_us / 1000.0, 2 * int(steps.size()));
 
@@ -940,7 +952,17 @@ absl::StatusOr<RetimeResult> Evaluator::Retime(const EvalRequest& req, const Can
     contenders[size_t(i)].candidate = &loaded[i];
     contenders[size_t(i)].slots.resize(problems->size());
   }
-  m.RunSteps(contenders, *problems, steps, o);
+  auto enough = [&o](const std::vector<Contender>& cs) {
+    const Contender& cand = cs[0];
+    const Contender& inc = cs[1];
+    if (cand.verdict || inc.verdict) {
+      // No pairs to decide on: the one left is timed as an evaluation is.
+      const Contender& left = cand.verdict ? inc : cand;
+      return left.verdict.has_value() || left.samples.size() >= size_t(std::max(1, o.iterations));
+    }
+    return EnoughPairs(cand.samples, inc.samples, o.rule);
+  };
+  m.RunSteps(contenders, *problems, steps, o, enough);
   const SizeExtent extent = Impl::ExtentOfAll(*problems);
   for (int i = 0; i < 2; ++i) {
     Contender& c = contenders[size_t(i)];
@@ -951,7 +973,7 @@ absl::StatusOr<RetimeResult> Evaluator::Retime(const EvalRequest& req, const Can
   if (result.candidate.timing && result.incumbent.timing) {
     // RunSteps launched both once per timed step, so sample i of each is
     // a pair.
-    result.comparison = CompareTimings(*result.candidate.timing, *result.incumbent.timing);
+    result.comparison = CompareTimings(*result.candidate.timing, *result.incumbent.timing, o.rule);
     for (int i = 0; i < 2; ++i) {
       const Timing& t = *results[i]->timing;
       results[i]->message = fmt::format("retimed interleaved: median {:.2f} us (min {:.2f}, max "

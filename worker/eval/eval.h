@@ -75,6 +75,11 @@ struct EvalOptions {
   int checks = 3;       // check problems (at least 3; twice as many for a promotion)
   int warmup = 3;       // nominal warm-up launches (each evaluation draws within [w-1, w+2])
   int iterations = 20;  // nominal timed launches (each evaluation draws within [n, 3n/2])
+  // Retime: the pairs it takes follow this rule's schedule (core/timing.h):
+  // a look every rule.look_pairs pairs, stopping at the look that decides,
+  // at most rule.max_pairs. The rule decides the comparison too; the server
+  // decides again with the rule it stores, the same by default.
+  WinRule rule;
   bool flush_l2 = true;  // write a buffer of twice the L2 before every timing-problem launch
   // A kernel about to be served (CONFIRM and RETIME tasks; Retime always):
   // twice the check problems and the bucket's corner (batches.h), so that
@@ -162,7 +167,8 @@ class Evaluator {
 
   // Both kernels through the same promotion-strength evaluation, every
   // launch of each checked, their timed launches interleaved on the same
-  // timing problem (A B B A ...).
+  // timing problem (A B B A ...), as many pairs as options.rule's schedule
+  // takes to decide.
   absl::StatusOr<RetimeResult> Retime(const EvalRequest& candidate, const Candidate& incumbent,
                                       const ReferenceCallback& on_reference = {});
 

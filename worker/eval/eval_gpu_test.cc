@@ -248,9 +248,14 @@ TEST_F(EvalGpu, RetimeTimesBothInterleaved) {
   ASSERT_EQ(r->candidate.outcome, Outcome::kVerified) << r->candidate.message;
   ASSERT_EQ(r->incumbent.outcome, Outcome::kVerified) << r->incumbent.message;
   ASSERT_TRUE(r->candidate.timing && r->incumbent.timing);
-  EXPECT_GE(r->candidate.timing->samples, 10);
-  EXPECT_LE(r->candidate.timing->samples, 15);
+  // The pairs follow the win rule's schedule (core/timing.h): a look every
+  // 16 pairs, stopping at the one that decides, 96 at most. A kernel against
+  // itself has no gain to show.
+  EXPECT_GE(r->candidate.timing->samples, 16);
+  EXPECT_LE(r->candidate.timing->samples, 96);
+  EXPECT_EQ(r->candidate.timing->samples % 16, 0) << "stopped between looks";
   EXPECT_EQ(r->candidate.timing->samples, r->incumbent.timing->samples);
+  EXPECT_FALSE(r->comparison.candidate_wins) << r->comparison.Describe();
   ASSERT_TRUE(r->candidate.verified.has_value());
   EXPECT_TRUE(ExtentCovers(*r->candidate.verified, req.shape)) << "promotion covers the bucket";
   // Sample i of each is a pair: both were kept, one per timed step.
@@ -259,6 +264,23 @@ TEST_F(EvalGpu, RetimeTimesBothInterleaved) {
   std::cout << fmt::format("retime: candidate {:.2f} us, incumbent {:.2f} us; {}\n",
                            r->candidate.timing->median_us, r->incumbent.timing->median_us,
                            r->comparison.Describe());
+}
+
+// A rule without looks (LegacyWinRule) times the nominal iterations, as
+// an evaluation does.
+TEST_F(EvalGpu, RetimeWithoutAScheduleTimesTheNominalPairs) {
+  EvalRequest req;
+  req.shape = Shape(Op::kForward, 128, 4, 4, true, false);
+  req.seed = 12;
+  req.candidate = Good(false);
+  req.options.iterations = 10;
+  req.options.rule = LegacyWinRule();
+  absl::StatusOr<RetimeResult> r = evaluator_->Retime(req, Good(false));
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->candidate.timing && r->incumbent.timing) << r->candidate.message;
+  EXPECT_GE(r->candidate.timing->samples, 10);
+  EXPECT_LE(r->candidate.timing->samples, 15);
+  EXPECT_EQ(r->candidate.timing->samples, r->incumbent.timing->samples);
 }
 
 TEST_F(EvalGpu, RealisticShapeTakesSecondsNotMinutes) {

@@ -11,6 +11,8 @@ extern const char sm90_fwd_producer_cuh[];
 extern const char sm90_fwd_consumer_cuh[];
 extern const char sm90_fwd_epilogue_cuh[];
 extern const char fwd_sm90_cuh[];
+extern const char bwd_sm90_layout_h[];
+extern const char bwd_sm90_cuh[];
 }  // namespace kforge::embedded
 
 namespace kforge::templates::sm90 {
@@ -28,6 +30,16 @@ const std::vector<Part>& FwdSm90Parts() {
       {"sm90/fwd_consumer.cuh", embedded::sm90_fwd_consumer_cuh},
       {"sm90/fwd_epilogue.cuh", embedded::sm90_fwd_epilogue_cuh},
       {"fwd_sm90.cuh", embedded::fwd_sm90_cuh},
+  };
+  return *parts;
+}
+
+const std::vector<Part>& BwdSm90Parts() {
+  static const std::vector<Part>* parts = new std::vector<Part>{
+      {"sm90/ptx.cuh", embedded::sm90_ptx_cuh},
+      {"sm90/wgmma_ops.cuh", embedded::sm90_wgmma_ops_cuh},
+      {"bwd_sm90_layout.h", embedded::bwd_sm90_layout_h},
+      {"bwd_sm90.cuh", embedded::bwd_sm90_cuh},
   };
   return *parts;
 }

@@ -1,5 +1,5 @@
 """Shared by the GPU tests of the Python package: the skip rule, jagged
-batches (the public shapes drawn as bench/anchors.py draws them), the float32
+batches (the public shapes drawn by kforge.lengths, as bench/anchors.py draws them), the float32
 reference, and the tolerance policy of worker/eval/TOLERANCE.md."""
 import json
 import math
@@ -28,31 +28,16 @@ def repo():
     return os.environ.get("KFORGE_REPO") or os.path.abspath(os.path.join(os.path.dirname(__file__), "../../.."))
 
 
-def draw_lengths(spec, B, g):  # must stay identical to bench/anchors.py
-    import torch
-    d = spec["dist"]
-    if d == "fixed":
-        return torch.full((B,), spec["hi"], dtype=torch.long)
-    if d == "uniform":
-        return torch.randint(spec["lo"], spec["hi"] + 1, (B,), generator=g)
-    if d == "pareto":
-        u = torch.rand(B, generator=g, dtype=torch.float64)
-        x = spec["lo"] * (1.0 - u) ** (-1.0 / spec["alpha"])
-        return x.clamp(spec["lo"], spec["hi"]).long()
-    raise ValueError(d)
-
-
 def public_shapes(names=None):
-    """(name, lengths_q, lengths_k or None, heads, head_dim, causal) of bench/shapes.json."""
-    import torch
+    """(name, lengths_q, lengths_k or None, heads, head_dim, causal) of bench/shapes.json,
+    drawn by the one length rule (kforge.lengths, as bench/anchors.py draws them)."""
+    from kforge.lengths import draw_shape_lengths
     out = []
     for s in json.load(open(os.path.join(repo(), "bench", "shapes.json"))):
         if names and s["name"] not in names:
             continue
-        g = torch.Generator().manual_seed(1)
-        lq = draw_lengths(s["q"], s["B"], g)
-        lk = None if s["kv"] == "same" else draw_lengths(s["kv"], s["B"], g)
-        out.append((s["name"], lq.tolist(), None if lk is None else lk.tolist(), s["H"], s["D"], s["causal"]))
+        lq, lk = draw_shape_lengths(s)
+        out.append((s["name"], lq, lk, s["H"], s["D"], s["causal"]))
     return out
 
 
