@@ -161,7 +161,17 @@ class GrpcServerClient final : public ServerClient {
     args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 20000);
     args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
     args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-    channel_ = grpc::CreateCustomChannel(options.target, grpc::InsecureChannelCredentials(), args);
+    std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+    if (!options.tls.ca.empty()) {
+      grpc::SslCredentialsOptions ssl;
+      ssl.pem_root_certs = options.tls.ca;
+      ssl.pem_cert_chain = options.tls.cert;
+      ssl.pem_private_key = options.tls.key;
+      creds = grpc::SslCredentials(ssl);
+      if (!options.tls.server_name.empty())
+        args.SetSslTargetNameOverride(options.tls.server_name);
+    }
+    channel_ = grpc::CreateCustomChannel(options.target, creds, args);
     stub_ = pb::WorkerService::NewStub(channel_);
   }
 
