@@ -238,12 +238,14 @@ absl::StatusOr<std::vector<std::string>> ReadTokenList(const std::string& path,
   return out;
 }
 
-// Secrets in a file that other users can read are not secret.
+// Secrets in a file that every user can read are not secret. Group access
+// is allowed: it is how a service user is given a file root owns (a
+// Kubernetes Secret volume with fsGroup, an ssl-cert group).
 void WarnIfReadableByOthers(const std::string& path, std::string_view what,
                             std::vector<std::string>& warnings) {
   struct stat st {};
-  if (::stat(path.c_str(), &st) != 0 || (st.st_mode & 077) == 0) return;
-  warnings.push_back(fmt::format("{} {} is readable by group or others (mode {:03o}); chmod 600 it",
+  if (::stat(path.c_str(), &st) != 0 || (st.st_mode & 007) == 0) return;
+  warnings.push_back(fmt::format("{} {} is open to other users (mode {:03o}); chmod o= it",
                                  what, path, st.st_mode & 0777));
 }
 

@@ -337,8 +337,12 @@ TEST_F(ConfigFilesTest, TokenFileProblemsAreNamed) {
   loose.client_tokens_file = Write("loose", std::string(kClientToken) + "\n", 0644);
   ASSERT_TRUE(ReadConfigFiles(loose).ok());
   ASSERT_EQ(loose.warnings.size(), 1u);
-  EXPECT_NE(loose.warnings[0].find("readable by group or others (mode 644)"), std::string::npos)
+  EXPECT_NE(loose.warnings[0].find("open to other users (mode 644)"), std::string::npos)
       << loose.warnings[0];
+  ServerConfig group;
+  group.client_tokens_file = Write("group", std::string(kClientToken) + "\n", 0640);
+  ASSERT_TRUE(ReadConfigFiles(group).ok());
+  EXPECT_TRUE(group.warnings.empty()) << "a group (fsGroup, ssl-cert) may read it";
 }
 
 TEST_F(ConfigFilesTest, TlsNeedsAMatchingCertificateAndKey) {

@@ -25,9 +25,9 @@ namespace {
 // everyone; its worker sessions and results are not for them.
 void WarnIfOthersCanRead(const std::string& path) {
   struct stat st {};
-  if (::stat(path.c_str(), &st) == 0 && (st.st_mode & 077) != 0)
-    spdlog::warn("database {} is readable by group or others (mode {:03o}); chmod 600 it and "
-                 "its -wal and -shm files",
+  if (::stat(path.c_str(), &st) == 0 && (st.st_mode & 007) != 0)
+    spdlog::warn("database {} is open to other users (mode {:03o}); chmod 600 it and its -wal "
+                 "and -shm files",
                  path, st.st_mode & 0777);
 }
 

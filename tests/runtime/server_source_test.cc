@@ -282,8 +282,9 @@ TEST_F(ServerSourceTest, SeedIdsAgreeBetweenServerAndRuntimeAndAnswerIfNoneMatch
 
 TEST_F(ServerSourceTest, AnExportedPackServesARuntimeWithNoServer) {
   const std::filesystem::path pack = dir_ / "sm90.kfpack";
-  Process cli({KFORGE_CLI_BIN, "--server", Address(), "--token", kClientToken, "export", "--arch",
-               "sm_90a", "--out", pack.string()},
+  const std::string token_file = (dir_ / "client.tokens").string();
+  Process cli({KFORGE_CLI_BIN, "--server", Address(), "--token-file", token_file, "export",
+               "--arch", "sm_90a", "--out", pack.string()},
               dir_ / "export.log");
   ASSERT_EQ(cli.Wait(), 0) << Read(dir_ / "export.log");
   const std::string out = Read(dir_ / "export.log");
@@ -296,7 +297,7 @@ TEST_F(ServerSourceTest, AnExportedPackServesARuntimeWithNoServer) {
   EXPECT_EQ(info.tuned, 1);
   EXPECT_EQ(Stats(rt).server_requests, 0u);
 
-  Process other({KFORGE_CLI_BIN, "--server", Address(), "--token", kClientToken, "export",
+  Process other({KFORGE_CLI_BIN, "--server", Address(), "--token-file", token_file, "export",
                  "--arch", "sm_100a", "--out", (dir_ / "none.kfpack").string()},
                 dir_ / "export_none.log");
   ASSERT_EQ(other.Wait(), 0) << Read(dir_ / "export_none.log");
