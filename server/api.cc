@@ -134,7 +134,8 @@ absl::Status KforgeApi::GetKernel(const v1::GetKernelRequest& req, v1::GetKernel
   k->set_requested_bucket(bucket_id);
   if (!req.if_none_match().empty() && req.if_none_match() == k->variant_id())
     MarkNotModified(*resp);
-  if (!served->tuned && req.tune_if_untuned()) {
+  // No new job while shutting down: the engine is about to stop.
+  if (!served->tuned && req.tune_if_untuned() && !shutting_down_) {
     if (auto active = engine_->ActiveJobForBucket(bucket_id)) {
       resp->set_tuning_job_id(*active);
     } else {
@@ -239,6 +240,7 @@ absl::Status KforgeApi::ListVariants(const v1::ListVariantsRequest& req,
 }
 
 absl::Status KforgeApi::SubmitJob(const v1::SubmitJobRequest& req, v1::Job* resp) {
+  if (shutting_down_) return ShuttingDown();
   auto spec = JobSpecFromProto(req, options_.limits);
   if (!spec.ok()) return spec.status();
   auto job = engine_->Submit(*std::move(spec));
@@ -275,6 +277,7 @@ absl::Status KforgeApi::ListJobs(const v1::ListJobsRequest& req, v1::ListJobsRes
 }
 
 absl::Status KforgeApi::CancelJob(const v1::CancelJobRequest& req, v1::Job* resp) {
+  if (shutting_down_) return ShuttingDown();
   if (absl::Status s = CheckId("job_id", req.job_id()); !s.ok()) return s;
   auto job = engine_->Cancel(req.job_id(), "cancelled by a client");
   if (!job.ok()) return job.status();
@@ -988,6 +991,11 @@ void KforgeApi::NotifyTasks() {
     ++tasks_generation_;
   }
   tasks_cv_.notify_all();
+}
+
+absl::Status KforgeApi::ShuttingDown() {
+  return absl::UnavailableError(
+      "kforge-server is shutting down; retry when it is back (or on another server)");
 }
 
 void KforgeApi::BeginShutdown() {

@@ -1,17 +1,21 @@
-// What issue 14 found a client, a worker or a hostile input could do to the
-// server, each checked over real gRPC on loopback with a real SQLite file:
-// pagination that accepts its own tokens, errors that never echo a large
-// input, invalid UTF-8 refused by name.
+// What issue 14 found a client, a worker, a model or a hostile input could
+// do to the server, each checked over real gRPC on loopback with a real
+// SQLite file: a restart that waits for proposers, pagination that refuses
+// its own tokens, errors that echo large inputs, invalid UTF-8.
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <filesystem>
+#include <mutex>
 #include <set>
+#include <thread>
 
 #include <fmt/format.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "kforge/v1/kforge.grpc.pb.h"
 #include "server/server.h"
 #include "storage/store.h"
@@ -28,6 +32,47 @@ ProposerFactory NoProposers() {
     return absl::NotFoundError("no proposer " + name);
   };
 }
+
+// A model endpoint that hangs: Propose blocks until Release().
+class Gate {
+ public:
+  void Wait() {
+    std::unique_lock lock(mu_);
+    waiting_ = true;
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return open_; });
+  }
+  bool AwaitWaiter(std::chrono::seconds timeout) {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, timeout, [&] { return waiting_; });
+  }
+  void Release() {
+    std::lock_guard lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool waiting_ = false, open_ = false;
+};
+
+class HangingProposer : public agent::Proposer {
+ public:
+  explicit HangingProposer(Gate* gate) : gate_(gate) {}
+  absl::StatusOr<std::vector<agent::Candidate>> Propose(const agent::ProposalContext&,
+                                                        int) override {
+    gate_->Wait();
+    return std::vector<agent::Candidate>{};
+  }
+  void Observe(const agent::Feedback&) override {}
+  void Remember(const agent::Candidate&) override {}
+  std::string Name() const override { return "builtin"; }
+
+ private:
+  Gate* gate_;
+};
 
 ShapeKey Key(int batch) {
   ShapeKey k;
@@ -60,13 +105,13 @@ class HardeningTest : public ::testing::Test {
     for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(db_.string() + suffix);
   }
 
-  void Start(ServerOptions o = {}) {
+  void Start(ServerOptions o = {}, ProposerFactory proposers = NoProposers()) {
     o.listen_address = "127.0.0.1:0";
     o.client_tokens = {kClient};
     o.worker_tokens = {kWorker};
     o.api.limits.head_dims = {64, 128};
     o.drain_timeout_ms = 1000;
-    auto server = Server::Start(o, store_.get(), NoProposers(), nullptr);
+    auto server = Server::Start(o, store_.get(), std::move(proposers), nullptr);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
     channel_ = grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials());
@@ -88,6 +133,73 @@ class HardeningTest : public ::testing::Test {
   std::unique_ptr<v1::KernelService::Stub> kernels_;
   std::unique_ptr<v1::WorkerService::Stub> workers_;
 };
+
+// 500 queued jobs, or one hanging model endpoint, kept a restart from
+// listening: the replay now runs behind the listener.
+TEST_F(HardeningTest, TheServerListensWhileAProposerHangsInTheReplay) {
+  JobSpec spec;
+  spec.shapes = {Key(8)};
+  JobRecord rec;
+  rec.state = JobState::kRunning;
+  rec.proposer = "builtin";
+  rec.spec_json = EncodeJobSpec(spec);
+  ASSERT_TRUE(store_->CreateJob(rec).ok());
+  Gate gate;
+  ProposerFactory hanging = [&gate](const std::string&, uint64_t)
+      -> absl::StatusOr<std::unique_ptr<agent::Proposer>> {
+    return std::make_unique<HangingProposer>(&gate);
+  };
+  const auto started = std::chrono::steady_clock::now();
+  Start({}, hanging);
+  ASSERT_TRUE(gate.AwaitWaiter(std::chrono::seconds(10))) << "the replay asks the proposer";
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(5));
+  auto health = grpc::health::v1::Health::NewStub(channel_);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  grpc::health::v1::HealthCheckResponse resp;
+  ASSERT_TRUE(health->Check(&ctx, grpc::health::v1::HealthCheckRequest(), &resp).ok());
+  EXPECT_EQ(resp.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+  v1::ListJobsResponse jobs;
+  ASSERT_TRUE(kernels_->ListJobs(Ctx(kClient).get(), v1::ListJobsRequest(), &jobs).ok());
+  EXPECT_EQ(jobs.jobs_size(), 1);
+  gate.Release();
+}
+
+TEST_F(HardeningTest, ShutdownAnswersUnavailableToNewWork) {
+  ServerOptions o;
+  o.shutdown_grace_ms = 1500;
+  Start(o);
+  std::thread stopper([&] { server_->Shutdown(); });
+  auto health = grpc::health::v1::Health::NewStub(channel_);
+  bool not_serving = false;
+  for (int i = 0; i < 200 && !not_serving; ++i) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    grpc::health::v1::HealthCheckResponse resp;
+    not_serving = health->Check(&ctx, grpc::health::v1::HealthCheckRequest(), &resp).ok() &&
+                  resp.status() == grpc::health::v1::HealthCheckResponse::NOT_SERVING;
+    if (!not_serving) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(not_serving);
+  // In the grace period: new work is refused with the retryable code...
+  v1::SubmitJobRequest submit;
+  *submit.add_shapes() = v1::Shape();
+  v1::Job job;
+  grpc::Status s = kernels_->SubmitJob(Ctx(kClient).get(), submit, &job);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  EXPECT_NE(s.error_message().find("shutting down"), std::string::npos) << s.error_message();
+  v1::CancelJobRequest cancel;
+  cancel.set_job_id("j1");
+  EXPECT_EQ(kernels_->CancelJob(Ctx(kClient).get(), cancel, &job).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+  // ...and reads are still answered.
+  v1::ListShapesResponse shapes;
+  EXPECT_TRUE(kernels_->ListShapes(Ctx(kClient).get(), v1::ListShapesRequest(), &shapes).ok());
+  stopper.join();
+  // After it: nothing listens, which is UNAVAILABLE too.
+  EXPECT_EQ(kernels_->ListShapes(Ctx(kClient).get(), v1::ListShapesRequest(), &shapes).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+}
 
 TEST_F(HardeningTest, ListShapesAcceptsItsOwnNextPageToken) {
   Start();

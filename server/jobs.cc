@@ -248,11 +248,39 @@ JobEngine::JobEngine(Store* store, ProposerFactory factory, JobEngineOptions opt
 JobEngine::~JobEngine() { Stop(); }
 
 absl::Status JobEngine::Start() {
-  // Resume synchronously before serving so that GetJob/WatchJob see the
-  // rebuilt jobs from the first call on.
-  if (absl::Status s = ResumeAll(); !s.ok()) return s;
+  auto active = store_->ListActiveJobs();
+  if (!active.ok()) return active.status();
+  // Which buckets the active jobs tune, known before the first call:
+  // GetKernel's tune_if_untuned must not start a second job for a bucket
+  // whose job is not rebuilt yet. Decoding specs calls no proposer.
+  {
+    std::lock_guard lock(watch_mu_);
+    for (const JobRecord& rec : *active) {
+      absl::StatusOr<JobSpec> spec = DecodeJobSpec(rec.spec_json);
+      if (!spec.ok()) continue;  // ResumeJob fails the job
+      for (const ShapeKey& s : spec->shapes) active_buckets_[BucketOf(s).Id()] = rec.id;
+    }
+  }
   thread_ = std::thread([this] { Loop(); });
+  // The replay asks proposers (a model's, over HTTP) and reads every job's
+  // history: it runs on the engine thread, after the server listens, so that
+  // a restart with many jobs or a hanging endpoint cannot keep the server
+  // down. Work posted later (results, cancels) queues behind it; GetJob reads
+  // the store meanwhile.
+  Post([this, jobs = *std::move(active)] {
+    ResumeAll(jobs);
+    {
+      std::lock_guard lock(queue_mu_);
+      resumed_ = true;
+    }
+    queue_cv_.notify_all();
+  });
   return absl::OkStatus();
+}
+
+void JobEngine::WaitUntilResumed() {
+  std::unique_lock lock(queue_mu_);
+  queue_cv_.wait(lock, [&] { return resumed_ || stopping_; });
 }
 
 void JobEngine::Stop() {
@@ -421,10 +449,14 @@ std::optional<std::string> JobEngine::ActiveJobForBucket(const std::string& buck
   return it->second;
 }
 
-absl::Status JobEngine::ResumeAll() {
-  auto active = store_->ListActiveJobs();
-  if (!active.ok()) return active.status();
-  for (const auto& rec : *active) {
+void JobEngine::ResumeAll(const std::vector<JobRecord>& active) {
+  size_t resumed = 0;
+  for (const auto& rec : active) {
+    {
+      std::lock_guard lock(queue_mu_);
+      if (stopping_) return;  // the rest resume at the next start
+    }
+    ++resumed;
     if (absl::Status s = ResumeJob(rec); !s.ok()) {
       // One broken job must not keep the server down: fail it, keep going.
       spdlog::error("job {}: cannot resume: {}", rec.id, std::string(s.message()));
@@ -435,7 +467,7 @@ absl::Status JobEngine::ResumeAll() {
       (void)store_->CancelTasks(rec.id);
     }
   }
-  return absl::OkStatus();
+  if (resumed > 0) spdlog::info("resumed {} active job(s)", resumed);
 }
 
 absl::Status JobEngine::ResumeJob(const JobRecord& record) {

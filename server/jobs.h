@@ -133,8 +133,14 @@ class JobEngine {
   JobEngine(const JobEngine&) = delete;
   JobEngine& operator=(const JobEngine&) = delete;
 
-  // Starts the engine thread and resumes the store's active jobs.
+  // Starts the engine thread and resumes the store's active jobs on it, in
+  // the background: Start returns once it knows which buckets they tune
+  // (ActiveJobForBucket), before any proposer is asked anything. An error
+  // only when the store cannot list them.
   absl::Status Start();
+  // Blocks until the jobs active at Start were resumed (or the engine
+  // stopped). For tests and tools; serving needs no wait.
+  void WaitUntilResumed();
   // Ends the engine thread; watchers get a last (non-final) event and are
   // dropped. Idempotent.
   void Stop();
@@ -171,7 +177,7 @@ class JobEngine {
   void Post(std::function<void()> fn);
   void Loop();
   void Tick();
-  absl::Status ResumeAll();
+  void ResumeAll(const std::vector<JobRecord>& active);
   absl::Status ResumeJob(const JobRecord& record);
   void Advance(JobState& job);
   void ProposeRound(JobState& job, BucketState& bucket);
@@ -192,6 +198,7 @@ class JobEngine {
   std::condition_variable queue_cv_;
   std::deque<std::function<void()>> queue_;  // guarded by queue_mu_
   bool stopping_ = false;                    // guarded by queue_mu_
+  bool resumed_ = false;                     // guarded by queue_mu_
   std::thread thread_;
 
   // Only touched on the engine thread.

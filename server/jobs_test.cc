@@ -275,6 +275,7 @@ TEST_F(JobsTest, RestartReplaysHistoryAndContinuesWithoutRepeats) {
   const std::vector<std::string> before = log_.Get();
   log_.calls.clear();
   auto engine = Engine(100, 2);
+  engine->WaitUntilResumed();
   const std::vector<std::string> replay = log_.Get();
   // Proposed cand 0..3; results for 0, 1, 2 (round 2 was proposed after
   // round 1's results): the replay follows that order.
