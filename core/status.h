@@ -19,6 +19,11 @@ absl::Status Invalid(std::string_view field, std::string_view why);
 // nothing above U+10FFFF).
 bool IsValidUtf8(std::string_view text);
 
+// `text` with every byte that is not part of valid UTF-8 replaced by '?',
+// everything else (control characters included) kept: what a text field on
+// the wire may carry, since protobuf refuses a string that is not UTF-8.
+std::string ValidUtf8(std::string_view text);
+
 // `text` as an error may quote it: its first `max_bytes` at most, cut
 // before a UTF-8 sequence rather than inside one, each byte that is not
 // part of valid UTF-8 or is a control character other than tab shown as

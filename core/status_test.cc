@@ -22,6 +22,12 @@ TEST(Utf8, TellsWellFormedFromMalformed) {
   EXPECT_FALSE(IsValidUtf8("\xf4\x90\x80\x80"));  // above U+10FFFF
 }
 
+TEST(Utf8, ValidUtf8ReplacesOnlyWhatIsNotUtf8) {
+  EXPECT_EQ(ValidUtf8("log\n\tline h\xc3\xa9"), "log\n\tline h\xc3\xa9");
+  EXPECT_EQ(ValidUtf8("a\xff\xc3" "b\xed\xa0\x80"), "a??b???");
+  EXPECT_TRUE(IsValidUtf8(ValidUtf8(std::string("\xf0\x9f\x98", 3) + "\x80\x80")));
+}
+
 TEST(Excerpt, QuotesLittleAndOnlyText) {
   EXPECT_EQ(Excerpt("short"), "short");
   const std::string big(10 << 20, 'x');

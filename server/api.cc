@@ -476,23 +476,10 @@ PromotionLease KforgeApi::PromotionsFor(const WorkerInfo& worker) {
 absl::Status KforgeApi::Register(const v1::RegisterRequest& req, const std::string& principal,
                                  std::optional<std::string_view> session,
                                  v1::RegisterResponse* resp) {
-  if (req.worker_name().empty()) return Invalid("worker_name", "is required");
-  if (req.worker_name().size() > kMaxNameLength)
-    return Invalid("worker_name", fmt::format("is longer than {} bytes", kMaxNameLength));
-  if (absl::Status s = ValidateArch(req.gpu().arch()); !s.ok())
-    return absl::InvalidArgumentError(fmt::format("gpu.{}", std::string(s.message())));
-  if (req.gpu().name().size() > kMaxNameLength)
-    return Invalid("gpu.name", fmt::format("is longer than {} bytes", kMaxNameLength));
-  static const std::set<std::string> kTools = {"memcheck", "racecheck", "synccheck", "initcheck"};
+  if (absl::Status s = ValidateRegistration(req); !s.ok()) return s;
   std::vector<std::string> tools;
-  for (const std::string& t : req.sanitizer_tools()) {
-    if (!kTools.count(t))
-      return Invalid("sanitizer_tools",
-                     fmt::format("'{}' is not a compute-sanitizer tool (memcheck, racecheck, "
-                                 "synccheck, initcheck)",
-                                 t.substr(0, 32)));
+  for (const std::string& t : req.sanitizer_tools())
     if (std::find(tools.begin(), tools.end(), t) == tools.end()) tools.push_back(t);
-  }
   WorkerRecord w;
   w.name = Scrub(req.worker_name(), kMaxNameLength);
   w.arch = req.gpu().arch();

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <filesystem>
 #include <mutex>
+#include <functional>
 #include <set>
 #include <thread>
 
@@ -237,9 +238,146 @@ TEST_F(HardeningTest, ABadPageTokenIsNamedNotEchoed) {
       continue;
     }
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << token.size();
-    EXPECT_NE(s.error_message().find("page_token"), std::string::npos) << s.error_message();
+    // A token no list makes is named; a 5 MiB one is refused by its size.
+    EXPECT_NE(s.error_message().find(token.size() > 1000 ? "more than the 65536 this call accepts"
+                                                         : "page_token"),
+              std::string::npos)
+        << s.error_message();
     EXPECT_LT(s.error_message().size(), 200u);
   }
+}
+
+v1::RegisterRequest GoodRegistration() {
+  v1::RegisterRequest r;
+  r.set_worker_name("gpu-host-0");
+  r.mutable_gpu()->set_name("NVIDIA H200");
+  r.mutable_gpu()->set_arch("sm_90a");
+  r.mutable_gpu()->set_compute_capability("9.0");
+  r.mutable_gpu()->set_sm_count(132);
+  r.mutable_gpu()->set_memory_bytes(int64_t{141} << 30);
+  r.mutable_gpu()->set_driver_version("580.65");
+  r.mutable_gpu()->set_nvrtc_version("13.0");
+  r.add_sanitizer_tools("memcheck");
+  return r;
+}
+
+TEST_F(HardeningTest, RegisterValidatesEveryField) {
+  Start();
+  v1::RegisterResponse resp;
+  ASSERT_TRUE(workers_->Register(Ctx(kWorker).get(), GoodRegistration(), &resp).ok());
+  struct Case {
+    std::string field;
+    std::function<void(v1::RegisterRequest&)> spoil;
+  };
+  const std::vector<Case> cases = {
+      {"worker_name", [](auto& r) { r.clear_worker_name(); }},
+      {"worker_name", [](auto& r) { r.set_worker_name(std::string(500, 'n')); }},
+      {"worker_name", [](auto& r) { r.set_worker_name("a\nb"); }},
+      {"gpu.arch", [](auto& r) { r.mutable_gpu()->set_arch("sm_9000x"); }},
+      {"gpu.name", [](auto& r) { r.mutable_gpu()->set_name(std::string(300, 'g')); }},
+      {"gpu.compute_capability", [](auto& r) { r.mutable_gpu()->set_compute_capability("nine"); }},
+      {"gpu.sm_count", [](auto& r) { r.mutable_gpu()->set_sm_count(-1); }},
+      {"gpu.memory_bytes", [](auto& r) { r.mutable_gpu()->set_memory_bytes(-5); }},
+      {"gpu.driver_version", [](auto& r) { r.mutable_gpu()->set_driver_version("5\t8\x01"); }},
+      {"gpu.nvrtc_version", [](auto& r) { r.mutable_gpu()->set_nvrtc_version(std::string(65, '1')); }},
+      {"sanitizer_tools[1]", [](auto& r) { r.add_sanitizer_tools("valgrind"); }},
+      {"sanitizer_tools", [](auto& r) { for (int i = 0; i < 20; ++i) r.add_sanitizer_tools("memcheck"); }},
+  };
+  for (const Case& c : cases) {
+    v1::RegisterRequest r = GoodRegistration();
+    c.spoil(r);
+    grpc::Status s = workers_->Register(Ctx(kWorker).get(), r, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.field;
+    EXPECT_EQ(s.error_message().rfind(c.field + ":", 0), 0u) << c.field << ": " << s.error_message();
+    EXPECT_LT(s.error_message().size(), 300u) << c.field;
+  }
+}
+
+// A 10 MiB field came back as a 10 MiB error: now no message is large, and
+// each still names the field.
+TEST_F(HardeningTest, ErrorsNeverEchoALargeInput) {
+  Start();
+  v1::RegisterRequest r = GoodRegistration();
+  r.mutable_gpu()->set_arch("sm_" + std::string(60 << 10, '9'));
+  v1::RegisterResponse resp;
+  grpc::Status s = workers_->Register(Ctx(kWorker).get(), r, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message().rfind("gpu.arch:", 0), 0u) << s.error_message().substr(0, 200);
+  EXPECT_LT(s.error_message().size(), 300u);
+  EXPECT_NE(s.error_message().find("(61443 bytes)"), std::string::npos)
+      << s.error_message().substr(0, 300);
+
+  v1::SubmitJobRequest job;
+  job.set_name(std::string(1 << 20, 'j'));
+  job.set_proposer(std::string(1 << 20, 'p'));
+  v1::Job out;
+  s = kernels_->SubmitJob(Ctx(kClient).get(), job, &out);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_LT(s.error_message().size(), 300u) << s.error_message().substr(0, 300);
+
+  r = GoodRegistration();
+  r.set_worker_name(std::string(10 << 20, 'w'));
+  s = workers_->Register(Ctx(kWorker).get(), r, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_LT(s.error_message().size(), 300u);
+  EXPECT_NE(s.error_message().find("RegisterRequest of 10485"), std::string::npos)
+      << s.error_message();
+}
+
+// One 48 MB SubmitJob cost 12 s and 0.9 GiB: it is refused by its size now,
+// before it is parsed.
+TEST_F(HardeningTest, AnOversizedRequestIsRefusedBeforeItIsParsed) {
+  Start();
+  v1::SubmitJobRequest job;
+  v1::Shape* shape = job.add_shapes();
+  shape->set_arch("sm_90a");
+  for (int i = 0; i < 12'000'000; ++i) shape->add_cu_seqlens_q(i);
+  ASSERT_GT(job.ByteSizeLong(), 40u << 20);
+  const auto t0 = std::chrono::steady_clock::now();
+  v1::Job out;
+  grpc::Status s = kernels_->SubmitJob(Ctx(kClient).get(), job, &out);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_NE(s.error_message().find("more than the 8388608 this call accepts"), std::string::npos)
+      << s.error_message();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+}
+
+TEST_F(HardeningTest, InvalidUtf8IsInvalidArgumentNamingTheField) {
+  Start();
+  v1::RegisterRequest r = GoodRegistration();
+  r.set_worker_name("gpu-\xff\xfe");
+  v1::RegisterResponse resp;
+  grpc::Status s = workers_->Register(Ctx(kWorker).get(), r, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(), "worker_name: is not valid UTF-8 (string fields carry text)");
+
+  v1::SubmitJobRequest job;
+  job.add_shapes()->set_arch("sm_90a");
+  job.add_shapes()->set_arch("sm_90\xc3");
+  v1::Job out;
+  s = kernels_->SubmitJob(Ctx(kClient).get(), job, &out);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message().rfind("shapes[1].arch: is not valid UTF-8", 0), 0u)
+      << s.error_message();
+
+  v1::ReportResultRequest report;
+  report.set_task_id("t1");
+  report.mutable_result()->mutable_compile()->set_log("error at \xed\xa0\x80");
+  ASSERT_TRUE(workers_->Register(Ctx(kWorker).get(), GoodRegistration(), &resp).ok());
+  auto ctx = Ctx(kWorker);
+  ctx->AddMetadata("x-kforge-session", resp.session_token());
+  v1::ReportResultResponse rr;
+  s = workers_->ReportResult(ctx.get(), report, &rr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message().rfind("result.compile.log: is not valid UTF-8", 0), 0u)
+      << s.error_message();
+
+  v1::ListShapesRequest ls;
+  ls.set_arch("\x80");
+  v1::ListShapesResponse shapes;
+  s = kernels_->ListShapes(Ctx(kClient).get(), ls, &shapes);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message().rfind("arch: is not valid UTF-8", 0), 0u) << s.error_message();
 }
 
 }  // namespace
