@@ -661,9 +661,9 @@ absl::Status KforgeApi::GiveUp(const TaskRecord& task, const WorkerInfo& worker)
   e.worker_id = worker.record.id;
   e.outcome = Outcome::kCrashed;
   e.message = fmt::format(
-      "given up: leased {} times without a result (the workers failed before running the "
+      "{} leased {} times without a result (the workers failed before running the "
       "candidate; their logs say why)",
-      task.attempts - 1);
+      kGivenUpPrefix, task.attempts - 1);
   spdlog::warn("task {} of job {}: {}", task.id, task.job_id, e.message);
   return DecideAndComplete(task, worker, std::move(e), "", /*incumbent_failed=*/false);
 }

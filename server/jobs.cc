@@ -30,6 +30,8 @@ struct JobEngine::BucketState {
   int64_t retry_at_ms = 0;  // > 0: ask the proposer again at this time
   bool exhausted = false;
   std::string error;  // the proposer failed; the bucket proposes no more
+  int crashed = 0;    // results that were crashes, given-up tasks included
+  int given_up = 0;   // tasks no worker answered (max_task_attempts leases)
   std::map<std::string, agent::Candidate> candidates;  // by variant id
 };
 
@@ -47,6 +49,14 @@ struct JobEngine::JobState {
 namespace {
 
 using nlohmann::json;
+
+// A bucket's crashes, and among them the tasks no worker answered.
+void CountCrash(auto& bucket, const EvaluationRecord& e) {
+  auto& b = bucket;
+  if (e.outcome != Outcome::kCrashed) return;
+  b.crashed++;
+  if (std::string_view(e.message).starts_with(kGivenUpPrefix)) b.given_up++;
+}
 
 // Fresh, reproducible per-task seeds from the job's seed.
 uint64_t SplitMix(uint64_t x) {
@@ -571,6 +581,7 @@ absl::Status JobEngine::ResumeJob(const JobRecord& record) {
     } else if (IsFailure(ev.eval.outcome)) {
       b.progress.failed++;
     }
+    CountCrash(b, ev.eval);
     b.proposer->Observe(FeedbackOf(ev.variant_id, c, ev.eval));
   }
 
@@ -593,8 +604,7 @@ void JobEngine::Advance(JobState& job) {
   if (job.deadline_ms > 0 && NowMs() >= job.deadline_ms) {
     if (auto c = store_->CancelTasks(job.record.id); !c.ok())
       spdlog::error("job {}: cancelling tasks: {}", job.record.id, std::string(c.status().message()));
-    Finish(job, kforge::JobState::kSucceeded,
-           fmt::format("time budget of {} s reached", job.spec.max_seconds));
+    FinishDone(job, fmt::format("time budget of {} s reached", job.spec.max_seconds));
     return;
   }
   const bool tokens_spent =
@@ -620,9 +630,32 @@ void JobEngine::Advance(JobState& job) {
   if (all_failed) {
     Finish(job, kforge::JobState::kFailed, errors);
   } else {
-    Finish(job, kforge::JobState::kSucceeded,
-           errors.empty() ? std::string("done") : fmt::format("done; {}", errors));
+    FinishDone(job, errors.empty() ? std::string("done") : fmt::format("done; {}", errors));
   }
+}
+
+void JobEngine::FinishDone(JobState& job, const std::string& message) {
+  int evaluated = 0, crashed = 0, given_up = 0;
+  for (const auto& b : job.buckets) {
+    evaluated += b.progress.evaluated;
+    crashed += b.crashed;
+    given_up += b.given_up;
+  }
+  // A job that learned nothing did not succeed: when every result is a
+  // crash, the workers (that lease and never answer, or whose sandbox
+  // fails) are the likelier cause than every candidate.
+  if (evaluated > 0 && crashed == evaluated) {
+    Finish(job, kforge::JobState::kFailed,
+           fmt::format("{}; but every one of its {} result(s) was a crash ({} given up after "
+                       "{} leases without an answer): the workers, not the candidates, are the "
+                       "likely cause; see their logs",
+                       message, evaluated, given_up, "max_task_attempts"));
+    return;
+  }
+  Finish(job, kforge::JobState::kSucceeded,
+         given_up == 0 ? message
+                       : fmt::format("{}; {} of {} task(s) given up without an answer", message,
+                                     given_up, evaluated));
 }
 
 void JobEngine::ProposeRound(JobState& job, BucketState& b) {
@@ -762,6 +795,7 @@ void JobEngine::HandleCompleted(const TaskRecord& task, const EvaluationRecord& 
       msg = fmt::format("variant {} verified: {:.1f} us", task.variant_id, eval.timing.median_us);
     } else {
       if (IsFailure(eval.outcome)) b.progress.failed++;
+      CountCrash(b, eval);
       msg = fmt::format("variant {} {}{}{}", task.variant_id, OutcomeName(eval.outcome),
                         eval.message.empty() ? "" : ": ", eval.message.substr(0, 200));
     }

@@ -104,6 +104,10 @@ absl::StatusOr<JobView> DecodeJob(const JobRecord& record);
 
 bool IsFinal(JobState s);
 
+// How the message of the crashed result that stands for a task no worker
+// answered begins (KforgeApi::GiveUp writes it, the engine counts it).
+inline constexpr std::string_view kGivenUpPrefix = "given up:";
+
 struct JobEvent {
   JobView job;
   std::string message;  // what happened
@@ -182,6 +186,9 @@ class JobEngine {
   void Advance(JobState& job);
   void ProposeRound(JobState& job, BucketState& bucket);
   void Finish(JobState& job, kforge::JobState state, const std::string& message);
+  // Finishes a job that ran out of work, budget or time: SUCCEEDED, or
+  // FAILED when every result it got was a crash (given-up tasks included).
+  void FinishDone(JobState& job, const std::string& message);
   void HandleCompleted(const TaskRecord& task, const EvaluationRecord& eval);
   void Persist(JobState& job, const std::string& message);
   JobView ViewOf(const JobState& job) const;
