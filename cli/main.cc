@@ -37,6 +37,7 @@
 #include "core/secrets.h"
 #include "core/transport.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "gpu/gpu.h"
 #include "kforge/v1/kforge.grpc.pb.h"
 #include "kforge/version.h"
 #include "pack/proto.h"
@@ -62,7 +63,7 @@ struct ShapeFlags {
   std::string op = "fwd";
   int head_dim = 0, heads = 0, kv_heads = 0;
   bool causal = false, cross = false;
-  std::string arch = "sm_90a";
+  std::string arch;  // "": the local GPU's (LocalArch)
   int64_t batch = 0, max_len_q = 0, total_q = 0, max_len_k = 0, total_k = 0;
   std::string cu_q_file, cu_k_file;
 };
@@ -73,11 +74,46 @@ struct Failure {
   std::string message;
 };
 
+// The arch of GPU 0 as the driver sees it (CUDA_VISIBLE_DEVICES applies);
+// sm_90a, the arch kforge is tuned on, when this machine has no GPU.
+std::string LocalArch() {
+  absl::StatusOr<std::unique_ptr<kforge::gpu::Driver>> driver = kforge::gpu::Driver::Load();
+  if (driver.ok()) {
+    absl::StatusOr<int> n = (*driver)->DeviceCount();
+    if (n.ok() && *n > 0) {
+      absl::StatusOr<kforge::gpu::DeviceInfo> info = (*driver)->GetDeviceInfo(0);
+      if (info.ok() && !info->arch.empty()) return info->arch;
+    }
+  }
+  return "sm_90a";
+}
+
+// Enum values as the tables print them: JOB_STATE_RUNNING -> "running",
+// WORKER_STATE_CONNECTED -> "connected" (the enum's prefix dropped, lower
+// case), so a script reads the words a person sees.
+bool TableEnum(const google::protobuf::EnumDescriptor* e) {
+  return e->full_name() == "kforge.v1.JobState" || e->full_name() == "kforge.v1.WorkerState";
+}
+
+std::string TableEnumName(const google::protobuf::EnumDescriptor* e, const std::string& value) {
+  std::string prefix = e->name();  // JobState -> JOB_STATE_
+  std::string upper;
+  for (size_t i = 0; i < prefix.size(); ++i) {
+    if (i > 0 && std::isupper(static_cast<unsigned char>(prefix[i]))) upper += '_';
+    upper += static_cast<char>(std::toupper(static_cast<unsigned char>(prefix[i])));
+  }
+  upper += '_';
+  std::string n = value.rfind(upper, 0) == 0 ? value.substr(upper.size()) : value;
+  std::transform(n.begin(), n.end(), n.begin(), [](unsigned char c) { return std::tolower(c); });
+  return n;
+}
+
 // proto3 JSON writes 64-bit integers as strings (the spec's guard for
 // JavaScript, whose numbers are doubles). Scripts reading kforge's --json
 // (jq, Python) compare them as numbers, so every 64-bit integer field is
 // turned back into a JSON number, walking the message's descriptor: only
-// fields declared int64/uint64 (and their fixed/sint forms) change.
+// fields declared int64/uint64 (and their fixed/sint forms) change. The
+// same walk gives state enums their table names (TableEnum).
 void Int64sAsNumbers(json& j, const google::protobuf::Descriptor* d) {
   using FD = google::protobuf::FieldDescriptor;
   if (!j.is_object()) return;
@@ -92,6 +128,8 @@ void Int64sAsNumbers(json& j, const google::protobuf::Descriptor* d) {
         v = std::stoll(v.get<std::string>());
       } else if (v.is_string() && f->cpp_type() == FD::CPPTYPE_UINT64) {
         v = std::stoull(v.get<std::string>());
+      } else if (v.is_string() && f->cpp_type() == FD::CPPTYPE_ENUM && TableEnum(f->enum_type())) {
+        v = TableEnumName(f->enum_type(), v.get<std::string>());
       }
     };
     if (f->is_map()) continue;  // none in kforge.proto
@@ -218,7 +256,7 @@ void AddShapeFlags(CLI::App* cmd, ShapeFlags& f) {
   cmd->add_option("--kv-heads", f.kv_heads, "key/value heads (default: heads)");
   cmd->add_flag("--causal", f.causal, "causal mask (bottom-right aligned)");
   cmd->add_flag("--cross", f.cross, "separate key lengths");
-  cmd->add_option("--arch", f.arch, "GPU architecture")->capture_default_str();
+  cmd->add_option("--arch", f.arch, "GPU architecture (default: the local GPU's, else sm_90a)");
   cmd->add_option("--batch", f.batch, "sequences in the batch");
   cmd->add_option("--max-len-q", f.max_len_q, "longest query sequence");
   cmd->add_option("--total-q", f.total_q, "query tokens in the batch");
@@ -330,16 +368,18 @@ std::string WorkerStateName(v1::WorkerState s) {
 }
 
 void PrintWorkers(const v1::ListWorkersResponse& resp) {
-  constexpr const char* kRow = "{:<6} {:<16} {:<8} {:<7} {:<12} {:<24} {:<20} {:<12} {}\n";
+  constexpr const char* kRow = "{:<6} {:<16} {:<8} {:<7} {:<12} {:<24} {:<20} {:<12} {:<10} {}\n";
   fmt::print(kRow, "ID", "NAME", "ARCH", "KIND", "STATE", "LAST SEEN", "GPU", "PRINCIPAL",
-             "SANITIZERS");
+             "SANITIZERS", "GPU USE");
   for (const auto& w : resp.workers()) {
     std::string tools;
     for (const auto& t : w.sanitizer_tools()) tools += (tools.empty() ? "" : ",") + t;
     fmt::print(kRow, w.id(), w.name(), w.arch(), w.compile_only() ? "compile" : "gpu",
                WorkerStateName(w.state()), w.last_seen().empty() ? "-" : w.last_seen(),
                w.gpu().name().empty() ? "-" : w.gpu().name(),
-               w.principal().empty() ? "-" : w.principal(), tools.empty() ? "-" : tools);
+               w.principal().empty() ? "-" : w.principal(), tools.empty() ? "-" : tools,
+               w.has_gpu_usage() ? fmt::format("{:.0f}%", w.gpu_usage().utilization() * 100)
+                                 : "-");
   }
 }
 
@@ -348,31 +388,42 @@ std::string Us(const v1::Timing& t) {
 }
 
 void PrintJob(const v1::Job& job) {
-  fmt::print("job {}  {}  state={}  proposer={}  seed={}\n", job.id(), job.name(),
-             StateName(job.state()), job.proposer(), job.seed());
+  fmt::print("job {}  {}  state={}  proposer={}  seed={}{}\n", job.id(), job.name(),
+             StateName(job.state()), job.proposer(), job.seed(),
+             job.compile_only() ? "  compile-only" : "");
   fmt::print("created {}  updated {}  tokens {}\n", job.created_at(), job.updated_at(),
              job.tokens_used());
+  if (!job.waiting_for().empty()) fmt::print("waiting: {}\n", job.waiting_for());
   if (!job.message().empty()) fmt::print("message: {}\n", job.message());
-  fmt::print("{:<76} {:>5} {:>5} {:>5} {:>5}  {:<8} {}\n", "BUCKET", "PROP", "EVAL", "OK", "FAIL",
-             "BEST", "TIME");
+  // A compile-only job runs nothing, so nothing is verified: its table
+  // counts what compiled instead.
+  const bool compiled = job.compile_only();
+  fmt::print("{:<76} {:>5} {:>5} {:>8} {:>5}  {:<8} {}\n", "BUCKET", "PROP", "EVAL",
+             compiled ? "COMPILED" : "OK", "FAIL", "BEST", "TIME");
   for (const auto& p : job.progress())
-    fmt::print("{:<76} {:>5} {:>5} {:>5} {:>5}  {:<8} {}\n", p.bucket(), p.proposed(),
-               p.evaluated(), p.verified(), p.failed(),
+    fmt::print("{:<76} {:>5} {:>5} {:>8} {:>5}  {:<8} {}\n", p.bucket(), p.proposed(),
+               p.evaluated(), compiled ? p.compiled() : p.verified(), p.failed(),
                p.best_variant_id().empty() ? "-" : p.best_variant_id(), Us(p.best_timing()));
 }
 
-void ProgressLine(const v1::Job& job, const std::string& msg, bool tty) {
-  int proposed = 0, evaluated = 0, budget = 0;
+void ProgressLine(const v1::Job& job, const std::string& event, bool tty) {
+  int proposed = 0, evaluated = 0, compiled = 0, budget = 0;
   for (const auto& p : job.progress()) {
     proposed += p.proposed();
     evaluated += p.evaluated();
+    compiled += p.compiled();
   }
+  // While it waits for a worker, that is the news, whatever the last event.
+  const std::string msg = job.waiting_for().empty() ? event : job.waiting_for();
   budget = job.budget().max_variants() * std::max(1, job.progress_size());
   const int width = 30;
   const int filled = budget > 0 ? std::min(width, width * evaluated / budget) : 0;
   std::string bar = std::string(filled, '#') + std::string(width - filled, '.');
-  std::string line = fmt::format("[{}] {}/{} evaluated ({} proposed)  {}  {}", bar, evaluated,
-                                 budget, proposed, StateName(job.state()), msg.substr(0, 60));
+  const std::string counts =
+      job.compile_only() ? fmt::format("{} proposed, {} compiled", proposed, compiled)
+                         : fmt::format("{} proposed", proposed);
+  std::string line = fmt::format("[{}] {}/{} evaluated ({})  {}  {}", bar, evaluated, budget,
+                                 counts, StateName(job.state()), msg.substr(0, 80));
   if (tty) {
     fmt::print("\r\033[K{}", line);
     std::fflush(stdout);
@@ -698,11 +749,11 @@ int ListJobs(Client& c, const Globals& g, int limit) {
   if (g.json) {
     fmt::print("{}\n", ToJson(resp));
   } else {
-    fmt::print("{:<8} {:<10} {:<9} {:>7} {:<24} {}\n", "ID", "STATE", "PROPOSER", "BUCKETS",
-               "CREATED", "NAME");
+    fmt::print("{:<8} {:<10} {:<9} {:>7} {:<24} {:<20} {}\n", "ID", "STATE", "PROPOSER",
+               "BUCKETS", "CREATED", "NAME", "NOTE");
     for (const auto& j : resp.jobs())
-      fmt::print("{:<8} {:<10} {:<9} {:>7} {:<24} {}\n", j.id(), StateName(j.state()),
-                 j.proposer(), j.progress_size(), j.created_at(), j.name());
+      fmt::print("{:<8} {:<10} {:<9} {:>7} {:<24} {:<20} {}\n", j.id(), StateName(j.state()),
+                 j.proposer(), j.progress_size(), j.created_at(), j.name(), j.waiting_for());
   }
   return 0;
 }
@@ -827,6 +878,8 @@ int main(int argc, char** argv) {
   cl.workers_cmd = AddWorkersCommand(app);
   cl.health_cmd = AddHealthCommand(app, cl.health_service);
   CLI11_PARSE(app, argc, argv);
+  // Only commands that send a shape ask the driver (cuInit takes a moment).
+  if (cl.shape.arch.empty() && (*cl.get_cmd || *cl.tune_cmd)) cl.shape.arch = LocalArch();
 
   try {
     ResolveConnection(cl.g, argc, argv);

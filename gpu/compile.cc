@@ -126,6 +126,43 @@ std::string NvrtcVersion() {
   return fmt::format("{}.{}", major, minor);
 }
 
+namespace {
+
+// Whether NVRTC makes a cubin of an empty kernel for `arch`.
+bool CompilesFor(const std::string& arch) {
+  nvrtcProgram prog;
+  if (nvrtcCreateProgram(&prog, "extern \"C\" __global__ void kf_arch_probe() {}\n", "probe.cu", 0,
+                         nullptr, nullptr) != NVRTC_SUCCESS)
+    return false;
+  const std::string option = fmt::format("-arch={}", arch);
+  const char* argv[] = {option.c_str()};
+  size_t cubin = 0;
+  const bool ok = nvrtcCompileProgram(prog, 1, argv) == NVRTC_SUCCESS &&
+                  nvrtcGetCUBINSize(prog, &cubin) == NVRTC_SUCCESS && cubin > 0;
+  nvrtcDestroyProgram(&prog);
+  return ok;
+}
+
+}  // namespace
+
+std::vector<std::string> NvrtcTargetArchs() {
+  int n = 0;
+  if (nvrtcGetNumSupportedArchs(&n) != NVRTC_SUCCESS || n <= 0) return {};
+  std::vector<int> numbers(static_cast<size_t>(n));
+  if (nvrtcGetSupportedArchs(numbers.data()) != NVRTC_SUCCESS) return {};
+  std::sort(numbers.begin(), numbers.end());
+  std::vector<std::string> out;
+  for (int number : numbers) {
+    out.push_back(fmt::format("sm_{}", number));
+    // Architecture-specific targets began with Hopper (sm_90a).
+    if (number >= 90) {
+      const std::string specific = fmt::format("sm_{}a", number);
+      if (CompilesFor(specific)) out.push_back(specific);
+    }
+  }
+  return out;
+}
+
 std::vector<std::string> CompileOptions(const CompileRequest& request) {
   std::vector<std::string> options = {fmt::format("-arch={}", request.arch), "-default-device",
                                       "--std=c++17", "--ptxas-options=-v", "-no-source-include"};

@@ -74,6 +74,13 @@ struct CompileResult {
 // "13.0".
 std::string NvrtcVersion();
 
+// The archs this NVRTC compiles cubins for, as kforge names them (core/
+// arch.h), ascending: "sm_N" for each of nvrtcGetSupportedArchs and "sm_Na"
+// where NVRTC accepts the architecture-specific target. NVRTC's API does
+// not list those, so each is probed by compiling an empty kernel (a few
+// tens of ms each; call it once). Empty when NVRTC lists nothing.
+std::vector<std::string> NvrtcTargetArchs();
+
 // The option list Compile() passes for `request`.
 std::vector<std::string> CompileOptions(const CompileRequest& request);
 

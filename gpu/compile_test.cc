@@ -5,12 +5,14 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <thread>
 
 #include "fmt/format.h"
+#include "core/arch.h"
 #include "gpu/compile_cache.h"
 
 namespace kforge::gpu {
@@ -94,6 +96,24 @@ TEST(Compile, OverrunningTheTimeLimitIsACompileError) {
 TEST(Compile, NvrtcVersionIsMajorDotMinor) {
   std::string v = NvrtcVersion();
   EXPECT_NE(v.find('.'), std::string::npos) << v;
+}
+
+TEST(Compile, TargetArchsListTheArchsKforgeCompilesForAndEachCompiles) {
+  const std::vector<std::string> archs = NvrtcTargetArchs();
+  for (const char* want : {"sm_80", "sm_90", "sm_90a", "sm_100a"})
+    EXPECT_NE(std::find(archs.begin(), archs.end(), want), archs.end()) << want;
+  EXPECT_EQ(std::find(archs.begin(), archs.end(), "sm_80a"), archs.end())
+      << "no arch-specific target before Hopper";
+  for (const std::string& a : archs) {
+    EXPECT_TRUE(ParseArch(a).ok()) << a;
+    CompileRequest req;
+    req.source = "extern \"C\" __global__ void k() {}\n";
+    req.arch = a;
+    req.name = "k.cu";
+    absl::StatusOr<CompileResult> r = Compile(req);
+    ASSERT_TRUE(r.ok()) << a << ": " << r.status();
+    EXPECT_TRUE(r->ok) << a << ": " << r->log;
+  }
 }
 
 TEST(PtxasLog, ParsesRegistersSpillsStackAndSmem) {

@@ -171,6 +171,13 @@ absl::StatusOr<DeviceInfo> Driver::GetDeviceInfo(int ordinal) const {
   info.memory_bytes = static_cast<int64_t>(mem);
   KF_CU(api.DriverGetVersion(&info.driver_version), "cuDriverGetVersion");
   info.arch = ArchForComputeCapability(info.cc_major, info.cc_minor);
+  int domain = 0, bus = 0, device = 0;
+  for (auto [a, out] : {std::pair{CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, &domain},
+                        std::pair{CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, &bus},
+                        std::pair{CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID, &device}}) {
+    if (absl::Status s = attr(a, *out); !s.ok()) return s;
+  }
+  info.pci_bus_id = fmt::format("{:08x}:{:02x}:{:02x}.0", domain, bus, device);
   return info;
 }
 

@@ -44,6 +44,7 @@ struct DeviceInfo {
   int max_smem_per_block_optin = 0;  // bytes of dynamic shared memory allowed
   int driver_version = 0;            // e.g. 13000
   std::string arch;                  // NVRTC target: "sm_90a", "sm_100a", "sm_89"
+  std::string pci_bus_id;            // "00000000:19:00.0": how NVML names the device
 
   std::string ComputeCapability() const;  // "9.0"
   std::string DriverVersionString() const;  // "13.0"

@@ -13,6 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include "core/hash.h"
+#include "core/logging.h"
 #include "core/redact.h"
 #include "core/roofline.h"
 #include "core/status.h"
@@ -265,6 +266,7 @@ absl::Status KforgeApi::ListJobs(const v1::ListJobsRequest& req, v1::ListJobsRes
   for (const auto& rec : jobs->items) {
     auto view = DecodeJob(rec);
     if (view.ok()) {
+      if (!IsFinal(rec.state)) view->waiting_for = engine_->WaitingFor(rec.id);
       JobToProto(*view, resp->add_jobs());
     } else {
       JobView bare;
@@ -287,21 +289,81 @@ absl::Status KforgeApi::CancelJob(const v1::CancelJobRequest& req, v1::Job* resp
 
 absl::Status KforgeApi::ListWorkers(const v1::ListWorkersRequest&,
                                     v1::ListWorkersResponse* resp) {
+  auto workers = Workers();
+  if (!workers.ok()) return workers.status();
+  for (const WorkerStatus& w : *workers) {
+    v1::Worker* out = resp->add_workers();
+    WorkerToProto(w.record, w.last_call_unix_ms, w.connected, out);
+    if (w.gpu_usage) {
+      out->mutable_gpu_usage()->set_utilization(w.gpu_usage->utilization);
+      out->mutable_gpu_usage()->set_memory_used_bytes(w.gpu_usage->memory_used_bytes);
+      out->mutable_gpu_usage()->set_memory_total_bytes(w.gpu_usage->memory_total_bytes);
+      out->set_gpu_usage_at(FormatUnixMs(w.gpu_usage->at_unix_ms));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<WorkerStatus>> KforgeApi::Workers() {
   auto workers = store_->ListWorkers();
   if (!workers.ok()) return workers.status();
   const int64_t now = Now();
+  std::vector<WorkerStatus> out;
   std::lock_guard lock(workers_mu_);
-  for (const auto& w : *workers) {
+  for (auto& w : *workers) {
     // The stored last_seen is written at most every 10 s; the last call
     // this server saw is fresher. A worker stored but not loaded (none, as
     // Init loads every row) counts as silent since its stored time.
     int64_t last = w.last_seen_unix_ms;
-    if (auto it = workers_.find(w.id); it != workers_.end())
+    std::optional<ReportedGpuUsage> usage;
+    if (auto it = workers_.find(w.id); it != workers_.end()) {
       last = std::max(last, it->second.last_call_ms);
+      usage = it->second.gpu_usage;
+    }
     const bool connected = last > 0 && now - last <= options_.lease_ttl_ms;
-    WorkerToProto(w, last, connected, resp->add_workers());
+    out.push_back(WorkerStatus{std::move(w), last, connected, usage});
   }
-  return absl::OkStatus();
+  return out;
+}
+
+bool KforgeApi::Connected(const WorkerInfo& w, int64_t now) const {
+  return w.last_call_ms > 0 && now - w.last_call_ms <= options_.lease_ttl_ms;
+}
+
+bool KforgeApi::WorkerAvailable(const WorkerNeed& need) {
+  const int64_t now = Now();
+  std::lock_guard lock(workers_mu_);
+  for (const auto& [id, w] : workers_) {
+    if (!Connected(w, now)) continue;
+    if (need.gpu) {
+      if (!w.record.compile_only && w.record.arch == need.arch) return true;
+      continue;
+    }
+    const auto& extra = w.record.compile_archs;
+    if (w.record.arch == need.arch ||
+        std::find(extra.begin(), extra.end(), need.arch) != extra.end())
+      return true;
+  }
+  return false;
+}
+
+void KforgeApi::NoteDepartures() {
+  const int64_t now = Now();
+  std::lock_guard lock(workers_mu_);
+  for (auto& [id, w] : workers_) {
+    // A worker last seen before a restart that does not come back is
+    // noticed the same way, once its stored last call is a TTL old; one
+    // never seen at all has nothing to report.
+    if (w.departed || Connected(w, now)) continue;
+    w.departed = true;
+    if (w.last_call_ms == 0) continue;
+    const int64_t silent_s = (now - w.last_call_ms) / 1000;
+    LogEvent(spdlog::level::info, "worker_left",
+             {{"worker", id}, {"name", w.record.name}, {"arch", w.record.arch},
+              {"compile_only", w.record.compile_only}, {"silent_s", silent_s}},
+             fmt::format("worker {} ({}, {}{}) left: no call for {} s", id, w.record.name,
+                         w.record.arch, w.record.compile_only ? ", compile only" : "", silent_s));
+  }
 }
 
 absl::Status KforgeApi::ExportKernels(
@@ -439,6 +501,12 @@ absl::StatusOr<KforgeApi::WorkerInfo> KforgeApi::Caller(const std::string& calle
         "acts only as itself",
         declared.substr(0, kMaxIdLength), caller));
   it->second.last_call_ms = Now();
+  if (it->second.departed) {
+    it->second.departed = false;
+    LogEvent(spdlog::level::info, "worker_back",
+             {{"worker", caller}, {"name", it->second.record.name}},
+             fmt::format("worker {} ({}) is back", caller, it->second.record.name));
+  }
   return it->second;
 }
 
@@ -480,11 +548,19 @@ absl::Status KforgeApi::Register(const v1::RegisterRequest& req, const std::stri
   std::vector<std::string> tools;
   for (const std::string& t : req.sanitizer_tools())
     if (std::find(tools.begin(), tools.end(), t) == tools.end()) tools.push_back(t);
+  // compile_archs were checked by ValidateRegistration; the worker's own
+  // arch and repeats are dropped here.
+  std::vector<std::string> compile_archs;
+  for (const std::string& a : req.compile_archs())
+    if (a != req.gpu().arch() &&
+        std::find(compile_archs.begin(), compile_archs.end(), a) == compile_archs.end())
+      compile_archs.push_back(a);
   WorkerRecord w;
   w.name = Scrub(req.worker_name(), kMaxNameLength);
   w.arch = req.gpu().arch();
   w.compile_only = req.compile_only();
   w.sanitizer_tools = tools;
+  w.compile_archs = compile_archs;
   w.gpu_json = nlohmann::json{{"name", Scrub(req.gpu().name(), kMaxNameLength)},
                               {"compute_capability", Scrub(req.gpu().compute_capability(), 32)},
                               {"sm_count", req.gpu().sm_count()},
@@ -538,11 +614,22 @@ absl::Status KforgeApi::Register(const v1::RegisterRequest& req, const std::stri
         peers.push_back(other);
     }
   }
-  spdlog::info("worker {} {} as {} (principal {}, {}{}, sanitizer gate: {})", w.name,
-               resumed ? "resumed its session" : "registered", *id,
-               w.principal.empty() ? "none" : w.principal, w.arch,
-               w.compile_only ? ", compile only" : "",
-               tools.empty() ? "none" : fmt::format("{}", fmt::join(tools, "+")));
+  LogEvent(spdlog::level::info, resumed ? "worker_resumed" : "worker_joined",
+           {{"worker", *id},
+            {"name", w.name},
+            {"principal", w.principal},
+            {"arch", w.arch},
+            {"compile_only", w.compile_only},
+            {"sanitizer_tools", tools},
+            {"compile_archs", compile_archs}},
+           fmt::format("worker {} {} as {} (principal {}, {}{}, sanitizer gate: {}{})", w.name,
+                       resumed ? "resumed its session" : "joined", *id,
+                       w.principal.empty() ? "none" : w.principal, w.arch,
+                       w.compile_only ? ", compile only" : "",
+                       tools.empty() ? "none" : fmt::format("{}", fmt::join(tools, "+")),
+                       compile_archs.empty()
+                           ? ""
+                           : fmt::format(", compiles for {} too", fmt::join(compile_archs, " "))));
   if (!peers.empty() && !w.compile_only && options_.confirm_on_another_worker)
     spdlog::info("worker {} shares principal {} with connected worker(s) {}: they count as one "
                  "worker for confirmation on another worker (a host gets its own worker token "
@@ -567,6 +654,18 @@ absl::Status KforgeApi::Heartbeat(const std::string& caller, const v1::Heartbeat
     if (id.empty() || id.size() > kMaxIdLength) return Invalid("task_ids", "contains a malformed id");
     ids.push_back(id);
   }
+  std::optional<ReportedGpuUsage> usage;
+  if (req.has_gpu_usage()) {
+    const v1::GpuUsage& u = req.gpu_usage();
+    if (!std::isfinite(u.utilization()) || u.utilization() < 0 || u.utilization() > 1)
+      return Invalid("gpu_usage.utilization", fmt::format("{} is not a fraction from 0 to 1",
+                                                          u.utilization()));
+    if (u.memory_used_bytes() < 0 || u.memory_total_bytes() < 0 ||
+        (u.memory_total_bytes() > 0 && u.memory_used_bytes() > u.memory_total_bytes()))
+      return Invalid("gpu_usage.memory_used_bytes",
+                     "must be between 0 and memory_total_bytes");
+    usage = ReportedGpuUsage{u.utilization(), u.memory_used_bytes(), u.memory_total_bytes(), Now()};
+  }
   if (!ids.empty()) {
     if (absl::Status s = store_->RenewLeases(caller, ids, Now(), options_.lease_ttl_ms); !s.ok())
       return s;
@@ -580,6 +679,7 @@ absl::Status KforgeApi::Heartbeat(const std::string& caller, const v1::Heartbeat
   {
     std::lock_guard lock(workers_mu_);
     auto it = workers_.find(caller);
+    if (it != workers_.end() && usage) it->second.gpu_usage = usage;
     const int64_t now = Now();
     if (it != workers_.end() && now - it->second.record.last_seen_unix_ms >= 10000) {
       it->second.record.last_seen_unix_ms = now;
@@ -639,6 +739,13 @@ absl::Status KforgeApi::LeaseTask(const std::string& caller, const v1::LeaseTask
     // over the promotions from then on.
     auto task = store_->LeaseTask(caller, worker->record.arch, worker->record.compile_only, Now(),
                                   options_.lease_ttl_ms, PromotionsFor(*worker));
+    // Its own arch first (what only it may be able to run), then COMPILE
+    // tasks of the other archs its compiler serves.
+    for (const std::string& arch : worker->record.compile_archs) {
+      if (!task.ok() || task->has_value()) break;
+      task = store_->LeaseTask(caller, arch, /*compile_only=*/true, Now(), options_.lease_ttl_ms,
+                               PromotionLease::kNone);
+    }
     if (!task.ok()) return task.status();
     if (task->has_value() && (*task)->attempts > options_.max_task_attempts) {
       if (absl::Status s = GiveUp(**task, *worker); !s.ok()) return s;
@@ -665,6 +772,7 @@ absl::Status KforgeApi::GiveUp(const TaskRecord& task, const WorkerInfo& worker)
       "candidate; their logs say why)",
       kGivenUpPrefix, task.attempts - 1);
   spdlog::warn("task {} of job {}: {}", task.id, task.job_id, e.message);
+  if (options_.metrics) options_.metrics->RecordGivenUp();
   return DecideAndComplete(task, worker, std::move(e), "", /*incumbent_failed=*/false);
 }
 
@@ -891,11 +999,33 @@ absl::Status KforgeApi::DecideAndComplete(const TaskRecord& task, const WorkerIn
   auto done = store_->CompleteTask(task.id, worker.record.id, Now(), std::move(c));
   if (!done.ok()) return done.status();
   eval.id = done->evaluation_id;
+  if (options_.metrics) {
+    options_.metrics->RecordEvaluation(task.kind, eval.outcome, eval.compile_ms, task.variant_id);
+    if (decision.promote) options_.metrics->RecordPromotion();
+  }
   if (decision.promote) {
     if (absl::Status s = cache_->Refresh(task.bucket, task.arch); !s.ok())
       spdlog::error("refreshing the served kernel of {}: {}", task.bucket, std::string(s.message()));
-    spdlog::info("new best for {}: {} ({:.2f} us, {} by {})", task.bucket, task.variant_id,
-                 eval.timing.median_us, TaskKindName(task.kind), worker.record.id);
+    nlohmann::json fields = {{"bucket", task.bucket},
+                             {"arch", task.arch},
+                             {"variant", task.variant_id},
+                             {"median_us", eval.timing.median_us},
+                             {"evaluation", eval.id},
+                             {"task_kind", TaskKindName(task.kind)},
+                             {"worker", worker.record.id},
+                             {"job", task.job_id}};
+    if (in.current) {
+      fields["previous_variant"] = in.current->variant_id;
+      fields["previous_median_us"] = in.current->timing.median_us;
+    }
+    LogEvent(spdlog::level::info, "promotion", fields,
+             fmt::format("promotion: new best for {} on {}: {} ({:.2f} us, {} by worker {}, job "
+                         "{}; was {})",
+                         task.bucket, task.arch, task.variant_id, eval.timing.median_us,
+                         TaskKindName(task.kind), worker.record.id, task.job_id,
+                         in.current ? fmt::format("{} at {:.2f} us", in.current->variant_id,
+                                                  in.current->timing.median_us)
+                                    : std::string("none")));
   }
   // Tell the engine before the completion so the job waits for them.
   for (const std::string& id : done->follow_up_ids) engine_->OnPromotionEnqueued(task.job_id, id);
@@ -992,6 +1122,7 @@ void KforgeApi::BeginShutdown() {
 
 absl::StatusOr<int> KforgeApi::RequeueExpired() {
   auto n = store_->RequeueExpired(Now());
+  if (n.ok() && options_.metrics) options_.metrics->RecordLeasesExpired(*n);
   if (n.ok() && *n > 0) {
     spdlog::info("requeued {} task(s) whose lease expired", *n);
     NotifyTasks();

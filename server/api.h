@@ -35,6 +35,7 @@
 #include "server/jobs.h"
 #include "server/promotion.h"
 #include "server/kernel_cache.h"
+#include "server/metrics.h"
 #include "storage/store.h"
 
 namespace kforge::server {
@@ -71,6 +72,28 @@ struct ApiOptions {
   std::vector<std::string> secrets;
   // Unix ms; tests inject one. Empty: the system clock.
   std::function<int64_t()> clock;
+  // Where accepted reports, promotions and expired leases are counted (for
+  // operators); may be null. Must outlive the api.
+  ServerMetrics* metrics = nullptr;
+};
+
+// What a worker's GPU was doing at its last heartbeat (HeartbeatRequest.
+// gpu_usage): kept in memory only, as the worker reports it anew.
+struct ReportedGpuUsage {
+  double utilization = 0;  // 0 to 1
+  int64_t memory_used_bytes = 0;
+  int64_t memory_total_bytes = 0;
+  int64_t at_unix_ms = 0;  // when the heartbeat came
+};
+
+// A stored worker as operators see it.
+struct WorkerStatus {
+  WorkerRecord record;
+  // Its last call as far as this server knows (stored last_seen, or fresher).
+  int64_t last_call_unix_ms = 0;
+  // Called within the lease TTL.
+  bool connected = false;
+  std::optional<ReportedGpuUsage> gpu_usage;  // none reported (since the server started)
 };
 
 class KforgeApi {
@@ -138,6 +161,18 @@ class KforgeApi {
   absl::Status ReportResult(const std::string& caller, const v1::ReportResultRequest& req,
                             v1::ReportResultResponse* resp);
 
+  // Operators' view (read-only). Every stored worker, by id.
+  absl::StatusOr<std::vector<WorkerStatus>> Workers();
+  // True when a connected worker can run tasks that need `need`: a GPU
+  // worker (not compile-only) of the arch, or for a compile, any worker of
+  // the arch or with it among its compile archs. The job engine asks this
+  // to say what a job waits for (JobEngineOptions::worker_available).
+  bool WorkerAvailable(const WorkerNeed& need);
+  // Logs the workers that went silent (no call within the lease TTL) since
+  // the last call; the reaper calls it. A silent worker's next call logs
+  // that it is back.
+  void NoteDepartures();
+
   // Wakes long-polling LeaseTask calls (tasks were enqueued or requeued).
   void NotifyTasks();
   // Makes long polls and watch streams return promptly; new ones return at
@@ -156,6 +191,8 @@ class KforgeApi {
     int64_t last_call_ms = 0;    // any call; says the worker is connected
     bool gated = false;          // registered with the memcheck gate
     std::string nvrtc_version;   // as registered
+    bool departed = false;       // its silence was logged (NoteDepartures)
+    std::optional<ReportedGpuUsage> gpu_usage;  // its last heartbeat's
   };
   int64_t Now() const;
   // The caller's record, refreshing its last call; PERMISSION_DENIED when
@@ -189,6 +226,7 @@ class KforgeApi {
   // A text a worker reported, as it may be stored and shown: secrets and
   // sessions redacted, at most `cap` bytes.
   std::string Scrub(std::string_view text, size_t cap) const;
+  bool Connected(const WorkerInfo& w, int64_t now) const;
 
   Store* store_;          // must outlive this
   KernelCache* cache_;    // must outlive this

@@ -68,14 +68,16 @@ std::map<std::string, Setter> KeyTable(const std::string& path, ServerConfig& cf
     };
   };
   auto tokens_key = [&](std::vector<std::string>& field) -> Setter {
-    return [bad, &field](const std::string& key, const json& v) -> absl::Status {
+    return [bad, path, &field](const std::string& key, const json& v) -> absl::Status {
       if (!v.is_array()) return bad(key, "must be an array of strings");
       std::vector<std::string> out;
       for (size_t i = 0; i < v.size(); ++i) {
         if (!v[i].is_string() || v[i].get<std::string>().empty())
           return bad(fmt::format("{}[{}]", key, i), "must be a non-empty string");
-        if (absl::Status s = CheckToken(v[i].get<std::string>(), "the token"); !s.ok())
-          return bad(fmt::format("{}[{}]", key, i), std::string(s.message()));
+        if (absl::Status s = CheckToken(v[i].get<std::string>(), fmt::format("{}[{}]", key, i));
+            !s.ok())
+          return absl::InvalidArgumentError(
+              fmt::format("config {}: {}", path, std::string(s.message())));
         out.push_back(v[i].get<std::string>());
       }
       field = std::move(out);
@@ -123,6 +125,16 @@ std::map<std::string, Setter> KeyTable(const std::string& path, ServerConfig& cf
       return absl::OkStatus();
     };
   };
+  // A file a key may leave out: "" is none, as when the key is absent, so
+  // that a sample can name the key at its default.
+  auto optional_path_key = [&](std::string& field) -> Setter {
+    return [bad, &field](const std::string& key, const json& v) -> absl::Status {
+      if (!v.is_string())
+        return bad(key, fmt::format("must be a path or \"\" (none), got {}", Excerpt(v.dump())));
+      field = v.get<std::string>();
+      return absl::OkStatus();
+    };
+  };
   auto bool_key = [&](bool& field) -> Setter {
     return [bad, &field](const std::string& key, const json& v) -> absl::Status {
       if (!v.is_boolean()) return bad(key, fmt::format("must be true or false, got {}", Excerpt(v.dump())));
@@ -134,14 +146,17 @@ std::map<std::string, Setter> KeyTable(const std::string& path, ServerConfig& cf
   return {
       {"listen", string_key(cfg.server.listen_address)},
       {"database", string_key(cfg.database)},
+      {"anchors_file", optional_path_key(cfg.anchors_file)},
       {"client_tokens", tokens_key(cfg.server.client_tokens)},
+      {"viewer_tokens", tokens_key(cfg.viewer_tokens)},
       {"worker_tokens", worker_tokens_key(cfg.server.worker_tokens)},
-      {"client_tokens_file", string_key(cfg.client_tokens_file)},
-      {"worker_tokens_file", string_key(cfg.worker_tokens_file)},
+      {"client_tokens_file", optional_path_key(cfg.client_tokens_file)},
+      {"worker_tokens_file", optional_path_key(cfg.worker_tokens_file)},
+      {"viewer_tokens_file", optional_path_key(cfg.viewer_tokens_file)},
       {"insecure_no_auth", bool_key(cfg.server.insecure_no_auth)},
-      {"tls_cert_file", string_key(cfg.tls_cert_file)},
-      {"tls_key_file", string_key(cfg.tls_key_file)},
-      {"tls_client_ca_file", string_key(cfg.tls_client_ca_file)},
+      {"tls_cert_file", optional_path_key(cfg.tls_cert_file)},
+      {"tls_key_file", optional_path_key(cfg.tls_key_file)},
+      {"tls_client_ca_file", optional_path_key(cfg.tls_client_ca_file)},
       {"allow_plaintext", bool_key(cfg.server.allow_plaintext)},
       {"allow_ungated_promotion", bool_key(cfg.server.api.allow_ungated_promotion)},
       {"confirm_on_another_worker", bool_key(cfg.server.api.confirm_on_another_worker)},
@@ -154,10 +169,24 @@ std::map<std::string, Setter> KeyTable(const std::string& path, ServerConfig& cf
       {"shutdown_grace_ms", int_key(0, 600 * 1000, cfg.server.shutdown_grace_ms)},
       {"drain_timeout_ms", int_key(0, 3600 * 1000, cfg.server.drain_timeout_ms)},
       {"http_port", int_key(0, 65535, cfg.http_port)},
+      {"stuck_job_timeout_ms", int_key(0, 7 * kDay, cfg.server.engine.stuck_timeout_ms)},
+      {"log_format",
+       [bad, &cfg](const std::string& key, const json& v) -> absl::Status {
+         if (!v.is_string() || (v.get<std::string>() != "text" && v.get<std::string>() != "json"))
+           return bad(key, fmt::format("must be \"text\" or \"json\", got {}", v.dump()));
+         cfg.log_format = v.get<std::string>();
+         return absl::OkStatus();
+       }},
       {"tune_max_variants", int_key(1, kMaxVariantsLimit, cfg.server.api.tune_max_variants)},
       {"model_proposer",
        [bad, &cfg](const std::string& key, const json& v) -> absl::Status {
-         if (!v.is_object()) return bad(key, "must be an object (see agent/model_proposer.h)");
+         // null: off, as when the key is absent.
+         if (v.is_null()) {
+           cfg.model_proposer_json.clear();
+           return absl::OkStatus();
+         }
+         if (!v.is_object())
+           return bad(key, "must be an object (see agent/model_proposer.h) or null (off)");
          cfg.model_proposer_json = v.dump();
          return absl::OkStatus();
        }},
@@ -208,9 +237,25 @@ absl::Status ApplyConfigFile(const std::string& path, ServerConfig& cfg) {
   return absl::OkStatus();
 }
 
+absl::Status ApplyModelConfigFile(const std::string& path, ServerConfig& cfg) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(fmt::format("--model-config {}: cannot open the file", path));
+  std::stringstream buf;
+  buf << in.rdbuf();
+  const json j = json::parse(buf.str(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded())
+    return absl::InvalidArgumentError(fmt::format("--model-config {}: not valid JSON", path));
+  if (!j.is_object())
+    return absl::InvalidArgumentError(fmt::format(
+        "--model-config {}: must be a JSON object (the keys of agent/model_proposer.h)", path));
+  cfg.model_proposer_json = j.dump();
+  return absl::OkStatus();
+}
+
 void ApplyEnvironment(ServerConfig& cfg) {
   for (auto& t : SplitList(std::getenv("KFORGE_CLIENT_TOKEN"))) cfg.server.client_tokens.push_back(t);
   for (auto& t : SplitList(std::getenv("KFORGE_WORKER_TOKEN"))) cfg.server.worker_tokens.push_back(t);
+  for (auto& t : SplitList(std::getenv("KFORGE_VIEWER_TOKEN"))) cfg.viewer_tokens.push_back(t);
 }
 
 namespace {
@@ -291,7 +336,9 @@ absl::Status ReadConfigFiles(ServerConfig& cfg) {
   for (const TokenFile& f : {TokenFile{cfg.client_tokens_file, "client_tokens_file",
                                        cfg.server.client_tokens},
                              TokenFile{cfg.worker_tokens_file, "worker_tokens_file",
-                                       cfg.server.worker_tokens}}) {
+                                       cfg.server.worker_tokens},
+                             TokenFile{cfg.viewer_tokens_file, "viewer_tokens_file",
+                                       cfg.viewer_tokens}}) {
     if (f.path.empty()) continue;
     absl::StatusOr<std::vector<std::string>> tokens = ReadTokenList(f.path, f.what);
     if (!tokens.ok()) return tokens.status();
@@ -334,7 +381,35 @@ absl::Status ValidateConfig(const ServerConfig& cfg) {
   if (cfg.server.listen_address.find(':') == std::string::npos)
     return absl::InvalidArgumentError(
         fmt::format("listen: '{}' is not host:port", cfg.server.listen_address));
-  return CheckAuthConfig(cfg.server);
+  if (cfg.log_format != "text" && cfg.log_format != "json")
+    return absl::InvalidArgumentError(
+        fmt::format("log_format: '{}' is not text or json", cfg.log_format));
+  if (absl::Status s = CheckAuthConfig(cfg.server); !s.ok()) return s;
+  // The dashboard is plain HTTP on the gRPC listen host, and its callers
+  // send bearer tokens: the transport rule applies to it as well.
+  if (cfg.http_port > 0 && !cfg.server.allow_plaintext &&
+      !IsLoopbackAddress(cfg.server.listen_address))
+    return absl::FailedPreconditionError(fmt::format(
+        "http_port: the dashboard serves plain HTTP on the host of {}, which is not loopback; "
+        "pass --allow-plaintext (allow_plaintext) if a TLS proxy sits in front of it, or serve "
+        "it on loopback only",
+        cfg.server.listen_address));
+  // A viewer token opens only the read-only dashboard: one that is also a
+  // worker token would let a worker host read it, and the other way round.
+  absl::StatusOr<std::vector<WorkerCredential>> workers =
+      ParseWorkerTokens(cfg.server.worker_tokens, "worker tokens");
+  for (size_t i = 0; i < cfg.viewer_tokens.size(); ++i) {
+    const std::string& v = cfg.viewer_tokens[i];
+    if (absl::Status s = CheckToken(v, fmt::format("viewer tokens[{}]", i)); !s.ok()) return s;
+    if (workers.ok())
+      for (const WorkerCredential& w : *workers)
+        if (w.token == v)
+          return absl::InvalidArgumentError(fmt::format(
+              "a token is configured as both a viewer and a worker token (worker '{}'); use "
+              "distinct tokens",
+              w.principal));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace kforge::server

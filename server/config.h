@@ -7,12 +7,16 @@
 // documents every key, is parsed by config_test). Keys (all optional):
 //   listen               "127.0.0.1:50051"
 //   database             "kforge.db"
-//   client_tokens        ["..."]   bearer tokens for KernelService
+//   client_tokens        ["..."]   bearer tokens for KernelService (they open the
+//                                    dashboard and /metrics too)
+//   viewer_tokens        ["..."]   bearer tokens for the dashboard and /metrics only
+//                                    (also KFORGE_VIEWER_TOKEN, viewer_tokens_file)
 //   worker_tokens        [...]     credentials for WorkerService, each one of
 //                                    "name:token", {"name": "...", "token": "..."}
 //                                    or a plain "token" (see below)
 //   client_tokens_file   ""       a file of client tokens, one a line ('#' comments)
 //   worker_tokens_file   ""       a file of worker credentials, one a line
+//   viewer_tokens_file   ""       a file of viewer tokens, one a line
 //   insecure_no_auth     false    only on a loopback listen address
 //   tls_cert_file        ""       PEM certificate chain: serve TLS
 //   tls_key_file         ""       its PEM private key
@@ -32,21 +36,30 @@
 //   reaper_interval_ms   1000
 //   shutdown_grace_ms    1000
 //   drain_timeout_ms     10000
-//   http_port            0        reserved for the dashboard (not served yet)
+//   http_port            0        dashboard and /metrics on this port, on the host of
+//                                 `listen` (0: not served; server/http/)
+//   stuck_job_timeout_ms 0        a job that waited this long for a worker that can run
+//                                 its tasks fails saying so (0: it waits)
+//   log_format           "text"   "json": one JSON object a line (core/logging.h)
+//   anchors_file         ""       reference times the dashboard compares bests with:
+//                                 [{"bucket": "...", "name": "varlen_attn", "us": 812.5}]
 //   tune_max_variants    16       budget of jobs GetKernel enqueues
 //   log_level            "info"
 //   model_proposer       {...}    OpenAI-compatible endpoint for proposer
 //                                 "model" (agent/model_proposer.h keys)
-// Environment: KFORGE_CLIENT_TOKEN, KFORGE_WORKER_TOKEN (comma-separated
-// lists) add to the tokens. Tokens are never taken from a flag (a flag
-// shows in /proc/<pid>/cmdline and ps): the old --client-token and
-// --worker-token are refused with a message saying where tokens go.
+// Environment: KFORGE_CLIENT_TOKEN, KFORGE_WORKER_TOKEN, KFORGE_VIEWER_TOKEN
+// (comma-separated lists) add to the tokens. Tokens are never taken from a
+// flag (a flag shows in /proc/<pid>/cmdline and ps): the old
+// --client-token, --worker-token and --viewer-token are refused with a
+// message saying where tokens go.
 //
 // Every token, from whichever source, has at least 32 printable ASCII
 // characters (core/transport.h CheckToken); messages never contain one.
 // Transport (CheckAuthConfig): without TLS the listen address must be
 // loopback unless allow_plaintext; insecure_no_auth is refused on any
-// address that is not loopback, TLS or not.
+// address that is not loopback, TLS or not. The dashboard (http_port)
+// speaks plain HTTP: on a listen host that is not loopback it needs
+// allow_plaintext (a proxy in front terminates TLS).
 //
 // Worker tokens and principals. A worker token is a credential and its name
 // is the principal of every worker that registers with it (bound by the
@@ -82,12 +95,16 @@ struct ServerConfig {
   ServerOptions server;
   std::string database = "kforge.db";
   int http_port = 0;
+  std::vector<std::string> viewer_tokens;
   std::string log_level = "info";
+  std::string log_format = "text";
+  std::string anchors_file;  // "" = none (server/http/views.h LoadAnchors)
   std::string model_proposer_json;  // "" = the model proposer is off
   // Files read by ReadConfigFiles, into `server` (tokens are added to the
   // lists, PEM text goes into the tls_* fields). "": none.
   std::string client_tokens_file;
   std::string worker_tokens_file;
+  std::string viewer_tokens_file;
   std::string tls_cert_file;
   std::string tls_key_file;
   std::string tls_client_ca_file;
@@ -109,7 +126,13 @@ std::vector<std::string> ConfigKeys();
 // integer, got \"ten\"".
 absl::Status ApplyConfigFile(const std::string& path, ServerConfig& cfg);
 
-// Adds tokens from KFORGE_CLIENT_TOKEN / KFORGE_WORKER_TOKEN.
+// --model-config: the model proposer's options (the "model_proposer" key's
+// object, agent/model_proposer.h) from a file of their own. Errors name the
+// file; the keys themselves are checked when the proposer factory is built.
+absl::Status ApplyModelConfigFile(const std::string& path, ServerConfig& cfg);
+
+// Adds tokens from KFORGE_CLIENT_TOKEN / KFORGE_WORKER_TOKEN /
+// KFORGE_VIEWER_TOKEN.
 void ApplyEnvironment(ServerConfig& cfg);
 
 // Reads the files the configuration names: token files (one entry a line;

@@ -77,6 +77,56 @@ TEST(ConfigTest, SampleParsesAndNamesEveryKey) {
   }
 }
 
+TEST(ConfigTest, OperatorKeysApply) {
+  ServerConfig cfg;
+  EXPECT_EQ(cfg.log_format, "text");
+  EXPECT_EQ(cfg.server.engine.stuck_timeout_ms, 0) << "jobs wait by default";
+  const std::string path = WriteConfig(R"({
+    "client_tokens": ["cccccccccccccccccccccccccccccccc"],
+    "worker_tokens": ["wwwwwwwwwwwwwwwwwwwwwwwwwwwwwwww"],
+    "viewer_tokens": ["vvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvv"], "stuck_job_timeout_ms": 600000,
+    "log_format": "json", "anchors_file": "/etc/kforge/anchors.json"})");
+  ASSERT_TRUE(ApplyConfigFile(path, cfg).ok());
+  EXPECT_EQ(cfg.viewer_tokens, std::vector<std::string>{"vvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvv"});
+  EXPECT_EQ(cfg.server.engine.stuck_timeout_ms, 600000);
+  EXPECT_EQ(cfg.log_format, "json");
+  EXPECT_EQ(cfg.anchors_file, "/etc/kforge/anchors.json");
+  EXPECT_TRUE(ValidateConfig(cfg).ok());
+  absl::Status s = ApplyConfigFile(WriteConfig(R"({"log_format": "xml"})"), cfg);
+  EXPECT_NE(s.message().find("log_format: must be \"text\" or \"json\""), std::string::npos) << s;
+  s = ApplyConfigFile(WriteConfig(R"({"viewer_tokens": ["short"]})"), cfg);
+  EXPECT_NE(s.message().find("viewer_tokens[0]: the token has 5 characters, fewer than 32"),
+            std::string::npos)
+      << s;
+}
+
+TEST(ConfigTest, AViewerTokenThatIsAlsoAWorkerTokenIsRefused) {
+  ServerConfig cfg;
+  cfg.server.client_tokens = {"cccccccccccccccccccccccccccccccc"};
+  cfg.server.worker_tokens = {"host-a:wwwwwwwwwwwwwwwwwwwwwwwwwwwwwwww"};
+  cfg.viewer_tokens = {"wwwwwwwwwwwwwwwwwwwwwwwwwwwwwwww"};
+  absl::Status s = ValidateConfig(cfg);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("both a viewer and a worker token (worker 'host-a')"),
+            std::string::npos)
+      << s;
+  EXPECT_EQ(s.message().find("wwww"), std::string::npos) << "never the token";
+}
+
+TEST(ConfigTest, ModelConfigFileGivesTheModelProposersOptions) {
+  ServerConfig cfg;
+  ASSERT_TRUE(ApplyModelConfigFile(WriteConfig(R"({"model": "qwen3-coder", "base_url": "http://127.0.0.1:8000/v1"})"), cfg).ok());
+  EXPECT_EQ(cfg.model_proposer_json, R"({"base_url":"http://127.0.0.1:8000/v1","model":"qwen3-coder"})");
+  absl::Status s = ApplyModelConfigFile(WriteConfig("[1, 2]"), cfg);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("must be a JSON object"), std::string::npos) << s;
+  s = ApplyModelConfigFile(WriteConfig("{"), cfg);
+  EXPECT_NE(s.message().find("not valid JSON"), std::string::npos) << s;
+  s = ApplyModelConfigFile("/nonexistent/model.json", cfg);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(s.message().find("--model-config /nonexistent/model.json"), std::string::npos) << s;
+}
+
 // Promotion is gated and confirmed elsewhere unless a config says otherwise.
 TEST(ConfigTest, PromotionDefaultsAreTheSafeOnes) {
   ServerConfig cfg;

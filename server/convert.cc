@@ -232,6 +232,13 @@ absl::Status ValidateRegistration(const v1::RegisterRequest& req) {
                    fmt::format("{} is out of range [0, {}]", g.memory_bytes(), kMaxMemory));
   if (absl::Status s = version("gpu.driver_version", g.driver_version()); !s.ok()) return s;
   if (absl::Status s = version("gpu.nvrtc_version", g.nvrtc_version()); !s.ok()) return s;
+  constexpr int kMaxCompileArchs = 64;
+  if (req.compile_archs_size() > kMaxCompileArchs)
+    return Invalid("compile_archs", fmt::format("{} archs; at most {}", req.compile_archs_size(),
+                                                kMaxCompileArchs));
+  for (int i = 0; i < req.compile_archs_size(); ++i)
+    if (absl::Status s = ValidateArch(req.compile_archs(i)); !s.ok())
+      return Invalid(fmt::format("compile_archs[{}]", i), std::string(s.message()));
   static const std::set<std::string> kTools = {"memcheck", "racecheck", "synccheck", "initcheck"};
   if (req.sanitizer_tools_size() > 16)
     return Invalid("sanitizer_tools",
@@ -375,6 +382,7 @@ void JobToProto(const JobView& job, v1::Job* out) {
     jp->set_evaluated(p.evaluated);
     jp->set_verified(p.verified);
     jp->set_failed(p.failed);
+    jp->set_compiled(p.compiled);
     jp->set_best_variant_id(p.best_variant_id);
     if (!p.best_variant_id.empty()) TimingToProto(p.best_timing, jp->mutable_best_timing());
   }
@@ -384,6 +392,7 @@ void JobToProto(const JobView& job, v1::Job* out) {
   out->set_message(job.record.message);
   out->set_seed(job.record.seed);
   out->set_compile_only(job.spec.compile_only);
+  out->set_waiting_for(job.waiting_for);
 }
 
 void ProvenanceToProto(const VariantRecord& v, v1::Provenance* out) {
@@ -529,6 +538,7 @@ void WorkerToProto(const WorkerRecord& w, int64_t last_seen_unix_ms, bool connec
     gpu->set_nvrtc_version(str("nvrtc_version"));
   }
   for (const auto& t : w.sanitizer_tools) out->add_sanitizer_tools(t);
+  for (const auto& a : w.compile_archs) out->add_compile_archs(a);
 }
 
 }  // namespace kforge::server

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "core/logging.h"
 #include "core/outcome.h"
 #include "core/shape_json.h"
 
@@ -40,10 +41,14 @@ struct JobEngine::JobState {
   JobSpec spec;
   std::vector<BucketState> buckets;
   std::map<std::string, size_t> task_bucket;  // EVALUATE task id -> bucket index
-  std::set<std::string> promotions;           // outstanding CONFIRM/RETIME task ids
+  // Outstanding CONFIRM/RETIME task ids -> their arch ("" until looked up).
+  std::map<std::string, std::string> promotions;
   int64_t deadline_ms = 0;                    // 0: none
   uint64_t tasks_made = 0;                    // for per-task seeds
   bool finished = false;
+  std::string waiting;             // what no connected worker can run; "" for nothing
+  int64_t waiting_since_ms = 0;    // when `waiting` was last set from ""
+  int64_t next_wait_check_ms = 0;  // CheckWaiting runs about once a second
 };
 
 namespace {
@@ -88,6 +93,7 @@ json ProgressToJson(const std::vector<BucketProgress>& progress) {
                        {"evaluated", p.evaluated},
                        {"verified", p.verified},
                        {"failed", p.failed},
+                       {"compiled", p.compiled},
                        {"best_variant_id", p.best_variant_id},
                        {"best_median_us", p.best_timing.median_us},
                        {"best_min_us", p.best_timing.min_us},
@@ -111,6 +117,7 @@ std::vector<BucketProgress> ProgressFromJson(const std::string& text) {
     p.evaluated = e.value("evaluated", 0);
     p.verified = e.value("verified", 0);
     p.failed = e.value("failed", 0);
+    p.compiled = e.value("compiled", 0);
     p.best_variant_id = e.value("best_variant_id", "");
     p.best_timing.median_us = e.value("best_median_us", 0.0);
     p.best_timing.min_us = e.value("best_min_us", 0.0);
@@ -153,6 +160,20 @@ agent::Feedback FeedbackOf(const std::string& variant_id, const agent::Candidate
 }
 
 }  // namespace
+
+std::string WaitingMessage(const std::vector<WorkerNeed>& unmet) {
+  std::vector<std::string> parts;
+  for (const WorkerNeed& n : unmet) {
+    std::string part =
+        fmt::format("{} of arch {}", n.gpu ? "a GPU worker" : "a worker", n.arch);
+    if (std::find(parts.begin(), parts.end(), part) == parts.end()) parts.push_back(part);
+  }
+  if (parts.empty()) return "";
+  std::string out = "waiting for " + parts[0];
+  for (size_t i = 1; i < parts.size(); ++i)
+    out += (i + 1 == parts.size() ? " and " : ", ") + parts[i];
+  return out;
+}
 
 bool IsFinal(JobState s) {
   return s == JobState::kSucceeded || s == JobState::kFailed || s == JobState::kCancelled;
@@ -348,14 +369,75 @@ void JobEngine::Loop() {
 }
 
 void JobEngine::Tick() {
-  // Time budgets end without any task completing; check them here.
+  // Time budgets end without any task completing; check them here. So do
+  // the workers a job waits for: they come and go between its events.
   const int64_t now = NowMs();
   for (auto& [id, job] : jobs_) {
     bool due = job->deadline_ms > 0 && now >= job->deadline_ms;
     for (const auto& b : job->buckets) due |= b.retry_at_ms > 0 && now >= b.retry_at_ms;
     if (due) Advance(*job);
+    if (!job->finished && now >= job->next_wait_check_ms) {
+      job->next_wait_check_ms = now + 1000;
+      CheckWaiting(*job);
+    }
   }
   std::erase_if(jobs_, [](const auto& kv) { return kv.second->finished; });
+}
+
+std::vector<WorkerNeed> JobEngine::UnmetNeeds(JobState& job) {
+  std::vector<WorkerNeed> needs;
+  for (const auto& b : job.buckets)
+    if (b.outstanding > 0) needs.push_back({b.bucket.arch, !job.spec.compile_only});
+  for (auto& [task_id, arch] : job.promotions) {
+    if (arch.empty()) {
+      // Enqueued by a report (OnPromotionEnqueued names the id only).
+      auto t = store_->GetTask(task_id);
+      if (!t.ok()) continue;
+      arch = t->arch;
+    }
+    needs.push_back({arch, true});
+  }
+  std::vector<WorkerNeed> unmet;
+  if (!options_.worker_available) return unmet;
+  for (const WorkerNeed& n : needs)
+    if (!options_.worker_available(n)) unmet.push_back(n);
+  return unmet;
+}
+
+void JobEngine::CheckWaiting(JobState& job) {
+  const std::string waiting = WaitingMessage(UnmetNeeds(job));
+  const int64_t now = NowMs();
+  if (waiting != job.waiting) {
+    const bool started = job.waiting.empty();
+    job.waiting = waiting;
+    if (started) job.waiting_since_ms = now;
+    {
+      std::lock_guard lock(watch_mu_);
+      if (waiting.empty()) waiting_.erase(job.record.id);
+      else waiting_[job.record.id] = waiting;
+    }
+    if (waiting.empty()) {
+      LogEvent(spdlog::level::info, "job_unblocked", {{"job", job.record.id}},
+               fmt::format("job {}: a connected worker can run its tasks again", job.record.id));
+      Persist(job, "a connected worker can run its tasks");
+    } else {
+      LogEvent(spdlog::level::warn, "job_waiting",
+               {{"job", job.record.id}, {"waiting_for", waiting}},
+               fmt::format("job {}: {} (no connected worker can run its open tasks)",
+                           job.record.id, waiting));
+      Persist(job, waiting);
+    }
+  }
+  if (!job.waiting.empty() && options_.stuck_timeout_ms > 0 &&
+      now - job.waiting_since_ms >= options_.stuck_timeout_ms) {
+    if (auto c = store_->CancelTasks(job.record.id); !c.ok())
+      spdlog::error("job {}: cancelling tasks: {}", job.record.id, std::string(c.status().message()));
+    // The configured timeout, not the time measured: checks run once a
+    // second, and the message should not depend on when one fell.
+    Finish(job, kforge::JobState::kFailed,
+           fmt::format("{} for {:g} s: no connected worker can run its tasks", job.waiting,
+                       static_cast<double>(options_.stuck_timeout_ms) / 1000.0));
+  }
 }
 
 absl::StatusOr<JobView> JobEngine::Submit(JobSpec spec) {
@@ -389,6 +471,16 @@ absl::StatusOr<JobView> JobEngine::Submit(JobSpec spec) {
   if (!id.ok()) return id.status();
   auto stored = store_->GetJob(*id);
   if (!stored.ok()) return stored.status();
+  LogEvent(spdlog::level::info, "job_submitted",
+           {{"job", *id},
+            {"name", spec.name},
+            {"buckets", progress.size()},
+            {"proposer", spec.proposer},
+            {"max_variants", spec.max_variants},
+            {"compile_only", spec.compile_only}},
+           fmt::format("job {} submitted: '{}', {} bucket(s), proposer {}, {} variants a bucket{}",
+                       *id, spec.name, progress.size(), spec.proposer, spec.max_variants,
+                       spec.compile_only ? ", compile only" : ""));
   {
     std::lock_guard lock(watch_mu_);
     for (const auto& p : progress) active_buckets_[p.bucket] = *id;
@@ -405,7 +497,15 @@ absl::StatusOr<JobView> JobEngine::Get(const std::string& job_id) {
   if (job_id.empty()) return absl::NotFoundError("job_id: empty");
   auto rec = store_->GetJob(job_id);
   if (!rec.ok()) return rec.status();
-  return DecodeJob(*rec);
+  auto view = DecodeJob(*rec);
+  if (view.ok() && !IsFinal(view->record.state)) view->waiting_for = WaitingFor(job_id);
+  return view;
+}
+
+std::string JobEngine::WaitingFor(const std::string& job_id) {
+  std::lock_guard lock(watch_mu_);
+  auto it = waiting_.find(job_id);
+  return it == waiting_.end() ? std::string() : it->second;
 }
 
 absl::StatusOr<JobView> JobEngine::Cancel(const std::string& job_id, const std::string& why) {
@@ -436,7 +536,7 @@ void JobEngine::OnTaskCompleted(const TaskRecord& task, const EvaluationRecord& 
 void JobEngine::OnPromotionEnqueued(const std::string& job_id, const std::string& task_id) {
   Post([this, job_id, task_id] {
     auto it = jobs_.find(job_id);
-    if (it != jobs_.end()) it->second->promotions.insert(task_id);
+    if (it != jobs_.end()) it->second->promotions.emplace(task_id, "");
   });
 }
 
@@ -530,7 +630,7 @@ absl::Status JobEngine::ResumeJob(const JobRecord& record) {
     job->tasks_made++;
     if (IsPromotion(t.kind)) {
       if (t.state == TaskState::kQueued || t.state == TaskState::kLeased)
-        job->promotions.insert(t.id);
+        job->promotions[t.id] = t.arch;
       continue;
     }
     if (t.kind != TaskKind::kEvaluate && t.kind != TaskKind::kCompile) continue;
@@ -580,6 +680,8 @@ absl::Status JobEngine::ResumeJob(const JobRecord& record) {
       }
     } else if (IsFailure(ev.eval.outcome)) {
       b.progress.failed++;
+    } else if (ev.eval.outcome == Outcome::kCompiled) {
+      b.progress.compiled++;
     }
     CountCrash(b, ev.eval);
     b.proposer->Observe(FeedbackOf(ev.variant_id, c, ev.eval));
@@ -796,6 +898,7 @@ void JobEngine::HandleCompleted(const TaskRecord& task, const EvaluationRecord& 
     } else {
       if (IsFailure(eval.outcome)) b.progress.failed++;
       CountCrash(b, eval);
+      if (eval.outcome == Outcome::kCompiled) b.progress.compiled++;
       msg = fmt::format("variant {} {}{}{}", task.variant_id, OutcomeName(eval.outcome),
                         eval.message.empty() ? "" : ": ", eval.message.substr(0, 200));
     }
@@ -810,8 +913,26 @@ void JobEngine::Finish(JobState& job, kforge::JobState state, const std::string&
   job.finished = true;
   job.record.state = state;
   job.record.message = message;
+  job.waiting.clear();
+  int proposed = 0, evaluated = 0;
+  for (const auto& b : job.buckets) {
+    proposed += b.progress.proposed;
+    evaluated += b.progress.evaluated;
+  }
+  LogEvent(state == kforge::JobState::kFailed ? spdlog::level::warn : spdlog::level::info,
+           state == kforge::JobState::kCancelled ? "job_cancelled" : "job_finished",
+           {{"job", job.record.id},
+            {"state", JobStateName(state)},
+            {"message", message},
+            {"proposed", proposed},
+            {"evaluated", evaluated},
+            {"tokens", job.record.tokens_used}},
+           fmt::format("job {} {}: {} ({} proposed, {} evaluated, {} tokens)", job.record.id,
+                       JobStateName(state), message, proposed, evaluated,
+                       job.record.tokens_used));
   {
     std::lock_guard lock(watch_mu_);
+    waiting_.erase(job.record.id);
     for (const auto& b : job.buckets) {
       auto it = active_buckets_.find(b.id);
       if (it != active_buckets_.end() && it->second == job.record.id) active_buckets_.erase(it);
@@ -836,6 +957,7 @@ JobView JobEngine::ViewOf(const JobState& job) const {
   JobView v;
   v.record = job.record;
   v.spec = job.spec;
+  v.waiting_for = job.waiting;
   for (const auto& b : job.buckets) v.progress.push_back(b.progress);
   return v;
 }

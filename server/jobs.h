@@ -79,6 +79,7 @@ struct BucketProgress {
   int evaluated = 0;
   int verified = 0;
   int failed = 0;
+  int compiled = 0;  // compiled and not run (compile-only jobs)
   std::string best_variant_id;  // best of this job's candidates on the bucket
   Timing best_timing;
 };
@@ -88,6 +89,9 @@ struct JobView {
   JobRecord record;
   JobSpec spec;
   std::vector<BucketProgress> progress;
+  // "waiting for a worker of arch sm_100a" while no connected worker can
+  // run the job's open tasks (JobEngine::WaitingFor); "" otherwise.
+  std::string waiting_for;
 };
 
 std::string EncodeJobSpec(const JobSpec& spec);
@@ -114,6 +118,17 @@ struct JobEvent {
   bool final = false;   // the job reached a final state: no event follows
 };
 
+// What a job's open tasks need of a worker: its arch, and a GPU (EVALUATE,
+// CONFIRM, RETIME) or a compiler only (COMPILE).
+struct WorkerNeed {
+  std::string arch;
+  bool gpu = true;
+};
+
+// "waiting for a worker of arch sm_100a" / "... a GPU worker of arch sm_90a"
+// for the needs no connected worker meets.
+std::string WaitingMessage(const std::vector<WorkerNeed>& unmet);
+
 struct JobEngineOptions {
   int candidates_per_round = 4;  // per bucket
   // A proposer answering UNAVAILABLE (model endpoint down, rate limited) is
@@ -127,6 +142,13 @@ struct JobEngineOptions {
   // on; must outlive the engine. Null: the system's clock. A job's
   // created_unix_ms, from which its time budget runs, is this clock's.
   Clock* clock = nullptr;
+  // Whether a connected worker can run tasks that need `need` (the server
+  // asks the api, which knows the workers). Empty: every need is met. Called
+  // on the engine thread about once a second per active job and bucket.
+  std::function<bool(const WorkerNeed&)> worker_available;
+  // A job that has waited this long for a worker that can run its open
+  // tasks fails, saying what it waited for. 0: it waits as long as it takes.
+  int64_t stuck_timeout_ms = 0;
 };
 
 class JobEngine {
@@ -174,6 +196,10 @@ class JobEngine {
   // tune_if_untuned, so repeated requests do not pile up jobs).
   std::optional<std::string> ActiveJobForBucket(const std::string& bucket_id);
 
+  // What the active job waits for (JobView::waiting_for); "" when a
+  // connected worker can run each of its open tasks, or it is not active.
+  std::string WaitingFor(const std::string& job_id);
+
  private:
   struct BucketState;
   struct JobState;
@@ -181,6 +207,10 @@ class JobEngine {
   void Post(std::function<void()> fn);
   void Loop();
   void Tick();
+  // The needs of the job's open tasks that no connected worker meets.
+  std::vector<WorkerNeed> UnmetNeeds(JobState& job);
+  // Updates what the job waits for; fails it past stuck_timeout_ms.
+  void CheckWaiting(JobState& job);
   void ResumeAll(const std::vector<JobRecord>& active);
   absl::Status ResumeJob(const JobRecord& record);
   void Advance(JobState& job);
@@ -219,6 +249,7 @@ class JobEngine {
   std::map<uint64_t, Watcher> watchers_;  // guarded by watch_mu_
   uint64_t next_watch_id_ = 1;            // guarded by watch_mu_
   std::map<std::string, std::string> active_buckets_;  // bucket -> job; guarded by watch_mu_
+  std::map<std::string, std::string> waiting_;  // job -> what it waits for; guarded by watch_mu_
 };
 
 }  // namespace kforge::server

@@ -128,14 +128,13 @@ int64_t Now() {
 class JobsTest : public ::testing::Test {
  protected:
   void SetUp() override { store_ = NewMemoryStore(); }
-  JobEngineOptions Options() {
-    JobEngineOptions o;
+  JobEngineOptions Options(JobEngineOptions o = {}) {
     o.clock = &clock_;
     o.on_tasks_enqueued = [this] { enqueued_.Notify(); };
     return o;
   }
-  std::unique_ptr<JobEngine> Engine(int limit, int per_round = 2) {
-    JobEngineOptions o = Options();
+  std::unique_ptr<JobEngine> Engine(int limit, int per_round = 2, JobEngineOptions extra = {}) {
+    JobEngineOptions o = Options(std::move(extra));
     o.candidates_per_round = per_round;
     auto e = std::make_unique<JobEngine>(
         store_.get(),
@@ -176,6 +175,18 @@ class JobsTest : public ::testing::Test {
   }
   JobView WaitFor(JobEngine& e, const std::string& id, std::function<bool(const JobView&)> pred) {
     return WaitForJob(e, id, pred);
+  }
+  // Moves the engine's clock a tick at a time (after the engine is back in
+  // its wait) until `pred` holds: for what the engine finds on its ticks.
+  JobView AdvanceUntil(JobEngine& e, const std::string& id,
+                       const std::function<bool(const JobView&)>& pred) {
+    for (int i = 0; i < 2000; ++i) {
+      if (auto v = e.Get(id); v.ok() && pred(*v)) return *v;
+      EXPECT_TRUE(clock_.AwaitWaiters(1));
+      clock_.Advance(std::chrono::milliseconds(250));
+    }
+    ADD_FAILURE() << "the job never got there";
+    return {};
   }
   ManualClock clock_;  // outlives the engines the tests make
   Signal enqueued_;
@@ -467,6 +478,108 @@ TEST_F(JobsTest, CancelStopsTheJobAndItsTasks) {
   EXPECT_EQ(c->record.state, JobState::kCancelled);
   EXPECT_FALSE(CompleteOne(*engine, Outcome::kVerified, 1.0));
   EXPECT_EQ(engine->Cancel("j999999", "x").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(WaitingMessage, NamesEachArchOnceAndWhetherAGpuIsNeeded) {
+  EXPECT_EQ(WaitingMessage({}), "");
+  EXPECT_EQ(WaitingMessage({{"sm_100a", false}}), "waiting for a worker of arch sm_100a");
+  EXPECT_EQ(WaitingMessage({{"sm_90a", true}, {"sm_90a", true}, {"sm_100a", false}, {"sm_80", true}}),
+            "waiting for a GPU worker of arch sm_90a, a worker of arch sm_100a and a GPU worker "
+            "of arch sm_80");
+}
+
+TEST_F(JobsTest, AJobNoConnectedWorkerCanRunSaysWhatItWaitsForUntilOneComes) {
+  std::atomic<bool> available{false};
+  std::vector<WorkerNeed> asked;
+  std::vector<std::string> events;  // before the engine: its watcher writes here
+  std::mutex mu;
+  JobEngineOptions o;
+  o.worker_available = [&](const WorkerNeed& n) {
+    std::lock_guard lock(mu);
+    asked.push_back(n);
+    return available.load();
+  };
+  auto engine = Engine(100, 2, o);
+  JobSpec spec;
+  spec.shapes = {Shape()};
+  spec.compile_only = true;
+  auto job = engine->Submit(spec);
+  ASSERT_TRUE(job.ok());
+  engine->Watch(job->record.id, [&](const JobEvent& ev) {
+    std::lock_guard lock(mu);
+    events.push_back(ev.message + "|" + ev.job.waiting_for);
+  });
+  JobView v = AdvanceUntil(*engine, job->record.id, [](const JobView& v) { return !v.waiting_for.empty(); });
+  EXPECT_EQ(v.waiting_for, "waiting for a worker of arch sm_90a");
+  EXPECT_EQ(engine->WaitingFor(job->record.id), v.waiting_for);
+  {
+    std::lock_guard lock(mu);
+    ASSERT_FALSE(asked.empty());
+    EXPECT_EQ(asked[0].arch, "sm_90a");
+    EXPECT_FALSE(asked[0].gpu) << "a compile-only job needs a compiler, not a GPU";
+  }
+  available = true;
+  v = AdvanceUntil(*engine, job->record.id, [](const JobView& v) { return v.waiting_for.empty(); });
+  EXPECT_EQ(v.waiting_for, "");
+  EXPECT_EQ(v.record.state, JobState::kRunning);
+  engine->Stop();
+  std::lock_guard lock(mu);
+  EXPECT_NE(std::find(events.begin(), events.end(),
+                      "waiting for a worker of arch sm_90a|waiting for a worker of arch sm_90a"),
+            events.end());
+  EXPECT_NE(std::find(events.begin(), events.end(), "a connected worker can run its tasks|"),
+            events.end());
+}
+
+TEST_F(JobsTest, AStuckJobFailsAfterTheTimeoutSayingWhatItWaitedFor) {
+  JobEngineOptions o;
+  o.worker_available = [](const WorkerNeed&) { return false; };
+  o.stuck_timeout_ms = 60000;
+  auto engine = Engine(100, 2, o);
+  JobSpec spec;
+  spec.shapes = {Shape()};
+  auto job = engine->Submit(spec);
+  ASSERT_TRUE(job.ok());
+  JobView v = AdvanceUntil(*engine, job->record.id, [](const JobView& v) { return !v.waiting_for.empty(); });
+  EXPECT_EQ(v.waiting_for, "waiting for a GPU worker of arch sm_90a");
+  ASSERT_TRUE(clock_.AwaitWaiters(1));
+  clock_.Advance(std::chrono::seconds(30));
+  ASSERT_TRUE(clock_.AwaitWaiters(1));  // the tick at +30 s has run
+  ASSERT_TRUE(engine->Get(job->record.id).ok());
+  EXPECT_FALSE(IsFinal(engine->Get(job->record.id)->record.state)) << "not before the timeout";
+  clock_.Advance(std::chrono::seconds(31));
+  v = AdvanceUntil(*engine, job->record.id, [](const JobView& v) { return IsFinal(v.record.state); });
+  EXPECT_EQ(v.record.state, JobState::kFailed);
+  EXPECT_EQ(v.record.message,
+            "waiting for a GPU worker of arch sm_90a for 60 s: no connected worker can run its tasks");
+  EXPECT_EQ(v.waiting_for, "");
+  EXPECT_FALSE(CompleteOne(*engine, Outcome::kVerified, 1.0)) << "its tasks were cancelled";
+}
+
+TEST_F(JobsTest, CompileOnlyProgressCountsTheCompiledResults) {
+  auto engine = Engine(/*limit=*/3, /*per_round=*/3);
+  JobSpec spec;
+  spec.shapes = {Shape()};
+  spec.compile_only = true;
+  spec.max_variants = 3;
+  auto job = engine->Submit(spec);
+  ASSERT_TRUE(job.ok());
+  int done = 0;
+  for (int i = 0; i < 200 && done < 3; ++i) {
+    if (CompleteOne(*engine, done == 1 ? Outcome::kCompileError : Outcome::kCompiled, 0)) ++done;
+    else std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  JobView v = WaitFor(*engine, job->record.id, [](const JobView& v) { return IsFinal(v.record.state); });
+  ASSERT_EQ(v.progress.size(), 1u);
+  EXPECT_EQ(v.progress[0].evaluated, 3);
+  EXPECT_EQ(v.progress[0].compiled, 2);
+  EXPECT_EQ(v.progress[0].failed, 1);
+  EXPECT_EQ(v.progress[0].verified, 0);
+  // Kept in the stored progress too (a restart recomputes it from the tasks).
+  auto rec = store_->GetJob(job->record.id);
+  ASSERT_TRUE(rec.ok());
+  ASSERT_TRUE(DecodeJob(*rec).ok());
+  EXPECT_EQ(DecodeJob(*rec)->progress[0].compiled, 2);
 }
 
 }  // namespace

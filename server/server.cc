@@ -18,6 +18,7 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/support/server_interceptor.h>
 #include <spdlog/spdlog.h>
 
 #include "core/status.h"
@@ -376,6 +377,42 @@ class WorkerServiceImpl final : public WorkerServiceBase {
   size_t max_report_bytes_;
 };
 
+// Counts every call by method and final status, timed from when gRPC
+// created the call to when it sends the status (a long poll or a watch
+// stream counts its whole length).
+class MetricsInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  MetricsInterceptor(std::string method, ServerMetrics* metrics)
+      : method_(std::move(method)), metrics_(metrics), start_(std::chrono::steady_clock::now()) {}
+
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    using grpc::experimental::InterceptionHookPoints;
+    if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_STATUS)) {
+      const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start_;
+      metrics_->RecordRpc(method_, methods->GetSendStatus().error_code(), took.count());
+    }
+    methods->Proceed();
+  }
+
+ private:
+  std::string method_;
+  ServerMetrics* metrics_;  // must outlive the call
+  std::chrono::steady_clock::time_point start_;
+};
+
+class MetricsInterceptorFactory final
+    : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  explicit MetricsInterceptorFactory(ServerMetrics* metrics) : metrics_(metrics) {}
+  grpc::experimental::Interceptor* CreateServerInterceptor(
+      grpc::experimental::ServerRpcInfo* info) override {
+    return new MetricsInterceptor(info->method() ? info->method() : "", metrics_);
+  }
+
+ private:
+  ServerMetrics* metrics_;  // must outlive the server
+};
+
 }  // namespace
 
 absl::Status CheckAuthConfig(const ServerOptions& o) {
@@ -489,6 +526,7 @@ class Server::Impl {
     ApiOptions api = o.api;
     api.secrets.insert(api.secrets.end(), o.client_tokens.begin(), o.client_tokens.end());
     for (const WorkerCredential& c : WorkerCredentialsOf(o)) api.secrets.push_back(c.token);
+    api.metrics = o.metrics;
     return api;
   }
 
@@ -500,6 +538,8 @@ class Server::Impl {
       api_.NotifyTasks();
       if (user) user();
     };
+    if (!o.worker_available)
+      o.worker_available = [this](const WorkerNeed& need) { return api_.WorkerAvailable(need); };
     return o;
   }
 
@@ -520,6 +560,11 @@ class Server::Impl {
     builder.RegisterService(&kernel_service_);
     builder.RegisterService(&worker_service_);
     builder.SetMaxReceiveMessageSize(options_.max_receive_message_bytes);
+    if (options_.metrics) {
+      std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> f;
+      f.push_back(std::make_unique<MetricsInterceptorFactory>(options_.metrics));
+      builder.experimental().SetInterceptorCreators(std::move(f));
+    }
     server_ = builder.BuildAndStart();
     if (!server_ || port_ == 0)
       return absl::UnavailableError(
@@ -547,6 +592,7 @@ class Server::Impl {
       lock.unlock();
       if (auto n = api_.RequeueExpired(); !n.ok())
         spdlog::error("reaper: {}", std::string(n.status().message()));
+      api_.NoteDepartures();
       lock.lock();
     }
   }
@@ -597,6 +643,8 @@ class Server::Impl {
 
   int port_ = 0;
   std::string address_;
+  KforgeApi& api() { return api_; }
+  JobEngine& engine() { return engine_; }
 
  private:
   ServerOptions options_;
@@ -639,5 +687,7 @@ int Server::port() const { return impl_->port_; }
 std::string Server::address() const { return impl_->address_; }
 void Server::Shutdown() { impl_->Shutdown(); }
 void Server::Wait() { impl_->Wait(); }
+KforgeApi& Server::api() { return impl_->api(); }
+JobEngine& Server::engine() { return impl_->engine(); }
 
 }  // namespace kforge::server

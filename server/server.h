@@ -19,6 +19,7 @@
 #include "server/api.h"
 #include "server/jobs.h"
 #include "server/kernel_cache.h"
+#include "server/metrics.h"
 #include "storage/store.h"
 
 namespace kforge::server {
@@ -42,6 +43,9 @@ struct ServerOptions {
   int drain_timeout_ms = 10000;
   int max_receive_message_bytes = 64 << 20;  // cubins come with results
   JobEngineOptions engine;
+  // Counts every RPC (method, code, latency) and what the api records; may
+  // be null. Must outlive the server.
+  ServerMetrics* metrics = nullptr;
 };
 
 class Server {
@@ -59,6 +63,10 @@ class Server {
   std::string address() const;          // host:port actually bound
   void Shutdown();                      // idempotent
   void Wait();                          // until Shutdown() completed
+
+  // For read-only operator views (server/http/): valid while the server is.
+  KforgeApi& api();
+  JobEngine& engine();
 
   class Impl;
 

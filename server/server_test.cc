@@ -13,6 +13,8 @@
 
 #include <fmt/format.h>
 #include <grpcpp/grpcpp.h>
+#include <spdlog/sinks/ringbuffer_sink.h>
+#include <spdlog/spdlog.h>
 #include <gtest/gtest.h>
 
 #include <sqlite3.h>
@@ -1540,6 +1542,43 @@ TEST_F(ClaimsTest, ListWorkersSaysWhoIsConnected) {
   EXPECT_EQ(resp.workers(0).state(), v1::WORKER_STATE_CONNECTED);
 }
 
+TEST_F(ClaimsTest, AWorkerSilentPastTheLeaseTtlIsLoggedAsLeftAndItsNextCallAsBack) {
+  // The ring buffer sink reads back under its own lock: the reaper logs on
+  // its thread while the test reads.
+  auto sink = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(1000);
+  auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>("test", sink));
+  auto text_of = [&] {
+    std::string all;
+    for (const std::string& line : sink->last_formatted()) all += line;
+    return all;
+  };
+  struct Restore {
+    std::shared_ptr<spdlog::logger> logger;
+    ~Restore() { spdlog::set_default_logger(logger); }
+  } restore{previous};
+  ServerOptions o = WithClock();
+  Start(o, 1);
+  const std::string w = RegisterWorker("leaver");
+  auto logged = [&](const std::string& text) {
+    for (int i = 0; i < 100; ++i) {
+      if (text_of().find(text) != std::string::npos) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  };
+  EXPECT_TRUE(logged(fmt::format("leaver joined as {}", w))) << text_of();
+  *clock_ += o.api.lease_ttl_ms + 1000;
+  EXPECT_TRUE(logged(fmt::format("worker {} (leaver, sm_90a) left: no call for 61 s", w)))
+      << text_of();
+  v1::HeartbeatRequest hb;
+  v1::HeartbeatResponse hr;
+  ASSERT_TRUE(workers_->Heartbeat(WCtx(w).get(), hb, &hr).ok());
+  EXPECT_TRUE(logged(fmt::format("worker {} (leaver) is back", w))) << text_of();
+  const std::string text = text_of();
+  EXPECT_EQ(text.find("left"), text.rfind("left")) << "logged once";
+}
+
 TEST_F(ClaimsTest, TimingsBelowThePhysicalFloorAreRefused) {
   Start({}, 1);
   SubmitJob(1);
@@ -1994,6 +2033,151 @@ TEST_F(ClaimsTest, ACubinThatNoLongerMatchesItsHashIsNotServed) {
   ASSERT_TRUE(GetKernel(MakeShape(), &k).ok());
   EXPECT_FALSE(k.kernel().tuned());
   EXPECT_NE(k.kernel().cubin(), "tampered");
+}
+
+// ------------------------------------------------ compile archs, waiting
+
+TEST_F(ServerTest, AWorkerTakesCompileTasksOfItsCompileArchsAfterItsOwnArchsTasks) {
+  Start({}, 2);
+  v1::SubmitJobRequest compile_job;
+  compile_job.set_name("b200");
+  compile_job.set_compile_only(true);
+  v1::Shape b200 = MakeShape();
+  b200.set_arch("sm_100a");
+  *compile_job.add_shapes() = b200;
+  compile_job.mutable_budget()->set_max_variants(2);
+  v1::Job cj;
+  ASSERT_TRUE(kernels_->SubmitJob(Ctx(kClient).get(), compile_job, &cj).ok());
+  // Nobody compiles for sm_100a yet: the job says so.
+  v1::Job got;
+  for (int i = 0; i < 100 && got.waiting_for().empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    got = GetJob(cj.id());
+  }
+  EXPECT_EQ(got.waiting_for(), "waiting for a worker of arch sm_100a");
+  const v1::Job gpu_job = SubmitJob(2);  // sm_90a, after the compile job
+
+  // A worker of its own arch only takes none of the sm_100a tasks.
+  const std::string plain = RegisterWorker("plain");
+  for (int i = 0; i < 2; ++i) {
+    auto t = Lease(plain, 100);
+    ASSERT_TRUE(t);
+    EXPECT_EQ(t->kind(), v1::TASK_KIND_EVALUATE);
+  }
+  EXPECT_FALSE(Lease(plain, 100)) << "sm_100a compile tasks are not for an sm_90a-only worker";
+
+  v1::RegisterRequest req;
+  req.set_worker_name("multi");
+  req.mutable_gpu()->set_arch("sm_90a");
+  req.set_compile_only(true);
+  req.add_compile_archs("sm_100a");
+  req.add_compile_archs("sm_90a");   // its own: dropped
+  req.add_compile_archs("sm_100a");  // twice: once
+  v1::RegisterResponse resp;
+  ASSERT_TRUE(workers_->Register(Ctx(kWorker).get(), req, &resp).ok());
+  sessions_[resp.worker_id()] = resp.session_token();
+  const std::string multi = resp.worker_id();
+  for (int i = 0; i < 2; ++i) {
+    auto t = Lease(multi, 100);
+    ASSERT_TRUE(t);
+    EXPECT_EQ(t->kind(), v1::TASK_KIND_COMPILE);
+    EXPECT_EQ(t->shape().arch(), "sm_100a");
+    EXPECT_EQ(t->job_id(), cj.id());
+    ASSERT_TRUE(Report(multi, *t, 0, 1, 0, v1::EVAL_OUTCOME_COMPILED));
+  }
+  v1::Job done = WaitForState(cj.id(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(done.progress(0).compiled(), 2);
+  EXPECT_EQ(done.waiting_for(), "");
+
+  v1::ListWorkersResponse listed;
+  ASSERT_TRUE(kernels_->ListWorkers(Ctx(kClient).get(), v1::ListWorkersRequest(), &listed).ok());
+  ASSERT_EQ(listed.workers_size(), 2);
+  EXPECT_TRUE(listed.workers(0).compile_archs().empty());
+  EXPECT_EQ(std::vector<std::string>(listed.workers(1).compile_archs().begin(),
+                                     listed.workers(1).compile_archs().end()),
+            std::vector<std::string>{"sm_100a"});
+  EXPECT_EQ(GetJob(gpu_job.id()).waiting_for(), "") << "a GPU worker of sm_90a is connected";
+}
+
+TEST_F(ServerTest, RegisterRefusesACompileArchThatIsNoArchName) {
+  Start();
+  v1::RegisterRequest req;
+  req.set_worker_name("bad");
+  req.mutable_gpu()->set_arch("sm_90a");
+  req.add_compile_archs("sm_100a");
+  req.add_compile_archs("compute_90");
+  v1::RegisterResponse resp;
+  grpc::Status s = workers_->Register(Ctx(kWorker).get(), req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message().rfind("compile_archs[1]: ", 0), 0u) << s.error_message();
+}
+
+TEST_F(ServerTest, HeartbeatsReportTheGpuUsageWorkersListShow) {
+  Start();
+  const std::string w = RegisterWorker();
+  v1::HeartbeatRequest hb;
+  v1::HeartbeatResponse hr;
+  hb.mutable_gpu_usage()->set_utilization(1.5);
+  grpc::Status s = workers_->Heartbeat(WCtx(w).get(), hb, &hr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(), "gpu_usage.utilization: 1.5 is not a fraction from 0 to 1");
+  hb.mutable_gpu_usage()->set_utilization(0.25);
+  hb.mutable_gpu_usage()->set_memory_used_bytes(9);
+  hb.mutable_gpu_usage()->set_memory_total_bytes(8);
+  s = workers_->Heartbeat(WCtx(w).get(), hb, &hr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("gpu_usage.memory_used_bytes"), std::string::npos);
+  v1::ListWorkersResponse listed;
+  ASSERT_TRUE(kernels_->ListWorkers(Ctx(kClient).get(), v1::ListWorkersRequest(), &listed).ok());
+  EXPECT_FALSE(listed.workers(0).has_gpu_usage()) << "none reported yet";
+  hb.mutable_gpu_usage()->set_memory_used_bytes(4);
+  ASSERT_TRUE(workers_->Heartbeat(WCtx(w).get(), hb, &hr).ok());
+  ASSERT_TRUE(kernels_->ListWorkers(Ctx(kClient).get(), v1::ListWorkersRequest(), &listed).ok());
+  ASSERT_TRUE(listed.workers(0).has_gpu_usage());
+  EXPECT_DOUBLE_EQ(listed.workers(0).gpu_usage().utilization(), 0.25);
+  EXPECT_EQ(listed.workers(0).gpu_usage().memory_used_bytes(), 4);
+  EXPECT_EQ(listed.workers(0).gpu_usage().memory_total_bytes(), 8);
+  EXPECT_FALSE(listed.workers(0).gpu_usage_at().empty());
+}
+
+TEST_F(ServerTest, MetricsCountEveryRpcByMethodAndCodeAndEveryAcceptedReport) {
+  ServerMetrics metrics;
+  ServerOptions o;
+  o.metrics = &metrics;
+  Start(o, 1);
+  v1::ListJobsResponse jobs;
+  ASSERT_TRUE(kernels_->ListJobs(Ctx(kClient).get(), v1::ListJobsRequest(), &jobs).ok());
+  EXPECT_FALSE(kernels_->ListJobs(Ctx("").get(), v1::ListJobsRequest(), &jobs).ok());
+  v1::GetJobRequest missing;
+  missing.set_job_id("j999");
+  v1::Job job;
+  EXPECT_FALSE(kernels_->GetJob(Ctx(kClient).get(), missing, &job).ok());
+  v1::GetKernelResponse k;
+  ASSERT_TRUE(GetKernel(MakeShape(), &k).ok());  // the raw callback method
+  SubmitJob(1);
+  const std::string w = RegisterWorker();
+  auto t = Lease(w);
+  ASSERT_TRUE(t);
+  v1::ReportResultRequest r = Result(w, *t, 100.0);
+  r.mutable_result()->mutable_compile()->set_compile_ms(1500);
+  ASSERT_TRUE(Send(w, r).ok());
+
+  MetricsSnapshot m = metrics.Snapshot();
+  auto count = [&](const std::string& method, const std::string& code) -> uint64_t {
+    auto it = m.rpcs.find(RpcKey{method, code});
+    return it == m.rpcs.end() ? 0 : it->second.count;
+  };
+  EXPECT_EQ(count("kforge.v1.KernelService/ListJobs", "OK"), 1u);
+  EXPECT_EQ(count("kforge.v1.KernelService/ListJobs", "UNAUTHENTICATED"), 1u);
+  EXPECT_EQ(count("kforge.v1.KernelService/GetJob", "NOT_FOUND"), 1u);
+  EXPECT_EQ(count("kforge.v1.KernelService/GetKernel", "OK"), 1u);
+  EXPECT_EQ(count("kforge.v1.WorkerService/Register", "OK"), 1u);
+  EXPECT_EQ(count("kforge.v1.WorkerService/ReportResult", "OK"), 1u);
+  EXPECT_EQ((m.evaluations[EvaluationKey{TaskKind::kEvaluate, Outcome::kVerified}]), 1u);
+  EXPECT_EQ(m.compile_seconds.count, 1u);
+  EXPECT_DOUBLE_EQ(m.compile_seconds.sum, 1.5);
+  EXPECT_EQ(m.verified_last_minute, 1);
 }
 
 }  // namespace

@@ -258,12 +258,20 @@ ALTER TABLE evaluations ADD COLUMN incumbent_samples_us TEXT NOT NULL DEFAULT ''
 ALTER TABLE best ADD COLUMN measured_by TEXT NOT NULL DEFAULT '';
 )sql";
 
+// v6: the archs a worker compiles compile-only tasks for beyond its own
+// (store.h WorkerRecord::compile_archs), comma-separated. Rows from before
+// get '' (none): such a worker takes its own arch's tasks, as before.
+constexpr std::string_view kSchemaV6 = R"sql(
+ALTER TABLE workers ADD COLUMN compile_archs TEXT NOT NULL DEFAULT '';
+)sql";
+
 constexpr Migration kMigrations[] = {
     {1, "initial schema", kSchemaV1},
     {2, "timing quartiles", kSchemaV2},
     {3, "worker sessions, CONFIRM tasks, verified extents", kSchemaV3},
     {4, "worker principals", kSchemaV4},
     {5, "timing samples, RETIME incumbent timings, how a best was measured", kSchemaV5},
+    {6, "worker compile archs", kSchemaV6},
 };
 
 // ---------------------------------------------------------------------------
@@ -594,11 +602,12 @@ absl::StatusOr<TaskRecord> ReadTask(Stmt& s) {
 }
 
 constexpr std::string_view kWorkerCols =
-    "id, name, arch, compile_only, gpu, last_seen, session_hash, sanitizer_tools, principal";
+    "id, name, arch, compile_only, gpu, last_seen, session_hash, sanitizer_tools, principal, "
+    "compile_archs";
 
-// Sanitizer tools are stored comma-separated (PrepareWorker allows only
-// plain words).
-std::vector<std::string> SplitTools(const std::string& joined) {
+// Sanitizer tools and compile archs are stored comma-separated
+// (PrepareWorker allows only plain words and arch names).
+std::vector<std::string> SplitList(const std::string& joined) {
   std::vector<std::string> out;
   size_t start = 0;
   while (start < joined.size()) {
@@ -620,8 +629,9 @@ WorkerRecord ReadWorker(Stmt& s) {
   w.gpu_json = c.Text();
   w.last_seen_unix_ms = c.Int();
   w.session_hash = c.Text();
-  w.sanitizer_tools = SplitTools(c.Text());
+  w.sanitizer_tools = SplitList(c.Text());
   w.principal = c.Text();
+  w.compile_archs = SplitList(c.Text());
   return w;
 }
 
@@ -1135,8 +1145,8 @@ class SqliteStore final : public Store {
   absl::StatusOr<std::string> UpsertWorker(WorkerRecord w) override {
     if (absl::Status s = PrepareWorker(w, NowUnixMs()); !s.ok()) return s;
     std::string id;
-    std::string tools;
-    for (const std::string& t : w.sanitizer_tools) tools += (tools.empty() ? "" : ",") + t;
+    const std::string tools = fmt::format("{}", fmt::join(w.sanitizer_tools, ","));
+    const std::string compile_archs = fmt::format("{}", fmt::join(w.compile_archs, ","));
     absl::Status s = Write("UpsertWorker", [&]() -> absl::Status {
       std::optional<int64_t> n;
       if (!w.id.empty()) {
@@ -1153,15 +1163,15 @@ class SqliteStore final : public Store {
           return absl::InvalidArgumentError("worker: session_hash belongs to another worker");
       }
       absl::StatusOr<Stmt> up = Prepare("UpsertWorker", fmt::format(
-          "INSERT INTO workers ({}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE "
+          "INSERT INTO workers ({}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE "
           "SET name = excluded.name, arch = excluded.arch, compile_only = excluded.compile_only, "
           "gpu = excluded.gpu, last_seen = excluded.last_seen, "
           "session_hash = excluded.session_hash, sanitizer_tools = excluded.sanitizer_tools, "
-          "principal = excluded.principal",
+          "principal = excluded.principal, compile_archs = excluded.compile_archs",
           kWorkerCols));
       if (!up.ok()) return up.status();
       up->Bind(MaybeInt(n), w.name, w.arch, w.compile_only, w.gpu_json, w.last_seen_unix_ms,
-               w.session_hash, tools, w.principal);
+               w.session_hash, tools, w.principal, compile_archs);
       if (absl::Status s = up->Run(); !s.ok()) return s;
       id = FormatId('w', n ? *n : sqlite3_last_insert_rowid(db_));
       return absl::OkStatus();
@@ -1186,6 +1196,18 @@ class SqliteStore final : public Store {
         ReadAll<std::string>(*q, [](Stmt& s) { return s.Text(0); });
     if (!lines.ok()) return lines.status();
     return fmt::format("{}", fmt::join(*lines, "\n"));
+  }
+
+  absl::StatusOr<int64_t> DatabaseBytes() override {
+    absl::MutexLock lock(&mu_);
+    // The main file as SQLite lays it out (pages in use and free); the WAL
+    // beside it is transient and folded in at checkpoints.
+    absl::StatusOr<std::optional<int64_t>> pages =
+        QueryInt("DatabaseBytes", "PRAGMA page_count");
+    if (!pages.ok()) return pages.status();
+    absl::StatusOr<std::optional<int64_t>> size = QueryInt("DatabaseBytes", "PRAGMA page_size");
+    if (!size.ok()) return size.status();
+    return pages->value_or(0) * size->value_or(0);
   }
 
  private:

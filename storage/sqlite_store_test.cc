@@ -110,6 +110,20 @@ TEST(SqliteStore, OpensInWalModeAtTheLatestVersion) {
   EXPECT_EQ(raw.One("SELECT count(*) FROM schema_version"), "1");
 }
 
+TEST(SqliteStore, DatabaseBytesIsTheFileSizeAndGrowsWithData) {
+  TempDir dir;
+  const std::string path = dir.File("k.db");
+  std::unique_ptr<Store> store = MustOpen(path);
+  ASSERT_NE(store, nullptr);
+  ASSERT_OK_AND_ASSIGN(int64_t empty, store->DatabaseBytes());
+  EXPECT_GT(empty, 0);
+  for (int i = 0; i < 50; ++i)
+    ASSERT_OK(store->PutVariant(Variant(fmt::format("{}{}", std::string(4000, 'x'), i))));
+  ASSERT_OK_AND_ASSIGN(int64_t full, store->DatabaseBytes());
+  EXPECT_GT(full, empty + 50 * 4000);
+  EXPECT_EQ(full % 512, 0) << "whole pages";
+}
+
 TEST(SqliteStore, OpensAPrivateInMemoryDatabase) {
   std::unique_ptr<Store> store = MustOpen(":memory:");
   ASSERT_NE(store, nullptr);
@@ -243,7 +257,8 @@ TEST(SqliteStore, VersionFiveKeepsTimingsAndAddsSamples) {
       "1800);");
   std::unique_ptr<Store> store = MustOpen(path);
   ASSERT_NE(store, nullptr);
-  EXPECT_EQ(RawDb(path).One("SELECT version FROM schema_version"), "5");
+  EXPECT_EQ(RawDb(path).One("SELECT version FROM schema_version"),
+            fmt::format("{}", SqliteMigrations().back().version));
   ASSERT_OK_AND_ASSIGN(std::vector<EvaluationRecord> evals, store->ListEvaluations(variant));
   ASSERT_EQ(evals.size(), 1u);
   EXPECT_DOUBLE_EQ(evals[0].timing.median_us, 1700.7);
@@ -357,6 +372,7 @@ TEST(SqliteStore, VersionFourKeepsWorkersAndAddsPrincipals) {
   EXPECT_EQ(workers[0].session_hash, session) << "an old worker's session still works";
   EXPECT_EQ(workers[0].sanitizer_tools, (std::vector<std::string>{"memcheck", "racecheck"}));
   EXPECT_EQ(workers[0].principal, "") << "no principal until the server binds one";
+  EXPECT_TRUE(workers[0].compile_archs.empty()) << "its own arch only, as before v6";
   EXPECT_EQ(workers[1].name, "gpu1");
   EXPECT_TRUE(workers[1].compile_only);
   EXPECT_EQ(workers[1].principal, "");

@@ -185,6 +185,11 @@ struct WorkerRecord {
   std::string principal;
   // The compute-sanitizer tools the worker gates promotion tasks with.
   std::vector<std::string> sanitizer_tools;
+  // Archs beyond `arch` the worker compiles kCompile tasks for (what its
+  // NVRTC supports): a CPU-only or GPU worker can screen candidates for an
+  // arch it has no GPU of. Names as core/arch.h reads them (INVALID_ARGUMENT
+  // otherwise); empty on rows from before schema v6.
+  std::vector<std::string> compile_archs;
 };
 
 // What an accepted report changes, in one transaction (CompleteTask).
@@ -340,6 +345,9 @@ class Store {
   // problems found, one per line). Not pure so that test doubles of Store
   // need not implement it: a store without on-disk state is always "ok".
   virtual absl::StatusOr<std::string> IntegrityCheck() { return std::string("ok"); }
+  // Bytes the database takes on disk (for operators' metrics); 0 for a store
+  // without on-disk state. Not pure for the same reason as IntegrityCheck.
+  virtual absl::StatusOr<int64_t> DatabaseBytes() { return int64_t{0}; }
 };
 
 // Opens (creating and migrating as needed) the SQLite database at `path`.

@@ -6,6 +6,7 @@
 #include <charconv>
 #include <chrono>
 
+#include "core/arch.h"
 #include "core/hash.h"
 #include "core/status.h"
 
@@ -125,6 +126,12 @@ absl::Status PrepareWorker(WorkerRecord& w, int64_t now_ms) {
   if (w.principal.size() > 64 || !name_chars)
     return absl::InvalidArgumentError(
         "worker: principal is not a name of at most 64 letters, digits, '.', '_' or '-'");
+  for (const std::string& arch : w.compile_archs) {
+    // Stored comma-separated, and compared whole with task archs.
+    if (!ParseArch(arch).ok())
+      return absl::InvalidArgumentError(
+          fmt::format("worker: compile arch '{}' is not an arch name like sm_90a", arch.substr(0, 32)));
+  }
   if (w.last_seen_unix_ms == 0) w.last_seen_unix_ms = now_ms;
   return absl::OkStatus();
 }

@@ -925,6 +925,7 @@ TYPED_TEST(StoreTest, UpsertWorkerInsertsWithoutAnIdAndUpdatesByIt) {
   w.session_hash = Sha256Hex("session of w");
   w.principal = "host-a";
   w.sanitizer_tools = {"memcheck", "racecheck"};
+  w.compile_archs = {"sm_80", "sm_100a"};
   ASSERT_OK_AND_ASSIGN(std::string id, this->store().UpsertWorker(w));
   EXPECT_EQ(id[0], 'w');
   w.id = id;
@@ -950,13 +951,29 @@ TYPED_TEST(StoreTest, UpsertWorkerInsertsWithoutAnIdAndUpdatesByIt) {
   EXPECT_EQ(all[0].session_hash, w.session_hash);
   EXPECT_EQ(all[0].sanitizer_tools, w.sanitizer_tools);
   EXPECT_EQ(all[0].principal, w.principal);
+  EXPECT_EQ(all[0].compile_archs, w.compile_archs);
   EXPECT_EQ(all[1].id, other_id);
   EXPECT_EQ(all[1].name, w.name);
   EXPECT_EQ(all[1].arch, "sm_100a");
   EXPECT_TRUE(all[1].session_hash.empty());
   EXPECT_TRUE(all[1].sanitizer_tools.empty());
   EXPECT_TRUE(all[1].principal.empty());
+  EXPECT_TRUE(all[1].compile_archs.empty());
   EXPECT_GT(all[1].last_seen_unix_ms, 0);  // the store's clock when not given
+}
+
+TYPED_TEST(StoreTest, UpsertWorkerRefusesACompileArchThatIsNoArchName) {
+  for (const char* bad : {"", "sm_9x", "compute_90", "sm_90a,sm_80"}) {
+    WorkerRecord w;
+    w.name = "w";
+    w.arch = "sm_90a";
+    w.compile_archs = {"sm_80", bad};
+    absl::StatusOr<std::string> id = this->store().UpsertWorker(w);
+    EXPECT_CODE(id, kInvalidArgument) << bad;
+    if (!id.ok()) EXPECT_NE(id.status().message().find("compile arch"), std::string::npos);
+  }
+  ASSERT_OK_AND_ASSIGN(std::vector<WorkerRecord> all, this->store().ListWorkers());
+  EXPECT_TRUE(all.empty());
 }
 
 TYPED_TEST(StoreTest, ASessionHashBelongsToOneWorker) {

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -21,8 +22,10 @@
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
+#include "core/logging.h"
 #include "core/secrets.h"
 #include "core/transport.h"
 #include "kforge/version.h"
@@ -30,6 +33,7 @@
 #include "gpu/compile.h"
 #include "gpu/compile_cache.h"
 #include "gpu/gpu.h"
+#include "gpu/usage.h"
 #include "worker/child.h"
 #include "worker/compile_child.h"
 #include "worker/rpc_client.h"
@@ -99,6 +103,8 @@ struct WorkerFlags {
       std::vector<std::string>(std::begin(kSanitizerTools), std::end(kSanitizerTools));
   bool no_sanitizer_gate = false;
   std::string log_level = "info";
+  std::string log_format = "text";
+  std::string compile_archs = "all";
   // Hidden: the sandboxed children (evaluator, compiler).
   bool eval_child = false;
   bool compile_child = false;
@@ -169,7 +175,13 @@ void AddFlags(CLI::App& app, WorkerFlags& f) {
   app.add_flag("--no-sanitizer-gate", f.no_sanitizer_gate,
                "run no sanitizer gates (the server then promotes nothing from this worker "
                "unless it allows ungated promotion)");
+  app.add_option("--compile-archs", f.compile_archs,
+                 "archs besides its own whose compile-only tasks this worker takes: 'all' (every "
+                 "arch its NVRTC compiles for), 'none', or a comma-separated list")
+      ->capture_default_str();
   app.add_option("--log-level", f.log_level, "trace|debug|info|warn|error")->capture_default_str();
+  app.add_option("--log-format", f.log_format, "text | json (one JSON object a line)")
+      ->capture_default_str();
   app.add_flag("--eval-child", f.eval_child)->group("");
   app.add_flag("--compile-child", f.compile_child)->group("");
   app.add_flag("--compile-child-unsealed", f.compile_child_unsealed)->group("");
@@ -255,9 +267,9 @@ absl::StatusOr<std::filesystem::path> MakeCacheDir(const std::string& flag) {
 // Fills the GPU part of `registration` from the device (compile-only when
 // there is no driver). The parent never opens a context: each evaluation's
 // child opens its own and takes it down with it. `driver` keeps the loaded
-// driver, if any.
+// driver, if any; `pci_bus_id` the device's, for NVML ("" without a GPU).
 absl::Status DetectGpu(const WorkerFlags& f, Registration& registration,
-                       std::unique_ptr<kforge::gpu::Driver>& driver) {
+                       std::unique_ptr<kforge::gpu::Driver>& driver, std::string& pci_bus_id) {
   registration.gpu.nvrtc_version = kforge::gpu::NvrtcVersion();
   absl::StatusOr<std::unique_ptr<kforge::gpu::Driver>> loaded = kforge::gpu::Driver::Load();
   if (!loaded.ok()) {
@@ -284,6 +296,7 @@ absl::Status DetectGpu(const WorkerFlags& f, Registration& registration,
   registration.gpu.sm_count = info->sm_count;
   registration.gpu.memory_bytes = info->memory_bytes;
   registration.gpu.driver_version = info->DriverVersionString();
+  pci_bus_id = info->pci_bus_id;
   registration.compile_only = f.force_compile_only;
   spdlog::info("GPU {}: {} (cc {}, {}, {} SMs, {:.0f} GiB), driver {}, NVRTC {}{}", f.gpu_ordinal,
                info->name, registration.gpu.compute_capability, info->arch, info->sm_count,
@@ -301,6 +314,52 @@ absl::Status ChooseCompileArch(const WorkerFlags& f, Registration& registration)
   }
   registration.gpu.arch = f.compile_arch;
   return absl::OkStatus();
+}
+
+// Compile-only tasks of other archs: a CPU-only machine (or a GPU worker
+// between its own tasks) screens candidates for every arch its compiler
+// knows, so a compile-only job never waits for a worker of its arch.
+absl::Status ChooseCompileArchs(const WorkerFlags& f, Registration& registration) {
+  const std::vector<std::string> nvrtc_archs = kforge::gpu::NvrtcTargetArchs();
+  if (f.compile_archs == "all") {
+    registration.compile_archs = nvrtc_archs;
+  } else if (f.compile_archs != "none") {
+    for (size_t start = 0; start <= f.compile_archs.size();) {
+      size_t comma = f.compile_archs.find(',', start);
+      if (comma == std::string::npos) comma = f.compile_archs.size();
+      const std::string a = f.compile_archs.substr(start, comma - start);
+      start = comma + 1;
+      if (a.empty()) continue;
+      if (std::find(nvrtc_archs.begin(), nvrtc_archs.end(), a) == nvrtc_archs.end()) {
+        return absl::InvalidArgumentError(
+            fmt::format("--compile-archs: NVRTC {} does not compile for '{}' (it does for: {})",
+                        registration.gpu.nvrtc_version, a, fmt::join(nvrtc_archs, " ")));
+      }
+      registration.compile_archs.push_back(a);
+    }
+  }
+  std::erase(registration.compile_archs, registration.gpu.arch);
+  return absl::OkStatus();
+}
+
+// The GPU's utilisation and memory, read from NVML at each heartbeat, for the
+// dashboard; empty (nothing reported) for a compile-only worker or a GPU
+// NVML does not know.
+std::function<std::optional<kforge::gpu::GpuUsage>()> GpuUsageSampler(
+    const Registration& registration, const std::string& pci_bus_id) {
+  if (registration.compile_only || pci_bus_id.empty()) return {};
+  absl::StatusOr<std::unique_ptr<kforge::gpu::GpuUsageMonitor>> m =
+      kforge::gpu::GpuUsageMonitor::Open(pci_bus_id);
+  if (!m.ok()) {
+    spdlog::info("GPU utilisation is not reported: {}", std::string(m.status().message()));
+    return {};
+  }
+  std::shared_ptr<kforge::gpu::GpuUsageMonitor> usage = *std::move(m);
+  return [usage]() -> std::optional<kforge::gpu::GpuUsage> {
+    absl::StatusOr<kforge::gpu::GpuUsage> u = usage->Sample();
+    if (u.ok()) return *u;
+    return std::nullopt;
+  };
 }
 
 absl::Status CheckChildEnv(const std::vector<std::string>& names) {
@@ -428,7 +487,12 @@ int main(int argc, char** argv) {
 
   spdlog::set_level(spdlog::level::from_str(f.log_level));
   if (std::optional<int> child = RunAsChild(f)) return *child;
-  spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%^%l%$] %v");
+  if (absl::Status s = kforge::ConfigureLogging(f.log_format, f.log_level,
+                                                "[%Y-%m-%d %H:%M:%S.%e] [%^%l%$] %v");
+      !s.ok()) {
+    fmt::print(stderr, "kforge-worker: {}\n", std::string(s.message()));
+    return 2;
+  }
   const sigset_t stop_signals = BlockStopSignals();
 
   absl::StatusOr<std::vector<std::string>> secrets = TakeCredentials(f, argc, argv);
@@ -443,8 +507,10 @@ int main(int argc, char** argv) {
   Registration registration;
   registration.worker_name = f.name;
   std::unique_ptr<kforge::gpu::Driver> driver;
-  if (absl::Status s = DetectGpu(f, registration, driver); !s.ok()) return Fail(s);
+  std::string pci_bus_id;
+  if (absl::Status s = DetectGpu(f, registration, driver, pci_bus_id); !s.ok()) return Fail(s);
   if (absl::Status s = ChooseCompileArch(f, registration); !s.ok()) return Fail(s);
+  if (absl::Status s = ChooseCompileArchs(f, registration); !s.ok()) return Fail(s);
   if (absl::Status s = CheckChildEnv(f.child_env); !s.ok()) return Fail(s);
 
   // Candidate sources are compiled in children that hold no secret; the
@@ -483,12 +549,17 @@ int main(int argc, char** argv) {
   WorkerOptions wo;
   wo.registration = registration;
   wo.lease_wait = std::chrono::milliseconds(f.lease_wait_ms);
+  wo.gpu_usage = GpuUsageSampler(registration, pci_bus_id);
   Worker worker(client.get(), &runner, wo);
 
-  spdlog::info("kforge-worker {} serving {} ({}, {}), cache {}", f.name, f.server,
+  spdlog::info("kforge-worker {} serving {} ({}, {}{}), cache {}", f.name, f.server,
                (registration.compile_only ? "compile-only, " : "") + registration.gpu.arch,
                f.tls.enabled() ? (f.tls.cert_file.empty() ? "TLS" : "TLS with a client certificate")
                                : "plaintext",
+               registration.compile_archs.empty()
+                   ? std::string()
+                   : fmt::format("; compile tasks for {} too",
+                                 fmt::join(registration.compile_archs, " ")),
                cache.string());
   ServeUntilStopped(worker, stop_signals);
   WorkerStats s = worker.stats();

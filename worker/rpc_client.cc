@@ -187,6 +187,7 @@ class GrpcServerClient final : public ServerClient {
     ToProto(registration.gpu, req.mutable_gpu());
     req.set_compile_only(registration.compile_only);
     for (const std::string& tool : registration.sanitizer_tools) req.add_sanitizer_tools(tool);
+    for (const std::string& arch : registration.compile_archs) req.add_compile_archs(arch);
     pb::RegisterResponse resp;
     // Register waits for the channel to (re)connect, up to its deadline,
     // instead of failing fast while the channel backs off: a restarted
@@ -208,10 +209,16 @@ class GrpcServerClient final : public ServerClient {
   }
 
   absl::StatusOr<std::vector<std::string>> Heartbeat(
-      const Session& session, const std::vector<std::string>& task_ids) override {
+      const Session& session, const std::vector<std::string>& task_ids,
+      const std::optional<gpu::GpuUsage>& usage) override {
     pb::HeartbeatRequest req;
     req.set_worker_id(session.worker_id);
     for (const std::string& id : task_ids) req.add_task_ids(id);
+    if (usage) {
+      req.mutable_gpu_usage()->set_utilization(usage->utilization);
+      req.mutable_gpu_usage()->set_memory_used_bytes(usage->memory_used_bytes);
+      req.mutable_gpu_usage()->set_memory_total_bytes(usage->memory_total_bytes);
+    }
     pb::HeartbeatResponse resp;
     absl::Status s = Call("Heartbeat", options_.call_timeout, session.session_token,
                           [&](grpc::ClientContext* ctx) {

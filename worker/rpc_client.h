@@ -27,6 +27,7 @@
 
 #include "absl/status/statusor.h"
 #include "core/transport.h"
+#include "gpu/usage.h"
 #include "worker/task.h"
 
 namespace kforge::worker {
@@ -41,10 +42,12 @@ class ServerClient {
   virtual absl::StatusOr<Session> Register(const Registration& registration,
                                            const std::optional<Session>& previous) = 0;
 
-  // Renews the leases of `task_ids`; returns the ids the server wants stopped
+  // Renews the leases of `task_ids` and tells the server what the GPU is
+  // doing (`usage`, when known); returns the ids the server wants stopped
   // (their job was cancelled).
   virtual absl::StatusOr<std::vector<std::string>> Heartbeat(
-      const Session& session, const std::vector<std::string>& task_ids) = 0;
+      const Session& session, const std::vector<std::string>& task_ids,
+      const std::optional<gpu::GpuUsage>& usage) = 0;
 
   // Long poll: waits up to `wait` for a task; nullopt when none came.
   virtual absl::StatusOr<std::optional<TaskSpec>> LeaseTask(const Session& session,

@@ -41,6 +41,10 @@ struct Registration {
   // "synccheck", "initcheck"); empty when this worker does not gate. The
   // server promotes only gated results unless configured otherwise.
   std::vector<std::string> sanitizer_tools;
+  // Archs beyond gpu.arch whose COMPILE tasks this worker takes (what its
+  // NVRTC compiles for); the task runner compiles a COMPILE task for the
+  // task's own arch.
+  std::vector<std::string> compile_archs;
 };
 
 // What the server answered to Register.

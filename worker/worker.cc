@@ -304,7 +304,9 @@ void Worker::HeartbeatLoop() {
     if (!current_task_id_.empty()) tasks.push_back(current_task_id_);
     if (ahead_ && ahead_worker_id_ == worker_id) tasks.push_back(ahead_->task_id);
     lock.unlock();
-    absl::StatusOr<std::vector<std::string>> cancelled = client_->Heartbeat(session, tasks);
+    const std::optional<gpu::GpuUsage> usage =
+        options_.gpu_usage ? options_.gpu_usage() : std::nullopt;
+    absl::StatusOr<std::vector<std::string>> cancelled = client_->Heartbeat(session, tasks, usage);
     lock.lock();
     if (!cancelled.ok()) {
       ++stats_.heartbeats_failed;

@@ -35,6 +35,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -66,6 +67,10 @@ struct WorkerOptions {
   // wait on; must outlive the Worker. Null: the system's clock. Tests pass
   // a ManualClock and move time themselves.
   Clock* clock = nullptr;
+  // What the GPU is doing, sent with every heartbeat (nullopt: unknown, and
+  // nothing is sent). Empty: no GPU to ask (compile-only). Called on the
+  // heartbeat thread.
+  std::function<std::optional<gpu::GpuUsage>()> gpu_usage;
 };
 
 struct WorkerStats {

@@ -67,7 +67,7 @@ def check_command(test, binary, args, where):
         test.assertRegex(text, r"(^|[\s,])%s([\s,=]|$)" % re.escape(flag),
                          "%s: %s %s is not in its --help" % (where, binary, flag))
     for a in args:
-        test.assertNotIn(a, ("--token", "--client-token", "--worker-token"),
+        test.assertNotIn(a, ("--token", "--client-token", "--worker-token", "--viewer-token"),
                          "%s: a token on the command line" % where)
 
 
@@ -263,7 +263,7 @@ class TokenRules(unittest.TestCase):
 
     def test_the_server_takes_no_token_from_a_flag(self):
         secret = "s" * 40
-        for flag in ("--client-token", "--worker-token"):
+        for flag in ("--client-token", "--worker-token", "--viewer-token"):
             r = run([SERVER, "--listen", "127.0.0.1:0", flag, secret], env=self.env())
             self.assertEqual(r.returncode, 2, r.stderr)
             self.assertIn("KFORGE_CLIENT_TOKEN", r.stderr)
@@ -416,6 +416,45 @@ class ComposeOnThisHost(unittest.TestCase):
         r = run([CLI, "--server", "127.0.0.1:%d" % port, "--token-file", token_file,
                  "--timeout", "3", "shapes"], env=env)
         self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+
+
+class SampleConfig(unittest.TestCase):
+    def test_the_sample_config_serves(self):
+        """deploy/kforge-server.jsonc as it is, its /etc/kforge and
+        /var/lib/kforge paths moved into a folder with the files it names."""
+        tmp = tempfile.mkdtemp(prefix="kforge_sample_")
+        try:
+            tls, private = os.path.join(tmp, "tls"), os.path.join(tmp, "private")
+            self.assertEqual(run([os.path.join(DEPLOY, "make-certs.sh"), tls]).returncode, 0)
+            os.makedirs(private, mode=0o700)
+            os.rename(os.path.join(tls, "server.key"), os.path.join(private, "server.key"))
+            for name, text in (("client.tokens", TOKEN_A + "\n"),
+                               ("worker.tokens", "host-a:" + TOKEN_B + "\n")):
+                with open(os.path.join(private, name), "w") as f:
+                    f.write(text)
+                os.chmod(os.path.join(private, name), 0o600)
+            port = free_port()
+            with open(os.path.join(DEPLOY, "kforge-server.jsonc")) as f:
+                text = f.read()
+            text = (text.replace("/etc/kforge/", tmp + "/").replace("/var/lib/kforge/", tmp + "/")
+                    .replace("0.0.0.0:50051", "0.0.0.0:%d" % port))
+            config = os.path.join(tmp, "server.jsonc")
+            with open(config, "w") as f:
+                f.write(text)
+            env = {k: v for k, v in os.environ.items() if "KFORGE" not in k}
+            server = Proc([SERVER, "--config", config], os.path.join(tmp, "server.log"), env)
+            try:
+                cli = [CLI, "--server", "localhost:%d" % port, "--tls-ca",
+                       os.path.join(tls, "ca.crt"), "--timeout", "3"]
+                self.assertTrue(wait_for(lambda: run(cli + ["health"], env=env).returncode == 0,
+                                         30), server.text())
+                r = run(cli + ["shapes"], env=dict(env, KFORGE_TOKEN=TOKEN_A))
+                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assertTrue(os.path.exists(os.path.join(tmp, "kforge.db")))
+            finally:
+                server.stop()
+        finally:
+            shutil.rmtree(tmp)
 
 
 class MutualTls(unittest.TestCase):

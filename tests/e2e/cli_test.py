@@ -1,7 +1,8 @@
 """The kforge CLI against the real kforge-server: get (table, --json, --out),
 tune with a shapes file and a progress display until the job ends, jobs
-list/show/cancel, variants, shapes, workers (with a real kforge-worker),
---version of every binary, and the unreachable-server message.
+list/show/cancel (and what a job without a worker waits for), variants,
+shapes, workers (with a real kforge-worker), --json state names, the default
+--arch, --version of every binary, and the unreachable-server message.
 
 usage: cli_test.py <kforge-server binary> <repo root> <kforge binary> <kforge-worker binary>
 """
@@ -49,6 +50,8 @@ def main():
     assert json.load(open(os.path.join(work, "k", "manifest.json")))["entry_point"]
     p = run(cli, addr, "--json", "get", *shape)
     assert json.loads(p.stdout)["kernel"]["requested_bucket"].startswith("fwd.bf16.d128.h4"), p.stdout
+    # No --arch: the local GPU's, and sm_90a on this machine, which has none.
+    assert ".sm_90a." in json.loads(p.stdout)["kernel"]["requested_bucket"], p.stdout
     # --json writes defaults (an untuned kernel says tuned: false) and
     # 64-bit integers as numbers, not proto3 JSON's strings.
     got = json.loads(p.stdout)
@@ -114,12 +117,23 @@ def main():
     listed = json.loads(run(cli, addr, "--json", "jobs").stdout)["jobs"]
     for j in listed:
         assert type(j["tokens_used"]) is int and type(j["seed"]) is int, j
+        # The tables' state names, not the enum's JOB_STATE_RUNNING.
+        assert j["state"] in ("running", "succeeded", "cancelled"), j
         assert j["compile_only"] is False and j["message"] is not None, j
         assert all(type(p["proposed"]) is int for p in j["progress"]), j
     shape_sizes = listed[0]["shapes"][0]
     assert type(shape_sizes["batch"]) is int and type(shape_sizes["total_q"]) is int, shape_sizes
-    p = run(cli, addr, "jobs", "show", job_id)
+    # No worker at all: the job says what it waits for (checked once a
+    # second), in `jobs show`, the jobs table and --json.
+    p = kfe2e.wait_until(lambda: (lambda r: r if "waiting:" in r.stdout else None)(
+        run(cli, addr, "jobs", "show", job_id)), timeout=10)
+    assert p, "the job never said it was waiting"
     assert "state=running" in p.stdout, p.stdout
+    assert "waiting: waiting for a GPU worker of arch sm_90a" in p.stdout, p.stdout
+    row = [l for l in run(cli, addr, "jobs").stdout.splitlines() if l.startswith(job_id + " ")]
+    assert row and row[0].endswith("waiting for a GPU worker of arch sm_90a"), row
+    got = json.loads(run(cli, addr, "--json", "jobs", "show", job_id).stdout)
+    assert got["waiting_for"] == "waiting for a GPU worker of arch sm_90a", got
     p = run(cli, addr, "jobs", "cancel", job_id)
     assert "state=cancelled" in p.stdout, p.stdout
     p = run(cli, addr, "jobs", "show", "j424242", ok=False)
@@ -150,7 +164,9 @@ def main():
         assert len(listed) == 1, (listed, open(os.path.join(work, "worker.log")).read()[-2000:])
         w = listed[0]
         assert w["name"] == "cli-w0" and w["arch"] == "sm_100a" and w["compile_only"], w
-        assert w["state"] == "WORKER_STATE_CONNECTED" and w["last_seen"], w
+        assert w["state"] == "connected" and w["last_seen"], w
+        # It takes compile tasks for every arch its NVRTC compiles for.
+        assert "sm_90a" in w["compile_archs"] and "sm_100a" not in w["compile_archs"], w
         assert w["principal"], w
         assert type(w["last_seen_unix_ms"]) is int and w["last_seen_unix_ms"] > 0, w
         assert type(w["gpu"]["memory_bytes"]) is int, w

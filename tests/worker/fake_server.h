@@ -74,6 +74,7 @@ class FakeWorkerService final : public pb::WorkerService::Service {
     std::lock_guard<std::mutex> lock(mu_);
     if (grpc::Status s = CheckSession(ctx, req->worker_id()); !s.ok()) return s;
     ++heartbeats_;
+    if (req->has_gpu_usage()) last_gpu_usage_ = req->gpu_usage();
     for (const std::string& id : req->task_ids()) {
       ++renewals_[id];
       if (cancelled_.count(id)) resp->add_cancelled_task_ids(id);
@@ -160,6 +161,7 @@ class FakeWorkerService final : public pb::WorkerService::Service {
   int unauthenticated_calls_locked() const { return unauthenticated_calls_; }
   int heartbeats_locked() const { return heartbeats_; }
   int report_attempts_locked() const { return report_attempts_; }
+  std::optional<pb::GpuUsage> last_gpu_usage_locked() const { return last_gpu_usage_; }
   int renewals_locked(const std::string& id) const {
     auto it = renewals_.find(id);
     return it == renewals_.end() ? 0 : it->second;
@@ -223,6 +225,7 @@ class FakeWorkerService final : public pb::WorkerService::Service {
   std::set<std::string> cancelled_;
   std::map<std::string, int> renewals_;
   int heartbeats_ = 0;
+  std::optional<pb::GpuUsage> last_gpu_usage_;
   bool stopping_ = false;
 };
 

@@ -86,7 +86,8 @@ class WorkerHarness {
   explicit WorkerHarness(const std::string& address, std::string token = kToken,
                          TaskRunner* runner = nullptr,
                          std::vector<std::string> sanitizer_tools = {}, Clock* clock = nullptr,
-                         int max_report_attempts = 8)
+                         int max_report_attempts = 8,
+                         std::function<std::optional<gpu::GpuUsage>()> gpu_usage = {})
       : pool_(1, nullptr) {
     GrpcClientOptions co;
     co.target = address;
@@ -107,6 +108,7 @@ class WorkerHarness {
     wo.backoff_max = 300ms;
     wo.clock = clock;
     wo.max_report_attempts = max_report_attempts;
+    wo.gpu_usage = std::move(gpu_usage);
     worker_ = std::make_unique<Worker>(client_.get(), runner ? runner : runner_.get(), wo);
     thread_ = std::thread([this] { worker_->Run(); });
   }
@@ -377,6 +379,22 @@ TEST(WorkerLoop, HeartbeatsRenewTheLeaseOfTheTaskInProgressOncePerInterval) {
   EXPECT_TRUE(server.service().WaitFor([](auto& s) {
     return s.heartbeats_locked() == 3 && s.renewals_locked("slow") == 3;
   }));
+}
+
+TEST(WorkerLoop, HeartbeatsCarryTheGpuUsageWhenItIsKnown) {
+  FakeServer server(kToken);
+  std::atomic<int> samples{0};
+  WorkerHarness h(server.address(), kToken, nullptr, {}, nullptr, 8, [&]() -> std::optional<gpu::GpuUsage> {
+    if (samples++ == 0) return std::nullopt;  // unknown once: nothing is sent
+    return gpu::GpuUsage{0.42, 3 << 20, 8 << 20};
+  });
+  ASSERT_TRUE(server.service().WaitFor([](auto& s) { return s.heartbeats_locked() >= 3; }, 10s));
+  std::optional<pb::GpuUsage> u;
+  ASSERT_TRUE(server.service().WaitFor(
+      [&](auto& s) { return (u = s.last_gpu_usage_locked()).has_value(); }, 10s));
+  EXPECT_DOUBLE_EQ(u->utilization(), 0.42);
+  EXPECT_EQ(u->memory_used_bytes(), 3 << 20);
+  EXPECT_EQ(u->memory_total_bytes(), 8 << 20);
 }
 
 TEST(WorkerLoop, CancelledTaskIsStoppedAndNotReported) {
