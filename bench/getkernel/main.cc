@@ -12,6 +12,7 @@
 #include <mutex>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <thread>
 #include <vector>
@@ -105,7 +106,8 @@ int main(int argc, char** argv) {
   bool if_none_match = false;
   size_t source_bytes = 16 * 1024, cubin_bytes = 64 * 1024;
   app.add_option("--server", server_addr, "external server (default: host one in-process)");
-  app.add_option("--token", token, "client token for --server");
+  // A token is never a flag (it would show in /proc/<pid>/cmdline).
+  if (const char* t = std::getenv("KFORGE_TOKEN"); t && *t) token = t;
   app.add_option("--threads", threads, "client threads")->capture_default_str();
   app.add_option("--seconds", seconds, "duration")->capture_default_str();
   app.add_option("--inflight", inflight,
