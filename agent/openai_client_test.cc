@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <thread>
 
@@ -284,6 +285,208 @@ TEST(OpenAIClient, RejectsABadConfig) {
   OpenAIConfig c;
   EXPECT_EQ(MakeOpenAIClient(c).status().code(), absl::StatusCode::kInvalidArgument);  // no model
 }
+
+namespace modern {
+
+using Handler = FakeOpenAIServer::Handler;
+
+// An endpoint in the manner of OpenAI's reasoning models: max_tokens and a
+// temperature other than 1 are refused with a 400 naming the parameter.
+Handler ReasoningEndpoint(std::string content = "ok") {
+  return [content](const httplib::Request& req, httplib::Response& res) {
+    auto body = nlohmann::json::parse(req.body);
+    auto refuse = [&](const std::string& param, const std::string& message) {
+      res.status = 400;
+      res.set_content(nlohmann::json{{"error", {{"message", message}, {"type", "invalid_request_error"},
+                                                {"param", param}, {"code", "unsupported_parameter"}}}}
+                          .dump(),
+                      "application/json");
+    };
+    if (body.contains("max_tokens"))
+      return refuse("max_tokens", "Unsupported parameter: 'max_tokens' is not supported with this model. "
+                                  "Use 'max_completion_tokens' instead.");
+    if (body.contains("temperature") && body["temperature"] != 1)
+      return refuse("temperature", "Unsupported value: 'temperature' does not support 0.7 with this model. "
+                                   "Only the default (1) value is supported.");
+    FakeOpenAIServer::Answer(content, 10, 5)(req, res);
+  };
+}
+
+TEST(OpenAIClientModern, LearnsMaxCompletionTokensFromTheEndpointsRefusal) {
+  FakeOpenAIServer server;
+  server.Then(ReasoningEndpoint());
+  OpenAIConfig c = Config(server);
+  c.temperature = 0.7;
+  auto client = Client(c);
+  auto first = client->Complete(Hello());
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->content, "ok");
+  ASSERT_EQ(first->adaptations.size(), 2u);
+  EXPECT_THAT(first->adaptations[0], HasSubstr("max_tokens -> max_completion_tokens"));
+  EXPECT_THAT(first->adaptations[1], HasSubstr("temperature dropped"));
+  EXPECT_EQ(first->attempts, 3);
+  // Learned once for the client's life: the next request goes right.
+  auto second = client->Complete(Hello());
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_TRUE(second->adaptations.empty());
+  auto seen = server.Requests();
+  ASSERT_EQ(seen.size(), 4u);
+  auto last = nlohmann::json::parse(seen[3].body);
+  EXPECT_EQ(last["max_completion_tokens"], 777);
+  EXPECT_FALSE(last.contains("max_tokens"));
+  EXPECT_FALSE(last.contains("temperature"));
+}
+
+TEST(OpenAIClientModern, ConfiguredLimitNameIsSentFirstAndSwitchedBackWhenRefused) {
+  FakeOpenAIServer server;
+  // An older server that knows only max_tokens, and says so in plain text.
+  server.Then([](const httplib::Request& req, httplib::Response& res) {
+    auto body = nlohmann::json::parse(req.body);
+    if (body.contains("max_completion_tokens")) {
+      res.status = 400;
+      res.set_content("Unrecognized request argument supplied: max_completion_tokens", "text/plain");
+      return;
+    }
+    FakeOpenAIServer::Answer("ok")(req, res);
+  });
+  OpenAIConfig c = Config(server);
+  c.token_param = TokenParam::kMaxCompletionTokens;
+  auto got = Client(c)->Complete(Hello());
+  ASSERT_TRUE(got.ok()) << got.status();
+  auto seen = server.Requests();
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_TRUE(nlohmann::json::parse(seen[0].body).contains("max_completion_tokens"));
+  EXPECT_EQ(nlohmann::json::parse(seen[1].body)["max_tokens"], 777);
+}
+
+TEST(OpenAIClientModern, BothLimitNamesRefusedIsAnErrorNotALoop) {
+  FakeOpenAIServer server;
+  server.Then(FakeOpenAIServer::Status(400, R"({"error":{"message":"Unsupported parameter: 'max_tokens'","param":"max_tokens"}})"));
+  server.Then(FakeOpenAIServer::Status(
+      400, R"({"error":{"message":"Unsupported parameter: 'max_completion_tokens'","param":"max_completion_tokens"}})"));
+  auto got = Client(Config(server))->Complete(Hello());
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(server.Requests().size(), 2u);
+}
+
+TEST(OpenAIClientModern, LearnsTheEndpointsStatedCompletionCap) {
+  FakeOpenAIServer server;
+  server.Then([](const httplib::Request& req, httplib::Response& res) {
+    auto body = nlohmann::json::parse(req.body);
+    if (body["max_tokens"].get<int>() > 500) {
+      res.status = 400;
+      res.set_content(R"({"error":{"message":"max_tokens is too large: 777. This model supports at most 500 completion tokens, whereas you provided 777.","param":"max_tokens"}})",
+                      "application/json");
+      return;
+    }
+    FakeOpenAIServer::Answer("ok")(req, res);
+  });
+  auto got = Client(Config(server))->Complete(Hello());
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->adaptations.size(), 1u);
+  EXPECT_THAT(got->adaptations[0], HasSubstr("capped at 500"));
+  EXPECT_EQ(nlohmann::json::parse(server.Requests().back().body)["max_tokens"], 500);
+}
+
+TEST(OpenAIClientModern, SendsReasoningEffortSeedAndNAndReadsEveryChoice) {
+  FakeOpenAIServer server;
+  server.Then(FakeOpenAIServer::Raw(R"({"model":"m","choices":[
+      {"index":0,"message":{"role":"assistant","content":"first"},"finish_reason":"stop"},
+      {"index":1,"message":{"role":"assistant","content":"second"},"finish_reason":"length"}],
+      "usage":{"prompt_tokens":10,"completion_tokens":30,"total_tokens":40,
+               "completion_tokens_details":{"reasoning_tokens":12}}})"));
+  OpenAIConfig c = Config(server);
+  c.reasoning_effort = "high";
+  c.seed = 42;
+  c.n = 3;
+  ChatRequest r = Hello();
+  r.seed = 7;  // the request's own wins
+  r.n = 2;
+  auto got = Client(c)->Complete(r);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->choices.size(), 2u);
+  EXPECT_EQ(got->choices[0].content, "first");
+  EXPECT_EQ(got->choices[1].content, "second");
+  EXPECT_EQ(got->choices[1].finish_reason, "length");
+  EXPECT_EQ(got->content, "first");
+  EXPECT_EQ(got->reasoning_tokens, 12);
+  auto body = nlohmann::json::parse(server.Requests()[0].body);
+  EXPECT_EQ(body["reasoning_effort"], "high");
+  EXPECT_EQ(body["seed"], 7);
+  EXPECT_EQ(body["n"], 2);
+}
+
+TEST(OpenAIClientModern, RefusedOptionalParametersAreDroppedOneByOne) {
+  FakeOpenAIServer server;
+  // FastAPI-style validation errors (vLLM), naming the field by its location.
+  server.Then([](const httplib::Request& req, httplib::Response& res) {
+    auto body = nlohmann::json::parse(req.body);
+    for (const char* p : {"reasoning_effort", "seed"}) {
+      if (body.contains(p)) {
+        res.status = 422;
+        res.set_content(nlohmann::json{{"detail", {{{"loc", {"body", p}}, {"msg", "Extra inputs are not permitted"}}}}}.dump(),
+                        "application/json");
+        return;
+      }
+    }
+    FakeOpenAIServer::Answer("ok")(req, res);
+  });
+  OpenAIConfig c = Config(server);
+  c.reasoning_effort = "low";
+  c.seed = 1;
+  auto got = Client(c)->Complete(Hello());
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->adaptations.size(), 2u);
+  EXPECT_EQ(server.Requests().size(), 3u);
+}
+
+TEST(OpenAIClientModern, RequestsRunConcurrently) {
+  FakeOpenAIServer server;
+  server.Then(FakeOpenAIServer::Slow(400ms, FakeOpenAIServer::Answer("ok")));
+  auto client = Client(Config(server));
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0};
+  for (int i = 0; i < 4; ++i)
+    threads.emplace_back([&] { ok += client->Complete(Hello()).ok() ? 1 : 0; });
+  for (auto& t : threads) t.join();
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(ok.load(), 4);
+  EXPECT_LT(took, 1200ms) << "four 400 ms answers one after another would take 1600 ms";
+}
+
+TEST(OpenAIClientModern, ACancelledRequestEndsWhileTheModelThinks) {
+  FakeOpenAIServer server;
+  server.Then(FakeOpenAIServer::Slow(1800ms, FakeOpenAIServer::Answer("late")));
+  OpenAIConfig c = Config(server);
+  c.total_timeout = 10000ms;
+  auto client = Client(c);
+  std::atomic<bool> cancelled{false};
+  ChatRequest r = Hello();
+  r.cancelled = &cancelled;
+  std::thread canceller([&] {
+    std::this_thread::sleep_for(100ms);
+    cancelled = true;
+  });
+  const auto start = std::chrono::steady_clock::now();
+  auto got = client->Complete(r);
+  canceller.join();
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kCancelled) << got.status();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 1500ms);
+}
+
+TEST(OpenAIClientModern, UnsupportedParameterReadsTheCommonErrorShapes) {
+  const std::vector<std::string> sent = {"max_tokens", "temperature", "n", "seed"};
+  EXPECT_EQ(UnsupportedParameter(R"({"error":{"message":"x","param":"temperature"}})", sent), "temperature");
+  EXPECT_EQ(UnsupportedParameter(R"({"error":{"message":"Unsupported parameter: 'max_tokens'"}})", sent), "max_tokens");
+  EXPECT_EQ(UnsupportedParameter("unsupported param: 'n'", sent), "n");
+  // Not refusals, or parameters not sent: nothing to learn.
+  EXPECT_EQ(UnsupportedParameter(R"({"error":{"message":"prompt is too long"}})", sent), "");
+  EXPECT_EQ(UnsupportedParameter("Unsupported parameter: reasoning_effort", sent), "");
+  EXPECT_EQ(UnsupportedParameter("invalid input: not a string", sent), "");
+}
+
+}  // namespace modern
 
 }  // namespace
 }  // namespace kforge::agent

@@ -1,10 +1,13 @@
 // ScriptedChatClient: a ChatClient that answers from a script instead of a
 // network endpoint, for tests of anything built on the model proposer (the
 // job engine's included). Each Complete() takes the next scripted answer (the
-// last one repeats) and records the request. Header-only; not thread-safe.
+// last one repeats) and records the request. Header-only. Thread-safe, as
+// the model proposer calls Complete() from several threads at once (the
+// order of concurrent requests is then the order they reach the lock).
 #pragma once
 
 #include <deque>
+#include <mutex>
 #include <memory>
 #include <string>
 #include <utility>
@@ -25,6 +28,7 @@ class ScriptedChatClient final : public ChatClient {
   explicit ScriptedChatClient(std::shared_ptr<Log> log = std::make_shared<Log>()) : log_(std::move(log)) {}
 
   ScriptedChatClient& Then(absl::StatusOr<ChatResponse> answer) {
+    std::lock_guard lock(mu_);
     script_.push_back(std::move(answer));
     return *this;
   }
@@ -43,6 +47,7 @@ class ScriptedChatClient final : public ChatClient {
   }
 
   absl::StatusOr<ChatResponse> Complete(const ChatRequest& request) override {
+    std::lock_guard lock(mu_);
     log_->requests.push_back(request);
     if (script_.empty()) return absl::FailedPreconditionError("scripted chat client: no answer scripted");
     absl::StatusOr<ChatResponse> answer = script_.front();
@@ -53,8 +58,9 @@ class ScriptedChatClient final : public ChatClient {
   std::string Model() const override { return "scripted-model"; }
 
  private:
-  std::shared_ptr<Log> log_;
-  std::deque<absl::StatusOr<ChatResponse>> script_;
+  std::mutex mu_;
+  std::shared_ptr<Log> log_;                          // guarded by mu_ while a request runs
+  std::deque<absl::StatusOr<ChatResponse>> script_;  // guarded by mu_
 };
 
 }  // namespace kforge::agent

@@ -509,6 +509,7 @@ struct TuneFlags {
   std::string shapes_file, name, proposer = "builtin";
   int max_variants = 0, max_seconds = 0;
   int64_t max_tokens = 0;
+  double max_cost_usd = 0;
   uint64_t seed = 0;
   bool no_watch = false, compile_only = false;
 };
@@ -581,10 +582,11 @@ CLI::App* AddTuneCommand(CLI::App& app, ShapeFlags& shape, TuneFlags& f) {
   AddShapeFlags(tune, shape);
   tune->add_option("--shapes", f.shapes_file, "shapes JSON file (like bench/shapes.json)");
   tune->add_option("--name", f.name, "job name");
-  tune->add_option("--proposer", f.proposer, "builtin | model")->capture_default_str();
+  tune->add_option("--proposer", f.proposer, "builtin | model | model:<names> | hybrid[:<names>]")->capture_default_str();
   tune->add_option("--max-variants", f.max_variants, "variants per shape bucket (0: server default)");
   tune->add_option("--max-seconds", f.max_seconds, "wall-clock budget (0: none)");
   tune->add_option("--max-tokens", f.max_tokens, "model token budget (0: none)");
+  tune->add_option("--max-cost-usd", f.max_cost_usd, "model cost budget, estimated from the server's prices (0: none)");
   tune->add_option("--seed", f.seed, "proposer seed");
   tune->add_flag("--no-watch", f.no_watch, "submit and return");
   tune->add_flag("--compile-only", f.compile_only,
@@ -714,6 +716,7 @@ v1::SubmitJobRequest TuneRequest(const ShapeFlags& shape, const TuneFlags& f) {
   req.mutable_budget()->set_max_variants(f.max_variants);
   req.mutable_budget()->set_max_seconds(f.max_seconds);
   req.mutable_budget()->set_max_tokens(f.max_tokens);
+  req.mutable_budget()->set_max_cost_usd(f.max_cost_usd);
   req.set_seed(f.seed);
   req.set_compile_only(f.compile_only);
   if (!f.shapes_file.empty()) {

@@ -299,11 +299,12 @@ absl::StatusOr<JobSpec> JobSpecFromProto(const v1::SubmitJobRequest& req,
     spec.lengths.clear();
   }
   spec.proposer = req.proposer().empty() ? "builtin" : req.proposer();
-  if (spec.proposer.size() > 64 ||
-      spec.proposer.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_-") !=
+  // A name, with the models a job chooses after ':' ("model:mini,big").
+  if (spec.proposer.size() > 128 ||
+      spec.proposer.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.:,") !=
           std::string::npos)
-    return Invalid("proposer", fmt::format("'{}' is not a proposer name (builtin, model)",
-                                           spec.proposer.substr(0, 64)));
+    return Invalid("proposer", fmt::format("'{}' is not a proposer name (builtin, model, model:<names>, hybrid)",
+                                           spec.proposer.substr(0, 128)));
   const auto& b = req.budget();
   if (b.max_variants() < 0 || b.max_variants() > kMaxVariantsLimit)
     return Invalid("budget.max_variants",
@@ -316,6 +317,9 @@ absl::StatusOr<JobSpec> JobSpecFromProto(const v1::SubmitJobRequest& req,
   spec.max_variants = b.max_variants() == 0 ? kDefaultMaxVariants : b.max_variants();
   spec.max_seconds = b.max_seconds();
   spec.max_tokens = b.max_tokens();
+  if (!(b.max_cost_usd() >= 0) || std::isinf(b.max_cost_usd()))
+    return Invalid("budget.max_cost_usd", fmt::format("{} is not a non-negative number", b.max_cost_usd()));
+  spec.max_cost_usd = b.max_cost_usd();
   spec.seed = req.seed();
   spec.compile_only = req.compile_only();
   return spec;
@@ -374,6 +378,7 @@ void JobToProto(const JobView& job, v1::Job* out) {
   out->mutable_budget()->set_max_variants(job.spec.max_variants);
   out->mutable_budget()->set_max_seconds(job.spec.max_seconds);
   out->mutable_budget()->set_max_tokens(job.spec.max_tokens);
+  out->mutable_budget()->set_max_cost_usd(job.spec.max_cost_usd);
   for (const auto& s : job.spec.shapes) ShapeToProto(s, out->add_shapes());
   for (const auto& p : job.progress) {
     auto* jp = out->add_progress();

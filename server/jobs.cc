@@ -30,6 +30,7 @@ struct JobEngine::BucketState {
   int retries = 0;      // consecutive UNAVAILABLE answers from the proposer
   int64_t retry_at_ms = 0;  // > 0: ask the proposer again at this time
   bool exhausted = false;
+  bool async = false;   // the proposer works in the background (SetWake)
   std::string error;  // the proposer failed; the bucket proposes no more
   int crashed = 0;    // results that were crashes, given-up tasks included
   int given_up = 0;   // tasks no worker answered (max_task_attempts leases)
@@ -142,6 +143,10 @@ agent::Candidate CandidateOf(const VariantRecord& v) {
   c.answer = v.answer;
   c.prompt_hash = v.prompt_hash;
   c.parent_id = v.parent_id;
+  c.kind = v.kind;
+  c.attempt = v.attempt;
+  c.normalized_hash = v.normalized_hash;
+  c.provenance_json = v.provenance_json;
   return c;
 }
 
@@ -156,6 +161,12 @@ agent::Feedback FeedbackOf(const std::string& variant_id, const agent::Candidate
   f.rel_l2_error = e.rel_l2_error;
   f.max_abs_error = e.max_abs_error;
   f.message = e.message;
+  f.bucket = e.bucket;
+  f.registers = e.registers;
+  f.spill_bytes = e.spill_bytes;
+  f.static_smem_bytes = e.static_smem_bytes;
+  f.dynamic_smem_bytes = e.dynamic_smem_bytes;
+  f.cubin_hash = e.cubin_hash;
   return f;
 }
 
@@ -225,6 +236,7 @@ std::string EncodeJobSpec(const JobSpec& spec) {
               {"max_variants", spec.max_variants},
               {"max_seconds", spec.max_seconds},
               {"max_tokens", spec.max_tokens},
+              {"max_cost_usd", spec.max_cost_usd},
               {"seed", spec.seed},
               {"compile_only", spec.compile_only},
               {"shapes", shapes}}
@@ -241,6 +253,7 @@ absl::StatusOr<JobSpec> DecodeJobSpec(const std::string& text) {
     s.max_variants = j.value("max_variants", kDefaultMaxVariants);
     s.max_seconds = j.value("max_seconds", 0);
     s.max_tokens = j.value("max_tokens", int64_t{0});
+    s.max_cost_usd = j.value("max_cost_usd", 0.0);
     s.seed = j.value("seed", uint64_t{0});
     s.compile_only = j.value("compile_only", false);
     bool any_lengths = false;
@@ -684,7 +697,16 @@ absl::Status JobEngine::ResumeJob(const JobRecord& record) {
       b.progress.compiled++;
     }
     CountCrash(b, ev.eval);
-    b.proposer->Observe(FeedbackOf(ev.variant_id, c, ev.eval));
+    agent::Feedback f = FeedbackOf(ev.variant_id, c, ev.eval);
+    if (f.bucket.empty()) f.bucket = b.id;
+    b.proposer->Observe(f);
+  }
+
+  // Asynchronous proposers get their wake after the replay: results are
+  // acted on at the next Propose(), from here on.
+  for (BucketState& b : job->buckets) {
+    const std::string job_id = record.id;
+    b.async = b.proposer->SetWake([this, job_id] { Post([this, job_id] { Wake(job_id); }); });
   }
 
   const bool fresh = events.empty() && tasks->empty();
@@ -717,7 +739,10 @@ void JobEngine::Advance(JobState& job) {
     const bool bucket_done = b.exhausted || !b.error.empty() || tokens_spent ||
                              b.progress.proposed >= job.spec.max_variants;
     const bool waiting = b.retry_at_ms > now;  // backing off an unavailable proposer
-    if (!bucket_done && !waiting && b.outstanding == 0) ProposeRound(job, b);
+    // Lockstep rounds for synchronous proposers; a pipeline for
+    // asynchronous ones, which are asked whenever there is room.
+    const bool room = b.async ? b.outstanding < options_.candidates_per_round : b.outstanding == 0;
+    if (!bucket_done && !waiting && room) ProposeRound(job, b);
     const bool still_done = b.exhausted || !b.error.empty() || tokens_spent ||
                             b.progress.proposed >= job.spec.max_variants;
     if (!still_done || b.outstanding > 0) all_done = false;
@@ -761,12 +786,17 @@ void JobEngine::FinishDone(JobState& job, const std::string& message) {
 }
 
 void JobEngine::ProposeRound(JobState& job, BucketState& b) {
-  const int n = std::min(options_.candidates_per_round,
-                         job.spec.max_variants - b.progress.proposed);
+  const int per_round = b.async ? options_.candidates_per_round - b.outstanding : options_.candidates_per_round;
+  const int n = std::min(per_round, job.spec.max_variants - b.progress.proposed);
   if (n <= 0) return;
   agent::ProposalContext ctx;
   ctx.shape = b.shape;
   ctx.bucket = b.bucket;
+  ctx.job_id = job.record.id;
+  ctx.max_tokens = job.spec.max_tokens;
+  ctx.max_cost_usd = job.spec.max_cost_usd;
+  ctx.variants_left = job.spec.max_variants - b.progress.proposed;
+  ctx.compile_only = job.spec.compile_only;
   if (job.spec.max_tokens > 0)
     ctx.tokens_left = std::max<int64_t>(0, job.spec.max_tokens - job.record.tokens_used);
   if (auto best = store_->GetBest(b.id, b.bucket.arch); best.ok()) {
@@ -777,6 +807,7 @@ void JobEngine::ProposeRound(JobState& job, BucketState& b) {
       f.outcome = Outcome::kVerified;
       f.median_us = best->timing.median_us;
       f.spread_us = best->timing.Spread();
+      f.bucket = b.id;
       ctx.best = std::move(f);
     }
   }
@@ -805,6 +836,7 @@ void JobEngine::ProposeRound(JobState& job, BucketState& b) {
   }
   b.retries = 0;
   b.retry_at_ms = 0;
+  if (proposed->empty() && b.async && b.proposer->Busy()) return;  // it will wake us
   if (proposed->empty()) {
     b.exhausted = true;
     Persist(job, fmt::format("proposer has nothing more for {}", b.id));
@@ -826,6 +858,10 @@ void JobEngine::ProposeRound(JobState& job, BucketState& b) {
     v.answer = c.answer;
     v.parent_id = c.parent_id;
     v.job_id = job.record.id;
+    v.kind = c.kind;
+    v.attempt = c.attempt;
+    v.normalized_hash = c.normalized_hash;
+    v.provenance_json = c.provenance_json;
     auto id = store_->PutVariant(std::move(v));
     if (!id.ok()) {
       // A malformed candidate is the proposer's failure, recorded, not fatal.
@@ -902,11 +938,28 @@ void JobEngine::HandleCompleted(const TaskRecord& task, const EvaluationRecord& 
       msg = fmt::format("variant {} {}{}{}", task.variant_id, OutcomeName(eval.outcome),
                         eval.message.empty() ? "" : ": ", eval.message.substr(0, 200));
     }
-    b.proposer->Observe(FeedbackOf(task.variant_id, b.candidates[task.variant_id], eval));
+    agent::Feedback f = FeedbackOf(task.variant_id, b.candidates[task.variant_id], eval);
+    if (f.bucket.empty()) f.bucket = b.id;
+    b.proposer->Observe(f);
     Persist(job, msg);
     Advance(job);
   }
   if (job.finished) jobs_.erase(it);
+}
+
+// The model call ledger counts every token a job spent, refused answers
+// included (the candidates' sum misses calls that produced no candidate);
+// calls still in flight are not spent yet.
+void JobEngine::RefreshTokens(JobState& job) {
+  absl::StatusOr<ModelSpend> spent = store_->SumModelCalls(job.record.id, 0);
+  if (spent.ok() && spent->calls > 0) job.record.tokens_used = spent->tokens - spent->pending_tokens;
+}
+
+void JobEngine::Wake(const std::string& job_id) {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end() || it->second->finished) return;
+  Advance(*it->second);
+  if (it->second->finished) jobs_.erase(it);
 }
 
 void JobEngine::Finish(JobState& job, kforge::JobState state, const std::string& message) {
@@ -938,6 +991,7 @@ void JobEngine::Finish(JobState& job, kforge::JobState state, const std::string&
       if (it != active_buckets_.end() && it->second == job.record.id) active_buckets_.erase(it);
     }
   }
+  RefreshTokens(job);
   job.record.progress_json = ProgressToJson(ViewOf(job).progress).dump();
   job.record.updated_unix_ms = NowMs();
   if (absl::Status s = store_->UpdateJob(job.record); !s.ok())
@@ -946,6 +1000,7 @@ void JobEngine::Finish(JobState& job, kforge::JobState state, const std::string&
 }
 
 void JobEngine::Persist(JobState& job, const std::string& message) {
+  RefreshTokens(job);
   job.record.progress_json = ProgressToJson(ViewOf(job).progress).dump();
   job.record.updated_unix_ms = NowMs();
   if (absl::Status s = store_->UpdateJob(job.record); !s.ok())

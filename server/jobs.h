@@ -17,9 +17,16 @@
 // a progress_json written just before a crash cannot mislead it.
 //
 // Threading: all proposer calls and job-state changes run on the engine's
-// own thread (a strand), because proposers are not thread-safe and a model
-// proposer may block on HTTP for seconds; RPC threads only post work to it.
-// Public methods are thread-safe.
+// own thread (a strand), because proposers are not thread-safe; RPC threads
+// only post work to it. Public methods are thread-safe.
+//
+// Asynchronous proposers (agent/proposer.h; the model's): the engine hands
+// each one a wake function (SetWake) that posts the bucket's job back onto
+// the strand, and then keeps up to candidates_per_round EVALUATE tasks of
+// the bucket outstanding instead of proposing in lockstep rounds: it asks
+// again whenever a result comes back or the proposer wakes it, so requests
+// to the model overlap the workers' evaluations and one slow model does not
+// hold up other jobs. A synchronous proposer (the builtin) keeps the rounds.
 #pragma once
 
 #include <condition_variable>
@@ -69,6 +76,7 @@ struct JobSpec {
   int max_variants = kDefaultMaxVariants;  // per bucket
   int max_seconds = 0;                     // 0: no limit
   int64_t max_tokens = 0;                  // 0: no limit
+  double max_cost_usd = 0;                 // model proposers: estimated cost; 0: no limit
   uint64_t seed = 0;
   bool compile_only = false;  // kCompile tasks instead of kEvaluate; no best is chosen
 };
@@ -220,6 +228,8 @@ class JobEngine {
   // FAILED when every result it got was a crash (given-up tasks included).
   void FinishDone(JobState& job, const std::string& message);
   void HandleCompleted(const TaskRecord& task, const EvaluationRecord& eval);
+  void Wake(const std::string& job_id);
+  void RefreshTokens(JobState& job);
   void Persist(JobState& job, const std::string& message);
   JobView ViewOf(const JobState& job) const;
   void Notify(const JobState& job, const std::string& message, bool final);

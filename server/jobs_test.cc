@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <memory>
 #include <mutex>
 
@@ -580,6 +581,161 @@ TEST_F(JobsTest, CompileOnlyProgressCountsTheCompiledResults) {
   ASSERT_TRUE(rec.ok());
   ASSERT_TRUE(DecodeJob(*rec).ok());
   EXPECT_EQ(DecodeJob(*rec)->progress[0].compiled, 2);
+}
+
+// An asynchronous proposer: candidates arrive when the test says, from
+// another thread, as a model's answers would; the engine must not wait for
+// them in lockstep rounds, and must come back when woken.
+class Background : public agent::Proposer {
+ public:
+  struct Shared {
+    std::mutex mu;
+    std::deque<agent::Candidate> ready;
+    int pending = 0;
+    std::function<void()> wake;
+    std::vector<agent::ProposalContext> contexts;
+    std::vector<agent::Feedback> seen;
+  };
+  explicit Background(std::shared_ptr<Shared> s) : s_(std::move(s)) {}
+  absl::StatusOr<std::vector<agent::Candidate>> Propose(const agent::ProposalContext& ctx, int n) override {
+    std::lock_guard lock(s_->mu);
+    s_->contexts.push_back(ctx);
+    std::vector<agent::Candidate> out;
+    while (n-- > 0 && !s_->ready.empty()) {
+      out.push_back(s_->ready.front());
+      s_->ready.pop_front();
+    }
+    return out;
+  }
+  void Observe(const agent::Feedback& f) override {
+    std::lock_guard lock(s_->mu);
+    s_->seen.push_back(f);
+  }
+  void Remember(const agent::Candidate&) override {}
+  std::string Name() const override { return "model"; }
+  bool SetWake(std::function<void()> wake) override {
+    std::lock_guard lock(s_->mu);
+    s_->wake = std::move(wake);
+    return true;
+  }
+  bool Busy() const override {
+    std::lock_guard lock(s_->mu);
+    return s_->pending > 0 || !s_->ready.empty();
+  }
+
+ private:
+  std::shared_ptr<Shared> s_;
+};
+
+// The answer to one of the requests "in flight", then the wake.
+void Arrive(Background::Shared& s, int k) {
+  std::function<void()> wake;
+  {
+    std::lock_guard lock(s.mu);
+    agent::Candidate c;
+    c.source = fmt::format("answer {}", k);
+    c.manifest_json = "{}";
+    c.origin = "model";
+    c.kind = k % 2 ? "repair" : "fresh";
+    c.attempt = k % 2;
+    c.normalized_hash = fmt::format("n{}", k);
+    c.provenance_json = fmt::format(R"({{"call_id":{}}})", k);
+    s.ready.push_back(c);
+    --s.pending;
+    wake = s.wake;
+  }
+  if (wake) wake();
+}
+
+TEST_F(JobsTest, AnAsynchronousProposerIsAskedWheneverThereIsRoomAndWhenItWakes) {
+  auto shared = std::make_shared<Background::Shared>();
+  shared->pending = 5;
+  JobEngineOptions o;
+  o.candidates_per_round = 3;
+  JobEngine engine(
+      store_.get(),
+      [shared](const std::string&, uint64_t) -> absl::StatusOr<std::unique_ptr<agent::Proposer>> {
+        return std::make_unique<Background>(shared);
+      },
+      o);
+  ASSERT_TRUE(engine.Start().ok());
+  JobSpec spec;
+  spec.shapes = {Shape()};
+  spec.proposer = "model";
+  spec.max_variants = 5;
+  spec.max_tokens = 1234;
+  spec.max_cost_usd = 2.5;
+  auto job = engine.Submit(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  const std::string id = job->record.id;
+  // Nothing ready: the bucket waits (not exhausted), and no task exists.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_TRUE(engine.Get(id).ok());
+  EXPECT_EQ(engine.Get(id)->record.state, JobState::kRunning);
+  // Two answers come, one at a time: each becomes a task at once.
+  Arrive(*shared, 0);
+  WaitFor(engine, id, [](const JobView& v) { return v.progress[0].proposed == 1; });
+  Arrive(*shared, 1);
+  JobView v = WaitFor(engine, id, [](const JobView& v) { return v.progress[0].proposed == 2; });
+  EXPECT_EQ(v.progress[0].proposed, 2);
+  // A result frees room; the next answers fill it while others are evaluated.
+  ASSERT_TRUE(CompleteOne(engine, Outcome::kCompileError, 0));
+  for (int k = 2; k < 5; ++k) Arrive(*shared, k);
+  v = WaitFor(engine, id, [](const JobView& v) { return v.progress[0].proposed == 4; });
+  EXPECT_EQ(v.progress[0].proposed, 4);
+  // Three outstanding is the bucket's pipeline: the fifth answer waits for room.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(engine.Get(id)->progress[0].proposed, 4);
+  ASSERT_TRUE(CompleteOne(engine, Outcome::kVerified, 12));
+  v = WaitFor(engine, id, [](const JobView& v) { return v.progress[0].proposed == 5; });
+  EXPECT_EQ(v.progress[0].proposed, 5);
+  for (int i = 0; i < 400; ++i) {
+    if (!CompleteOne(engine, Outcome::kVerified, 10)) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (IsFinal(engine.Get(id)->record.state)) break;
+  }
+  v = WaitFor(engine, id, [](const JobView& v) { return IsFinal(v.record.state); });
+  EXPECT_EQ(v.record.state, JobState::kSucceeded) << v.record.message;
+  {
+    std::lock_guard lock(shared->mu);
+    ASSERT_FALSE(shared->contexts.empty());
+    const agent::ProposalContext& ctx = shared->contexts.front();
+    EXPECT_EQ(ctx.job_id, id);
+    EXPECT_EQ(ctx.max_tokens, 1234);
+    EXPECT_DOUBLE_EQ(ctx.max_cost_usd, 2.5);
+    EXPECT_EQ(ctx.variants_left, 5);
+    for (const agent::ProposalContext& c : shared->contexts) EXPECT_GE(c.variants_left, 1);
+    ASSERT_EQ(shared->seen.size(), 5u);
+    EXPECT_EQ(shared->seen[0].bucket, BucketOf(Shape()).Id());
+  }
+  // The model's provenance is stored with each variant.
+  auto tasks = store_->ListTasks(id);
+  ASSERT_TRUE(tasks.ok());
+  ASSERT_EQ(tasks->size(), 5u);
+  auto second = store_->GetVariant((*tasks)[1].variant_id);
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(second->kind, "repair");
+  EXPECT_EQ(second->attempt, 1);
+  EXPECT_EQ(second->normalized_hash, "n1");
+  EXPECT_EQ(second->provenance_json, R"({"call_id":1})");
+}
+
+TEST_F(JobsTest, AJobsTokensIncludeModelCallsThatMadeNoCandidate) {
+  auto engine = Engine(/*limit=*/1);
+  JobSpec spec;
+  spec.shapes = {Shape()};
+  auto job = engine->Submit(spec);
+  ASSERT_TRUE(job.ok());
+  ModelCallRecord refused;
+  refused.job_id = job->record.id;
+  refused.purpose = "propose";
+  refused.outcome = "refused";
+  refused.prompt_tokens = 700;
+  refused.completion_tokens = 77;
+  ASSERT_TRUE(store_->AddModelCall(refused).ok());
+  for (int i = 0; i < 100 && !CompleteOne(*engine, Outcome::kVerified, 5); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  JobView v = WaitFor(*engine, job->record.id, [](const JobView& v) { return IsFinal(v.record.state); });
+  EXPECT_EQ(v.record.tokens_used, 777);
 }
 
 }  // namespace

@@ -186,7 +186,7 @@ int main(int argc, char** argv) {
   }
   cfg.server.api.limits.head_dims = kforge::server::CatalogHeadDims();
   cfg.server.api.limits.backward = kforge::server::CatalogServesBackward();
-  auto proposers = kforge::server::DefaultProposerFactory(cfg.model_proposer_json);
+  auto proposers = kforge::server::DefaultProposerFactory(cfg.model_proposer_json, store->get());
   if (!proposers.ok()) {
     std::fprintf(stderr, "kforge-server: config %s: %s\n", config_path.c_str(),
                  std::string(proposers.status().message()).c_str());

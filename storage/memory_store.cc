@@ -327,6 +327,49 @@ class MemoryStore final : public Store {
     return out;
   }
 
+  absl::StatusOr<int64_t> AddModelCall(ModelCallRecord call) override {
+    if (absl::Status s = PrepareModelCall(call, NowUnixMs()); !s.ok()) return s;
+    absl::MutexLock lock(&mu_);
+    call.id = next_model_call_++;
+    const int64_t id = call.id;
+    model_calls_[id] = std::move(call);
+    return id;
+  }
+
+  absl::Status UpdateModelCall(const ModelCallRecord& call) override {
+    ModelCallRecord c = call;
+    if (absl::Status s = PrepareModelCall(c, NowUnixMs()); !s.ok()) return s;
+    absl::MutexLock lock(&mu_);
+    auto it = model_calls_.find(call.id);
+    if (it == model_calls_.end()) return NotFound("model call", fmt::format("{}", call.id));
+    c.id = call.id;
+    c.created_unix_ms = it->second.created_unix_ms;
+    it->second = std::move(c);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::vector<ModelCallRecord>> ListModelCalls(const std::string& job_id) override {
+    absl::MutexLock lock(&mu_);
+    std::vector<ModelCallRecord> out;
+    for (const auto& [id, c] : model_calls_)
+      if (job_id.empty() || c.job_id == job_id) out.push_back(c);
+    return out;
+  }
+
+  absl::StatusOr<ModelSpend> SumModelCalls(const std::string& job_id,
+                                           int64_t since_unix_ms) override {
+    absl::MutexLock lock(&mu_);
+    ModelSpend sum;
+    for (const auto& [id, c] : model_calls_) {
+      if (!CountsFor(c, job_id, since_unix_ms)) continue;
+      sum.calls++;
+      sum.tokens += c.prompt_tokens + c.completion_tokens;
+      sum.cost_usd += c.cost_usd;
+      if (c.outcome == "pending") sum.pending_tokens += c.prompt_tokens + c.completion_tokens;
+    }
+    return sum;
+  }
+
  private:
   // Store::LeaseTask's kNotOwn rule: the same id, or the same principal.
   bool SameWorker(const std::string& origin, const std::string& worker)
@@ -440,6 +483,8 @@ class MemoryStore final : public Store {
   Table<Job> jobs_ ABSL_GUARDED_BY(mu_);
   Table<TaskRecord> tasks_ ABSL_GUARDED_BY(mu_);
   Table<WorkerRecord> workers_ ABSL_GUARDED_BY(mu_);
+  Table<ModelCallRecord> model_calls_ ABSL_GUARDED_BY(mu_);
+  int64_t next_model_call_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t next_variant_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t next_evaluation_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t next_job_ ABSL_GUARDED_BY(mu_) = 1;

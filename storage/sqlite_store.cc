@@ -265,6 +265,42 @@ constexpr std::string_view kSchemaV6 = R"sql(
 ALTER TABLE workers ADD COLUMN compile_archs TEXT NOT NULL DEFAULT '';
 )sql";
 
+// v7: the model loop's provenance and spend. Variants say how a model
+// wrote them (a fresh idea, a repair of their parent, a knob setting of a
+// model-written kernel), which repair attempt they are, their normalized
+// source hash (comment/whitespace-only changes are duplicates) and the call
+// that produced them. model_calls is the ledger of every request to a model,
+// refused answers included: spend limits are summed from it, so they hold
+// across restarts. Rows from before keep everything and read '' / 0.
+constexpr std::string_view kSchemaV7 = R"sql(
+ALTER TABLE variants ADD COLUMN kind TEXT NOT NULL DEFAULT '';
+ALTER TABLE variants ADD COLUMN attempt INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE variants ADD COLUMN normalized_hash TEXT NOT NULL DEFAULT '';
+ALTER TABLE variants ADD COLUMN provenance TEXT NOT NULL DEFAULT '';
+CREATE INDEX variants_by_normalized_hash ON variants(normalized_hash) WHERE normalized_hash <> '';
+CREATE TABLE model_calls (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  job TEXT NOT NULL,
+  bucket TEXT NOT NULL,
+  model TEXT NOT NULL,
+  purpose TEXT NOT NULL,
+  parent TEXT NOT NULL,
+  attempt INTEGER NOT NULL,
+  prompt_hash TEXT NOT NULL,
+  prompt TEXT NOT NULL,
+  answer TEXT NOT NULL,
+  prompt_tokens INTEGER NOT NULL,
+  completion_tokens INTEGER NOT NULL,
+  cost_usd REAL NOT NULL,
+  usage_estimated INTEGER NOT NULL,
+  outcome TEXT NOT NULL,
+  detail TEXT NOT NULL,
+  created INTEGER NOT NULL
+);
+CREATE INDEX model_calls_by_job ON model_calls(job, created);
+CREATE INDEX model_calls_by_created ON model_calls(created);
+)sql";
+
 constexpr Migration kMigrations[] = {
     {1, "initial schema", kSchemaV1},
     {2, "timing quartiles", kSchemaV2},
@@ -272,6 +308,7 @@ constexpr Migration kMigrations[] = {
     {4, "worker principals", kSchemaV4},
     {5, "timing samples, RETIME incumbent timings, how a best was measured", kSchemaV5},
     {6, "worker compile archs", kSchemaV6},
+    {7, "model provenance of variants, model call ledger", kSchemaV7},
 };
 
 // ---------------------------------------------------------------------------
@@ -433,7 +470,7 @@ class Cols {
 
 constexpr std::string_view kVariantCols =
     "id, source, source_hash, manifest, origin, template, knobs, model, prompt_hash, prompt, "
-    "answer, parent, job, created";
+    "answer, parent, job, created, kind, attempt, normalized_hash, provenance";
 
 VariantRecord ReadVariant(Stmt& s) {
   Cols c(s);
@@ -452,7 +489,38 @@ VariantRecord ReadVariant(Stmt& s) {
   v.parent_id = c.Text();
   v.job_id = c.Text();
   v.created_unix_ms = c.Int();
+  v.kind = c.Text();
+  v.attempt = c.Int32();
+  v.normalized_hash = c.Text();
+  v.provenance_json = c.Text();
   return v;
+}
+
+constexpr std::string_view kModelCallCols =
+    "id, job, bucket, model, purpose, parent, attempt, prompt_hash, prompt, answer, "
+    "prompt_tokens, completion_tokens, cost_usd, usage_estimated, outcome, detail, created";
+
+ModelCallRecord ReadModelCall(Stmt& s) {
+  Cols c(s);
+  ModelCallRecord m;
+  m.id = c.Int();
+  m.job_id = c.Text();
+  m.bucket = c.Text();
+  m.model = c.Text();
+  m.purpose = c.Text();
+  m.parent_id = c.Text();
+  m.attempt = c.Int32();
+  m.prompt_hash = c.Text();
+  m.prompt = c.Text();
+  m.answer = c.Text();
+  m.prompt_tokens = c.Int();
+  m.completion_tokens = c.Int();
+  m.cost_usd = c.Real();
+  m.usage_estimated = c.Int() != 0;
+  m.outcome = c.Text();
+  m.detail = c.Text();
+  m.created_unix_ms = c.Int();
+  return m;
 }
 
 constexpr std::string_view kEvaluationCols =
@@ -725,12 +793,12 @@ class SqliteStore final : public Store {
         if (absl::Status s = CheckFree("PutVariant", "variants", *given, v.id); !s.ok()) return s;
       }
       absl::StatusOr<Stmt> ins = Prepare("PutVariant", fmt::format(
-          "INSERT INTO variants ({}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+          "INSERT INTO variants ({}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
           kVariantCols));
       if (!ins.ok()) return ins.status();
       ins->Bind(given, v.source, v.source_hash, v.manifest_json, v.origin, v.template_name,
                 v.knobs_json, v.model, v.prompt_hash, v.prompt, v.answer, v.parent_id, v.job_id,
-                v.created_unix_ms);
+                v.created_unix_ms, v.kind, v.attempt, v.normalized_hash, v.provenance_json);
       if (absl::Status s = ins->Run(); !s.ok()) return s;
       id = FormatId('v', sqlite3_last_insert_rowid(db_));
       return absl::OkStatus();
@@ -1186,6 +1254,72 @@ class SqliteStore final : public Store {
         Prepare("ListWorkers", fmt::format("SELECT {} FROM workers ORDER BY id", kWorkerCols));
     if (!q.ok()) return q.status();
     return ReadAll<WorkerRecord>(*q, ReadWorker);
+  }
+
+  absl::StatusOr<int64_t> AddModelCall(ModelCallRecord m) override {
+    if (absl::Status s = PrepareModelCall(m, NowUnixMs()); !s.ok()) return s;
+    int64_t id = 0;
+    absl::Status s = Write("AddModelCall", [&]() -> absl::Status {
+      absl::StatusOr<Stmt> ins = Prepare("AddModelCall", fmt::format(
+          "INSERT INTO model_calls ({}) VALUES (NULL, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+          kModelCallCols));
+      if (!ins.ok()) return ins.status();
+      ins->Bind(m.job_id, m.bucket, m.model, m.purpose, m.parent_id, m.attempt, m.prompt_hash,
+                m.prompt, m.answer, m.prompt_tokens, m.completion_tokens, m.cost_usd,
+                m.usage_estimated, m.outcome, m.detail, m.created_unix_ms);
+      if (absl::Status s = ins->Run(); !s.ok()) return s;
+      id = sqlite3_last_insert_rowid(db_);
+      return absl::OkStatus();
+    });
+    if (!s.ok()) return s;
+    return id;
+  }
+
+  absl::Status UpdateModelCall(const ModelCallRecord& call) override {
+    ModelCallRecord m = call;
+    if (absl::Status s = PrepareModelCall(m, NowUnixMs()); !s.ok()) return s;
+    return Write("UpdateModelCall", [&]() -> absl::Status {
+      absl::StatusOr<Stmt> up = Prepare("UpdateModelCall",
+          "UPDATE model_calls SET job = ?, bucket = ?, model = ?, purpose = ?, parent = ?, attempt = ?, "
+          "prompt_hash = ?, prompt = ?, answer = ?, prompt_tokens = ?, completion_tokens = ?, cost_usd = ?, "
+          "usage_estimated = ?, outcome = ?, detail = ? WHERE id = ?");
+      if (!up.ok()) return up.status();
+      up->Bind(m.job_id, m.bucket, m.model, m.purpose, m.parent_id, m.attempt, m.prompt_hash, m.prompt, m.answer,
+               m.prompt_tokens, m.completion_tokens, m.cost_usd, m.usage_estimated, m.outcome, m.detail, call.id);
+      if (absl::Status s = up->Run(); !s.ok()) return s;
+      if (sqlite3_changes(db_) == 0) return NotFound("model call", fmt::format("{}", call.id));
+      return absl::OkStatus();
+    });
+  }
+
+  absl::StatusOr<std::vector<ModelCallRecord>> ListModelCalls(const std::string& job_id) override {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<Stmt> q = Prepare("ListModelCalls", fmt::format(
+        "SELECT {} FROM model_calls WHERE ?1 = '' OR job = ?1 ORDER BY id", kModelCallCols));
+    if (!q.ok()) return q.status();
+    q->Bind(job_id);
+    return ReadAll<ModelCallRecord>(*q, ReadModelCall);
+  }
+
+  absl::StatusOr<ModelSpend> SumModelCalls(const std::string& job_id,
+                                           int64_t since_unix_ms) override {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<Stmt> q = Prepare("SumModelCalls",
+        "SELECT count(*), coalesce(sum(prompt_tokens + completion_tokens), 0), coalesce(sum(cost_usd), 0), "
+        "coalesce(sum(CASE WHEN outcome = 'pending' THEN prompt_tokens + completion_tokens END), 0) "
+        "FROM model_calls WHERE (?1 = '' OR job = ?1) AND created >= ?2");
+    if (!q.ok()) return q.status();
+    q->Bind(job_id, since_unix_ms);
+    absl::StatusOr<bool> row = q->Next();
+    if (!row.ok()) return row.status();
+    ModelSpend sum;
+    if (*row) {
+      sum.calls = q->Int(0);
+      sum.tokens = q->Int(1);
+      sum.cost_usd = q->Real(2);
+      sum.pending_tokens = q->Int(3);
+    }
+    return sum;
   }
 
   absl::StatusOr<std::string> IntegrityCheck() override {

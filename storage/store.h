@@ -54,6 +54,59 @@ struct VariantRecord {
   std::string parent_id;
   std::string job_id;
   int64_t created_unix_ms = 0;
+  // How a model-written variant came about (schema v6; "" / 0 on rows from
+  // before and on template variants):
+  //   kind             "fresh" (a new idea from a parent), "repair" (a fix
+  //                    of parent_id, which failed), "sweep" (a knob setting
+  //                    of a model-written kernel that declared knobs)
+  //   attempt          repairs in its lineage before it (1: the first fix)
+  //   normalized_hash  sha256 of the source without comments and runs of
+  //                    whitespace (agent/normalize.h), for dedupe of
+  //                    sources that differ only there
+  //   provenance_json  the model call that wrote it: model, tokens, cost,
+  //                    answer form (whole source or edits of a named
+  //                    parent), inspirations shown (agent/model_proposer.h)
+  std::string kind;
+  int32_t attempt = 0;
+  std::string normalized_hash;
+  std::string provenance_json;
+};
+
+// One request to a model endpoint and what became of it (schema v6): the
+// spend ledger (tokens, estimated cost) and the record of every attempt,
+// refused ones included, with the source it started from.
+struct ModelCallRecord {
+  int64_t id = 0;             // assigned by the store
+  std::string job_id;
+  std::string bucket;
+  std::string model;          // as the endpoint named it (or as configured)
+  std::string purpose;        // "propose" | "repair"
+  std::string parent_id;      // the source it was given: a variant id, "seed:<template>", or a draft handle
+  int32_t attempt = 0;        // repairs in the lineage before this one
+  std::string prompt_hash;
+  std::string prompt;         // the messages sent (JSON)
+  std::string answer;         // what came back ("" for an error)
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  double cost_usd = 0;        // estimated from the configured prices
+  bool usage_estimated = false;  // no usage in the answer: ~4 bytes a token
+  // "pending" (in flight: written when the request is sent, with the most
+  // it may cost, so a crash cannot lose its spend), "candidate" (proposed),
+  // "refused" (failed the checks before compiling), "duplicate" (a source
+  // known already), "error" (no answer), "dropped" (answered after its
+  // proposer closed), "lost" (pending when the server stopped: kept at its
+  // reserved size)
+  std::string outcome;
+  std::string detail;         // why refused / the error
+  int64_t created_unix_ms = 0;
+};
+
+// Sums over model calls (SumModelCalls).
+struct ModelSpend {
+  int64_t calls = 0;
+  int64_t tokens = 0;         // prompt + completion, pending calls at their reserved size
+  double cost_usd = 0;
+  int64_t pending_tokens = 0;  // of `tokens`, those of calls still pending
 };
 
 struct EvaluationRecord {
@@ -340,6 +393,21 @@ class Store {
   // another worker has, or a malformed principal.
   virtual absl::StatusOr<std::string> UpsertWorker(WorkerRecord w) = 0;
   virtual absl::StatusOr<std::vector<WorkerRecord>> ListWorkers() = 0;  // by id
+
+  // Model calls (the spend ledger). AddModelCall assigns the id and fills a
+  // zero created_unix_ms; INVALID_ARGUMENT for negative token counts or
+  // cost, or an empty purpose or outcome. UpdateModelCall rewrites every
+  // field of the call `call.id` names but its id and created_unix_ms
+  // (NOT_FOUND when there is none; the same validation). ListModelCalls is
+  // oldest first (all jobs when `job_id` is empty). SumModelCalls adds up
+  // the calls of `job_id` (all jobs when empty) created at or after
+  // `since_unix_ms`.
+  virtual absl::StatusOr<int64_t> AddModelCall(ModelCallRecord call) = 0;
+  virtual absl::Status UpdateModelCall(const ModelCallRecord& call) = 0;
+  virtual absl::StatusOr<std::vector<ModelCallRecord>> ListModelCalls(
+      const std::string& job_id) = 0;
+  virtual absl::StatusOr<ModelSpend> SumModelCalls(const std::string& job_id,
+                                                   int64_t since_unix_ms) = 0;
 
   // The database's own consistency check ("ok" when healthy; otherwise the
   // problems found, one per line). Not pure so that test doubles of Store

@@ -136,6 +136,22 @@ absl::Status PrepareWorker(WorkerRecord& w, int64_t now_ms) {
   return absl::OkStatus();
 }
 
+absl::Status PrepareModelCall(ModelCallRecord& call, int64_t now_ms) {
+  if (call.prompt_tokens < 0 || call.completion_tokens < 0)
+    return absl::InvalidArgumentError("model call: token counts must not be negative");
+  // NaN compares false both ways: refuse it explicitly, a ledger sum must be a number.
+  if (!(call.cost_usd >= 0)) return absl::InvalidArgumentError("model call: cost must be >= 0");
+  if (call.purpose.empty()) return absl::InvalidArgumentError("model call: purpose is empty");
+  if (call.outcome.empty()) return absl::InvalidArgumentError("model call: outcome is empty");
+  if (call.created_unix_ms == 0) call.created_unix_ms = now_ms;
+  call.id = 0;
+  return absl::OkStatus();
+}
+
+bool CountsFor(const ModelCallRecord& call, const std::string& job_id, int64_t since_unix_ms) {
+  return (job_id.empty() || call.job_id == job_id) && call.created_unix_ms >= since_unix_ms;
+}
+
 absl::Status CheckCubinHash(const std::string& hash, const std::string& bytes) {
   if (hash.empty()) return absl::InvalidArgumentError("cubin: hash is empty");
   if (Sha256Hex(bytes) != hash)

@@ -50,6 +50,9 @@ absl::Status PrepareJob(JobRecord& job, int64_t now_ms);
 // Also resets the lease fields: a new task is always queued and unleased.
 absl::Status PrepareTask(TaskRecord& task, int64_t now_ms);
 absl::Status PrepareWorker(WorkerRecord& w, int64_t now_ms);
+absl::Status PrepareModelCall(ModelCallRecord& call, int64_t now_ms);
+// Whether a call counts for SumModelCalls(job_id, since).
+bool CountsFor(const ModelCallRecord& call, const std::string& job_id, int64_t since_unix_ms);
 
 // PutCubin's rule: INVALID_ARGUMENT unless `hash` is the SHA-256 hex of
 // `bytes`.

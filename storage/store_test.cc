@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 #include <string>
 #include <thread>
@@ -178,6 +179,10 @@ TYPED_TEST(StoreTest, VariantFieldsRoundTrip) {
   v.parent_id = "v1";
   v.job_id = "j1";
   v.created_unix_ms = 1234;
+  v.kind = "repair";
+  v.attempt = 2;
+  v.normalized_hash = Sha256Hex("src");
+  v.provenance_json = R"({"answer_form":"diff"})";
   ASSERT_OK_AND_ASSIGN(std::string id, this->store().PutVariant(v));
   ASSERT_OK_AND_ASSIGN(VariantRecord got, this->store().GetVariant(id));
   EXPECT_EQ(got.id, id);
@@ -193,6 +198,112 @@ TYPED_TEST(StoreTest, VariantFieldsRoundTrip) {
   EXPECT_EQ(got.parent_id, v.parent_id);
   EXPECT_EQ(got.job_id, v.job_id);
   EXPECT_EQ(got.created_unix_ms, 1234);
+  EXPECT_EQ(got.kind, "repair");
+  EXPECT_EQ(got.attempt, 2);
+  EXPECT_EQ(got.normalized_hash, v.normalized_hash);
+  EXPECT_EQ(got.provenance_json, v.provenance_json);
+}
+
+TYPED_TEST(StoreTest, ModelCallsRoundTripAndSumPerJobAndSince) {
+  ModelCallRecord c;
+  c.job_id = "j1";
+  c.bucket = "b";
+  c.model = "mini";
+  c.purpose = "repair";
+  c.parent_id = "v3";
+  c.attempt = 1;
+  c.prompt_hash = "ph";
+  c.prompt = "[]";
+  c.answer = "```cuda x```";
+  c.prompt_tokens = 100;
+  c.completion_tokens = 20;
+  c.cost_usd = 0.5;
+  c.usage_estimated = true;
+  c.outcome = "refused";
+  c.detail = "source: empty";
+  c.created_unix_ms = 1000;
+  ASSERT_OK_AND_ASSIGN(int64_t first, this->store().AddModelCall(c));
+  c.job_id = "j2";
+  c.created_unix_ms = 2000;
+  c.prompt_tokens = 7;
+  c.completion_tokens = 3;
+  c.cost_usd = 0.25;
+  ASSERT_OK_AND_ASSIGN(int64_t second, this->store().AddModelCall(c));
+  EXPECT_LT(first, second);
+
+  ASSERT_OK_AND_ASSIGN(std::vector<ModelCallRecord> j1, this->store().ListModelCalls("j1"));
+  ASSERT_EQ(j1.size(), 1u);
+  EXPECT_EQ(j1[0].id, first);
+  EXPECT_EQ(j1[0].bucket, "b");
+  EXPECT_EQ(j1[0].model, "mini");
+  EXPECT_EQ(j1[0].purpose, "repair");
+  EXPECT_EQ(j1[0].parent_id, "v3");
+  EXPECT_EQ(j1[0].attempt, 1);
+  EXPECT_EQ(j1[0].prompt_hash, "ph");
+  EXPECT_EQ(j1[0].prompt, "[]");
+  EXPECT_EQ(j1[0].answer, "```cuda x```");
+  EXPECT_EQ(j1[0].prompt_tokens, 100);
+  EXPECT_EQ(j1[0].completion_tokens, 20);
+  EXPECT_DOUBLE_EQ(j1[0].cost_usd, 0.5);
+  EXPECT_TRUE(j1[0].usage_estimated);
+  EXPECT_EQ(j1[0].outcome, "refused");
+  EXPECT_EQ(j1[0].detail, "source: empty");
+  EXPECT_EQ(j1[0].created_unix_ms, 1000);
+  ASSERT_OK_AND_ASSIGN(std::vector<ModelCallRecord> all, this->store().ListModelCalls(""));
+  EXPECT_EQ(all.size(), 2u);
+
+  ASSERT_OK_AND_ASSIGN(ModelSpend job1, this->store().SumModelCalls("j1", 0));
+  EXPECT_EQ(job1.calls, 1);
+  EXPECT_EQ(job1.tokens, 120);
+  EXPECT_DOUBLE_EQ(job1.cost_usd, 0.5);
+  ASSERT_OK_AND_ASSIGN(ModelSpend every, this->store().SumModelCalls("", 0));
+  EXPECT_EQ(every.calls, 2);
+  EXPECT_EQ(every.tokens, 130);
+  EXPECT_DOUBLE_EQ(every.cost_usd, 0.75);
+  ASSERT_OK_AND_ASSIGN(ModelSpend recent, this->store().SumModelCalls("", 1500));
+  EXPECT_EQ(recent.calls, 1);
+  EXPECT_EQ(recent.tokens, 10);
+  // A pending call rewritten with what it really cost.
+  ModelCallRecord settled = j1[0];
+  settled.outcome = "candidate";
+  settled.completion_tokens = 5;
+  settled.created_unix_ms = 99;  // ignored: a call keeps when it was made
+  ASSERT_OK(this->store().UpdateModelCall(settled));
+  ASSERT_OK_AND_ASSIGN(std::vector<ModelCallRecord> again, this->store().ListModelCalls("j1"));
+  EXPECT_EQ(again[0].outcome, "candidate");
+  EXPECT_EQ(again[0].completion_tokens, 5);
+  EXPECT_EQ(again[0].created_unix_ms, 1000);
+  settled.id = 12345;
+  EXPECT_CODE(this->store().UpdateModelCall(settled), kNotFound);
+  settled.id = first;
+  settled.outcome = "";
+  EXPECT_CODE(this->store().UpdateModelCall(settled), kInvalidArgument);
+  ModelCallRecord pending = j1[0];
+  pending.job_id = "j3";
+  pending.outcome = "pending";
+  ASSERT_OK(this->store().AddModelCall(pending));
+  ASSERT_OK_AND_ASSIGN(ModelSpend j3, this->store().SumModelCalls("j3", 0));
+  EXPECT_EQ(j3.pending_tokens, 120);
+  EXPECT_EQ(j3.tokens, 120);
+  ASSERT_OK_AND_ASSIGN(ModelSpend none, this->store().SumModelCalls("j9", 0));
+  EXPECT_EQ(none.calls, 0);
+  EXPECT_EQ(none.tokens, 0);
+}
+
+TYPED_TEST(StoreTest, MalformedModelCallsAreInvalidArgument) {
+  ModelCallRecord c;
+  c.purpose = "propose";
+  c.outcome = "candidate";
+  c.prompt_tokens = -1;
+  EXPECT_CODE(this->store().AddModelCall(c), kInvalidArgument);
+  c.prompt_tokens = 0;
+  c.cost_usd = std::nan("");
+  EXPECT_CODE(this->store().AddModelCall(c), kInvalidArgument);
+  c.cost_usd = 0;
+  c.outcome = "";
+  EXPECT_CODE(this->store().AddModelCall(c), kInvalidArgument);
+  ASSERT_OK_AND_ASSIGN(std::vector<ModelCallRecord> all, this->store().ListModelCalls(""));
+  EXPECT_TRUE(all.empty());
 }
 
 TYPED_TEST(StoreTest, MalformedVariantsAreInvalidArgument) {

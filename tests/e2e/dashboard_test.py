@@ -169,8 +169,10 @@ def check_logs(events, worker_log, gpu_job, compile_job, scripted_worker):
     assert submitted == {gpu_job, compile_job}, submitted
     finished = {e["job"]: e for e in by("job_finished")}
     assert finished[gpu_job]["state"] == "succeeded" and finished[compile_job]["state"] == "succeeded"
-    assert [e["waiting_for"] for e in by("job_waiting")] == ["waiting for a worker of arch sm_100a"]
-    assert [e["job"] for e in by("job_unblocked")] == [compile_job]
+    assert [e["waiting_for"] for e in by("job_waiting")] == ["waiting for a worker of arch sm_100a"], by("job_waiting")
+    # Unblocked once a worker for it joins, unless the job's last task
+    # finished before the engine's next look (then job_finished says it).
+    assert [e["job"] for e in by("job_unblocked")] in ([compile_job], []), by("job_unblocked")
     joined = {e["worker"]: e for e in by("worker_joined")}
     assert joined[scripted_worker]["sanitizer_tools"] == ["memcheck"], joined
     assert any("sm_100a" in e["compile_archs"] for e in joined.values()), joined
