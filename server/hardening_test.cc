@@ -61,7 +61,7 @@ class Gate {
 
 class HangingProposer : public agent::Proposer {
  public:
-  explicit HangingProposer(Gate* gate) : gate_(gate) {}
+  explicit HangingProposer(std::shared_ptr<Gate> gate) : gate_(std::move(gate)) {}
   absl::StatusOr<std::vector<agent::Candidate>> Propose(const agent::ProposalContext&,
                                                         int) override {
     gate_->Wait();
@@ -72,7 +72,7 @@ class HangingProposer : public agent::Proposer {
   std::string Name() const override { return "builtin"; }
 
  private:
-  Gate* gate_;
+  std::shared_ptr<Gate> gate_;  // shared: the engine thread may still be leaving Wait()
 };
 
 ShapeKey Key(int batch) {
@@ -101,6 +101,7 @@ class HardeningTest : public ::testing::Test {
     store_ = *std::move(store);
   }
   void TearDown() override {
+    gate_->Release();  // a test that failed before releasing must not hang here
     server_.reset();
     store_.reset();
     for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(db_.string() + suffix);
@@ -128,6 +129,7 @@ class HardeningTest : public ::testing::Test {
   }
 
   std::filesystem::path db_;
+  std::shared_ptr<Gate> gate_ = std::make_shared<Gate>();
   std::unique_ptr<Store> store_;
   std::unique_ptr<Server> server_;
   std::shared_ptr<grpc::Channel> channel_;
@@ -145,14 +147,13 @@ TEST_F(HardeningTest, TheServerListensWhileAProposerHangsInTheReplay) {
   rec.proposer = "builtin";
   rec.spec_json = EncodeJobSpec(spec);
   ASSERT_TRUE(store_->CreateJob(rec).ok());
-  Gate gate;
-  ProposerFactory hanging = [&gate](const std::string&, uint64_t)
+  ProposerFactory hanging = [gate = gate_](const std::string&, uint64_t)
       -> absl::StatusOr<std::unique_ptr<agent::Proposer>> {
-    return std::make_unique<HangingProposer>(&gate);
+    return std::make_unique<HangingProposer>(gate);
   };
   const auto started = std::chrono::steady_clock::now();
   Start({}, hanging);
-  ASSERT_TRUE(gate.AwaitWaiter(std::chrono::seconds(10))) << "the replay asks the proposer";
+  ASSERT_TRUE(gate_->AwaitWaiter(std::chrono::seconds(10))) << "the replay asks the proposer";
   EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(5));
   auto health = grpc::health::v1::Health::NewStub(channel_);
   grpc::ClientContext ctx;
@@ -163,7 +164,7 @@ TEST_F(HardeningTest, TheServerListensWhileAProposerHangsInTheReplay) {
   v1::ListJobsResponse jobs;
   ASSERT_TRUE(kernels_->ListJobs(Ctx(kClient).get(), v1::ListJobsRequest(), &jobs).ok());
   EXPECT_EQ(jobs.jobs_size(), 1);
-  gate.Release();
+  gate_->Release();
 }
 
 TEST_F(HardeningTest, ShutdownAnswersUnavailableToNewWork) {
