@@ -31,6 +31,7 @@
 #include "kernels/catalog.h"
 #include "kforge/runtime.h"
 #include "tests/runtime/store_fixture.h"
+#include "tests/util/pki.h"
 
 extern char** environ;
 
@@ -278,6 +279,54 @@ TEST_F(ServerSourceTest, SeedIdsAgreeBetweenServerAndRuntimeAndAnswerIfNoneMatch
   EXPECT_STREQ(own.source, "seed");
   EXPECT_STREQ(own.variant_id, served.variant_id);
   EXPECT_EQ(Stats(local).seed_compiles, 1u);
+}
+
+// A TLS server: the runtime trusts the CA KFORGE_TLS_CA names; without it
+// the handshake fails, and the fallback policy serves the seed instead.
+TEST_F(ServerSourceTest, KforgeTlsCaConnectsToATlsServer) {
+  testing::TestPki pki;
+  std::string log;
+  ASSERT_TRUE(testing::MakeTestPki(dir_ / "pki", &pki, &log)) << log;
+  const int port = FreePort();
+  Process tls({KFORGE_SERVER_BIN, "--listen", fmt::format("127.0.0.1:{}", port), "--db",
+               (dir_ / "tls.db").string(), "--client-tokens-file",
+               (dir_ / "client.tokens").string(), "--worker-tokens-file",
+               (dir_ / "worker.tokens").string(), "--tls-cert", pki.server_cert().string(),
+               "--tls-key", pki.server_key().string()},
+              dir_ / "tls_server.log");
+  for (int i = 0; i < 200 && !Connectable(port); ++i) std::this_thread::sleep_for(50ms);
+  ASSERT_TRUE(Connectable(port)) << Read(dir_ / "tls_server.log");
+  const std::string address = fmt::format("localhost:{}", port);
+  auto create = [&](kf_runtime** rt) {
+    kf_runtime_options o;
+    kf_runtime_options_init(&o);
+    o.arch = "sm_90a";
+    o.server = address.c_str();
+    o.token = kClientToken;
+    o.server_timeout_ms = 30000;
+    return kf_runtime_create(&o, rt);
+  };
+  kf_runtime* plain = nullptr;
+  ASSERT_EQ(create(&plain), KF_OK) << kf_last_error();
+  runtimes_.push_back(plain);
+  EXPECT_STREQ(Prepare(plain, batch_).source, "seed") << "no CA: no TLS, no server";
+  EXPECT_GT(Stats(plain).server_errors, 0u);
+
+  setenv("KFORGE_TLS_CA", pki.ca_cert().c_str(), 1);
+  kf_runtime* rt = nullptr;
+  const kf_status made = create(&rt);
+  unsetenv("KFORGE_TLS_CA");
+  ASSERT_EQ(made, KF_OK) << kf_last_error();
+  runtimes_.push_back(rt);
+  EXPECT_STREQ(Prepare(rt, batch_).source, "server");
+  EXPECT_EQ(Stats(rt).server_errors, 0u);
+
+  setenv("KFORGE_TLS_CA", (dir_ / "absent.pem").c_str(), 1);
+  kf_runtime* bad = nullptr;
+  EXPECT_EQ(create(&bad), KF_ERR_INVALID_ARGUMENT);
+  unsetenv("KFORGE_TLS_CA");
+  EXPECT_NE(std::string(kf_last_error()).find("KFORGE_TLS_CA"), std::string::npos)
+      << kf_last_error();
 }
 
 TEST_F(ServerSourceTest, AnExportedPackServesARuntimeWithNoServer) {
