@@ -7,9 +7,13 @@
 //   kforge variants [--bucket B] | kforge shapes [--arch sm_90a]
 //   kforge export --arch sm_90a --out kernels.kfpack   (every best, for the runtime offline)
 //   kforge workers                                      (registered workers, connected or not)
+//   kforge health [--service kforge.v1.KernelService]   (exit 0 when serving: probes)
 //
-// Tables by default, --json for scripts. --server (env KFORGE_SERVER) and
-// --token (env KFORGE_TOKEN). Exit status: 0 ok, 1 server/RPC error, 2 usage.
+// Tables by default, --json for scripts. --server (env KFORGE_SERVER); the
+// token from env KFORGE_TOKEN or --token-file, never a flag; TLS with
+// --tls-ca (env KFORGE_TLS_CA), needed for a server that is not on
+// loopback unless --allow-plaintext. Exit status: 0 ok, 1 server/RPC error,
+// 2 usage.
 #include <unistd.h>
 
 #include <algorithm>
@@ -30,6 +34,9 @@
 #include <nlohmann/json.hpp>
 
 #include "core/lengths.h"
+#include "core/secrets.h"
+#include "core/transport.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "gpu/gpu.h"
 #include "kforge/v1/kforge.grpc.pb.h"
 #include "kforge/version.h"
@@ -42,7 +49,12 @@ namespace {
 
 struct Globals {
   std::string server = "127.0.0.1:50051";
-  std::string token;
+  std::string token;       // KFORGE_TOKEN or --token-file (ResolveConnection)
+  std::string token_file;
+  std::string flag_token;  // the old --token, refused
+  kforge::ClientTlsFiles tls;
+  kforge::ClientTlsPem tls_pem;  // read by ResolveConnection
+  bool allow_plaintext = false;
   bool json = false;
   int timeout_s = 30;
 };
@@ -148,7 +160,16 @@ class Client {
   explicit Client(const Globals& g) : g_(g) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(256 << 20);
-    channel_ = grpc::CreateCustomChannel(g.server, grpc::InsecureChannelCredentials(), args);
+    std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+    if (!g.tls_pem.ca.empty()) {
+      grpc::SslCredentialsOptions ssl;
+      ssl.pem_root_certs = g.tls_pem.ca;
+      ssl.pem_cert_chain = g.tls_pem.cert;
+      ssl.pem_private_key = g.tls_pem.key;
+      creds = grpc::SslCredentials(ssl);
+      if (!g.tls_pem.server_name.empty()) args.SetSslTargetNameOverride(g.tls_pem.server_name);
+    }
+    channel_ = grpc::CreateCustomChannel(g.server, creds, args);
     stub_ = v1::KernelService::NewStub(channel_);
   }
 
@@ -169,12 +190,13 @@ class Client {
       throw Failure{1, fmt::format("cannot reach kforge-server at {}: {}", g_.server,
                                    s.error_message())};
     if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED)
-      throw Failure{1, fmt::format("{}: {} (pass --token or set KFORGE_TOKEN)", what,
+      throw Failure{1, fmt::format("{}: {} (set KFORGE_TOKEN or pass --token-file)", what,
                                    s.error_message())};
     throw Failure{1, fmt::format("{}: {}", what, s.error_message())};
   }
 
   v1::KernelService::Stub& stub() { return *stub_; }
+  std::shared_ptr<grpc::Channel> channel() const { return channel_; }
 
  private:
   const Globals& g_;
@@ -512,18 +534,37 @@ struct CommandLine {
   ExportFlags export_flags;
   // The subcommands, to tell which one was given.
   CLI::App *get_cmd = nullptr, *tune_cmd = nullptr, *jobs_cmd = nullptr, *variants_cmd = nullptr,
-           *shapes_cmd = nullptr, *export_cmd = nullptr, *workers_cmd = nullptr;
+           *shapes_cmd = nullptr, *export_cmd = nullptr, *workers_cmd = nullptr,
+           *health_cmd = nullptr;
+  std::string health_service;
 };
 
-// --server and --token default to the environment; the flags override it.
+// --server and --tls-ca default to the environment; the flags override it.
+// The token comes from the environment or a file only.
 void AddGlobalFlags(CLI::App& app, Globals& g) {
   if (const char* s = std::getenv("KFORGE_SERVER")) g.server = s;
   if (const char* t = std::getenv("KFORGE_TOKEN")) g.token = t;
+  if (const char* ca = std::getenv("KFORGE_TLS_CA")) g.tls.ca_file = ca;
   app.set_version_flag("--version", "kforge " KFORGE_VERSION, "print the version and exit");
   app.require_subcommand(1);
   app.fallthrough();  // global flags (--json, --server...) also after the subcommand
   app.add_option("--server", g.server, "kforge-server address (env KFORGE_SERVER)")->capture_default_str();
-  app.add_option("--token", g.token, "client bearer token (env KFORGE_TOKEN)");
+  app.add_option("--token-file", g.token_file,
+                 "file whose first line is the client token (default: env KFORGE_TOKEN)");
+  // A token on the command line shows in /proc/<pid>/cmdline and ps.
+  app.add_option("--token", g.flag_token)->group("");
+  app.add_option("--tls-ca", g.tls.ca_file,
+                 "PEM CA bundle the server's certificate must chain to: connect with TLS (env "
+                 "KFORGE_TLS_CA)");
+  app.add_option("--tls-cert", g.tls.cert_file,
+                 "PEM client certificate, for a server that requires one (mTLS)");
+  app.add_option("--tls-key", g.tls.key_file, "PEM private key of --tls-cert");
+  app.add_option("--tls-server-name", g.tls.server_name,
+                 "name the server's certificate must carry (default: the --server host)");
+  app.add_flag("--allow-plaintext", g.allow_plaintext,
+               "connect without TLS to a server that is not on loopback (another layer encrypts)");
+  app.footer("Environment: KFORGE_SERVER, KFORGE_TOKEN (the client token, 32+ characters), "
+             "KFORGE_TLS_CA. Tokens are never taken from flags.");
   app.add_flag("--json", g.json, "machine-readable output");
   app.add_option("--timeout", g.timeout_s, "seconds per call")->capture_default_str();
 }
@@ -578,6 +619,43 @@ CLI::App* AddExportCommand(CLI::App& app, ExportFlags& f) {
 
 CLI::App* AddWorkersCommand(CLI::App& app) {
   return app.add_subcommand("workers", "list the registered workers and whether they are connected");
+}
+
+CLI::App* AddHealthCommand(CLI::App& app, std::string& service) {
+  auto* health = app.add_subcommand(
+      "health", "ask the server's grpc.health.v1 service; exit 0 when serving (for probes)");
+  health->add_option("--service", service,
+                     "service to ask about (kforge.v1.KernelService, kforge.v1.WorkerService; "
+                     "default: the server as a whole)");
+  return health;
+}
+
+// The token, the TLS files and the transport rule, before any call: a
+// mistake here is a usage error (exit 2), not a failed RPC.
+void ResolveConnection(Globals& g, int argc, char** argv) {
+  if (!g.flag_token.empty()) {
+    kforge::ScrubFromProcessMemory(argc, argv, g.flag_token);
+    throw Failure{2, "--token is gone: a token on the command line shows in /proc/<pid>/cmdline "
+                     "and ps; set KFORGE_TOKEN or pass --token-file"};
+  }
+  std::string source = "KFORGE_TOKEN";
+  if (!g.token_file.empty()) {
+    absl::StatusOr<std::string> t = kforge::ReadTokenFile(g.token_file);
+    if (!t.ok()) throw Failure{2, fmt::format("--token-file: {}", std::string(t.status().message()))};
+    g.token = *t;
+    source = "--token-file " + g.token_file;
+  }
+  if (!g.token.empty()) {
+    if (absl::Status s = kforge::CheckToken(g.token, source); !s.ok())
+      throw Failure{2, std::string(s.message())};
+  }
+  absl::StatusOr<kforge::ClientTlsPem> pem = kforge::ReadClientTls(g.tls);
+  if (!pem.ok()) throw Failure{2, std::string(pem.status().message())};
+  g.tls_pem = *std::move(pem);
+  if (absl::Status s = kforge::CheckPlaintext(g.server, g.tls.enabled(), g.allow_plaintext,
+                                              "--tls-ca (or KFORGE_TLS_CA)");
+      !s.ok())
+    throw Failure{2, fmt::format("--server {}", std::string(s.message()))};
 }
 
 // get --out: the kernel's source, manifest and (when served) cubin.
@@ -755,8 +833,30 @@ int RunShapes(Client& c, const Globals& g, const ListFlags& f) {
 }
 
 // Runs the subcommand that was given; a Failure says why it could not.
+// Exit 0 when SERVING, 1 otherwise (NOT_SERVING, unreachable, unknown
+// service), so that an exec probe or a compose healthcheck can run it.
+int RunHealth(Client& c, const Globals& g, const std::string& service) {
+  auto stub = grpc::health::v1::Health::NewStub(c.channel());
+  grpc::health::v1::HealthCheckRequest req;
+  req.set_service(service);
+  grpc::health::v1::HealthCheckResponse resp;
+  grpc::Status s = stub->Check(c.Ctx().get(), req, &resp);
+  if (!s.ok()) c.Check(s, "Health.Check");
+  const bool serving = resp.status() == grpc::health::v1::HealthCheckResponse::SERVING;
+  const std::string state = serving ? "serving"
+                            : resp.status() == grpc::health::v1::HealthCheckResponse::NOT_SERVING
+                                ? "not_serving"
+                                : "unknown";
+  if (g.json)
+    fmt::print("{}\n", json{{"service", service}, {"status", state}}.dump());
+  else
+    fmt::print("{} {}\n", service.empty() ? "kforge-server" : service, state);
+  return serving ? 0 : 1;
+}
+
 int RunCommand(CommandLine& cl) {
   Client c(cl.g);
+  if (*cl.health_cmd) return RunHealth(c, cl.g, cl.health_service);
   if (*cl.get_cmd) return RunGet(c, cl.g, cl.shape, cl.get);
   if (*cl.tune_cmd) return RunTune(c, cl.g, cl.shape, cl.tune);
   if (*cl.jobs_cmd) return RunJobs(c, cl.g, cl.list);
@@ -779,11 +879,13 @@ int main(int argc, char** argv) {
   AddListCommands(app, cl);
   cl.export_cmd = AddExportCommand(app, cl.export_flags);
   cl.workers_cmd = AddWorkersCommand(app);
+  cl.health_cmd = AddHealthCommand(app, cl.health_service);
   CLI11_PARSE(app, argc, argv);
   // Only commands that send a shape ask the driver (cuInit takes a moment).
   if (cl.shape.arch.empty() && (*cl.get_cmd || *cl.tune_cmd)) cl.shape.arch = LocalArch();
 
   try {
+    ResolveConnection(cl.g, argc, argv);
     return RunCommand(cl);
   } catch (const Failure& f) {
     std::fprintf(stderr, "kforge: %s\n", f.message.c_str());

@@ -4,7 +4,7 @@
 # the same CUDA (the GPU test machine): everything `ldd` lists except the C/C++
 # runtime, which the target has, and libnvrtc/libcuda, which come from the
 # target's own CUDA install and driver.
-#   deploy/bundle.sh [BUILD_DIR=build] [OUT_DIR=.bundle]
+#   [KFORGE_BUNDLE_TESTS=0] deploy/bundle.sh [BUILD_DIR=build] [OUT_DIR=.bundle]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build="${1:-build}"
@@ -18,7 +18,10 @@ done
 while IFS= read -r f; do bins+=("$f"); done < <(find "$build/bench" "$build/kernels" -maxdepth 3 -type f -executable \( -name 'kforge-bench*' -o -name 'kforge-kernels-compile' \) 2>/dev/null)
 
 # GPU-labelled tests: CTest names are "<binary>.<Suite>.<Case>".
+# KFORGE_BUNDLE_TESTS=0 leaves them out (the container images).
+if [ "${KFORGE_BUNDLE_TESTS:-1}" = 0 ]; then : > "$out/gpu-tests.txt"; else
 ctest --test-dir "$build" -L gpu -N 2>/dev/null | sed -n 's/^ *Test *#[0-9]*: \([^.]*\)\..*/\1/p' | sort -u > "$out/gpu-tests.txt"
+fi
 while IFS= read -r t; do
   f=$(find "$build" -type f -executable -name "$t" | head -n 1)
   [ -n "$f" ] && bins+=("$f")

@@ -13,6 +13,7 @@ packages=(
   libgtest-dev libgmock-dev
   python3-grpcio python3-grpc-tools   # the non-C++ client in the interop test
   python3-pip python3-setuptools python3-wheel   # pip install ./python offline (--no-build-isolation)
+  python3-yaml openssl   # tests/deploy: the YAML artefacts; TLS certificates made at test time
   chromium chromium-driver python3-selenium       # the dashboard in a real browser (e2e.dashboard)
   python3-prometheus-client                       # its parser reads /metrics (e2e.dashboard)
 )

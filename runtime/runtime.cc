@@ -1,10 +1,12 @@
 #include "runtime/runtime.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include <fmt/format.h>
 
+#include "core/transport.h"
 #include "gpu/compile.h"
 #include "runtime/request.h"
 
@@ -94,6 +96,14 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const kf_runtime_option
     so.address = o.server;
     so.token = o.token != nullptr ? o.token : "";
     so.timeout = std::chrono::milliseconds(o.server_timeout_ms > 0 ? o.server_timeout_ms : 10000);
+    // TLS to the server: the CA bundle named by KFORGE_TLS_CA, the variable
+    // the kforge CLI reads too. The environment rather than an option, so
+    // that kf_runtime_options keeps its layout for callers built against it.
+    if (const char* ca = std::getenv("KFORGE_TLS_CA"); ca != nullptr && *ca != '\0') {
+      absl::StatusOr<std::string> pem = ReadPemFile(ca, "KFORGE_TLS_CA");
+      if (!pem.ok()) return ToStatus(KF_ERR_INVALID_ARGUMENT, std::string(pem.status().message()));
+      so.tls_ca = *std::move(pem);
+    }
     server = make_server(std::move(so));
   }
   ResolverOptions ro;

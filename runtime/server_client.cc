@@ -15,7 +15,13 @@ class GrpcKernelServer final : public KernelServer {
   explicit GrpcKernelServer(ServerOptions o) : options_(std::move(o)) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(256 << 20);  // source + cubin; large model kernels too
-    channel_ = grpc::CreateCustomChannel(options_.address, grpc::InsecureChannelCredentials(), args);
+    std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+    if (!options_.tls_ca.empty()) {
+      grpc::SslCredentialsOptions ssl;
+      ssl.pem_root_certs = options_.tls_ca;
+      creds = grpc::SslCredentials(ssl);
+    }
+    channel_ = grpc::CreateCustomChannel(options_.address, creds, args);
     stub_ = v1::KernelService::NewStub(channel_);
   }
 

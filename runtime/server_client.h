@@ -16,6 +16,7 @@ namespace kforge::runtime {
 struct ServerOptions {
   std::string address;  // "host:port"
   std::string token;    // bearer token; "" for none
+  std::string tls_ca;   // PEM CA bundle: TLS, the server's certificate checked; "": plaintext
   std::chrono::milliseconds timeout{10000};
 };
 

@@ -135,7 +135,8 @@ absl::Status KforgeApi::GetKernel(const v1::GetKernelRequest& req, v1::GetKernel
   k->set_requested_bucket(bucket_id);
   if (!req.if_none_match().empty() && req.if_none_match() == k->variant_id())
     MarkNotModified(*resp);
-  if (!served->tuned && req.tune_if_untuned()) {
+  // No new job while shutting down: the engine is about to stop.
+  if (!served->tuned && req.tune_if_untuned() && !shutting_down_) {
     if (auto active = engine_->ActiveJobForBucket(bucket_id)) {
       resp->set_tuning_job_id(*active);
     } else {
@@ -187,7 +188,7 @@ absl::Status KforgeApi::ListShapes(const v1::ListShapesRequest& req,
     if (absl::Status s = ValidateArch(req.arch()); !s.ok()) return s;
   }
   auto bests = store_->ListBest(req.arch(), *page);
-  if (!bests.ok()) return bests.status();
+  if (!bests.ok()) return PageTokenError(bests.status());
   for (const auto& b : bests->items) {
     auto* s = resp->add_shapes();
     s->set_bucket(b.bucket);
@@ -209,7 +210,7 @@ absl::Status KforgeApi::ListVariants(const v1::ListVariantsRequest& req,
     if (!b.ok()) return Invalid("bucket", std::string(b.status().message()));
   }
   auto variants = store_->ListVariants(req.bucket(), *page);
-  if (!variants.ok()) return variants.status();
+  if (!variants.ok()) return PageTokenError(variants.status());
   for (const auto& v : variants->items) {
     auto* s = resp->add_variants();
     s->set_variant_id(v.id);
@@ -240,6 +241,7 @@ absl::Status KforgeApi::ListVariants(const v1::ListVariantsRequest& req,
 }
 
 absl::Status KforgeApi::SubmitJob(const v1::SubmitJobRequest& req, v1::Job* resp) {
+  if (shutting_down_) return ShuttingDown();
   auto spec = JobSpecFromProto(req, options_.limits);
   if (!spec.ok()) return spec.status();
   auto job = engine_->Submit(*std::move(spec));
@@ -260,7 +262,7 @@ absl::Status KforgeApi::ListJobs(const v1::ListJobsRequest& req, v1::ListJobsRes
   auto page = PageFromProto(req.page_size(), req.page_token());
   if (!page.ok()) return page.status();
   auto jobs = store_->ListJobs(*page);
-  if (!jobs.ok()) return jobs.status();
+  if (!jobs.ok()) return PageTokenError(jobs.status());
   for (const auto& rec : jobs->items) {
     auto view = DecodeJob(rec);
     if (view.ok()) {
@@ -277,6 +279,7 @@ absl::Status KforgeApi::ListJobs(const v1::ListJobsRequest& req, v1::ListJobsRes
 }
 
 absl::Status KforgeApi::CancelJob(const v1::CancelJobRequest& req, v1::Job* resp) {
+  if (shutting_down_) return ShuttingDown();
   if (absl::Status s = CheckId("job_id", req.job_id()); !s.ok()) return s;
   auto job = engine_->Cancel(req.job_id(), "cancelled by a client");
   if (!job.ok()) return job.status();
@@ -541,36 +544,17 @@ PromotionLease KforgeApi::PromotionsFor(const WorkerInfo& worker) {
 absl::Status KforgeApi::Register(const v1::RegisterRequest& req, const std::string& principal,
                                  std::optional<std::string_view> session,
                                  v1::RegisterResponse* resp) {
-  if (req.worker_name().empty()) return Invalid("worker_name", "is required");
-  if (req.worker_name().size() > kMaxNameLength)
-    return Invalid("worker_name", fmt::format("is longer than {} bytes", kMaxNameLength));
-  if (absl::Status s = ValidateArch(req.gpu().arch()); !s.ok())
-    return absl::InvalidArgumentError(fmt::format("gpu.{}", std::string(s.message())));
-  if (req.gpu().name().size() > kMaxNameLength)
-    return Invalid("gpu.name", fmt::format("is longer than {} bytes", kMaxNameLength));
-  static const std::set<std::string> kTools = {"memcheck", "racecheck", "synccheck", "initcheck"};
+  if (absl::Status s = ValidateRegistration(req); !s.ok()) return s;
   std::vector<std::string> tools;
-  for (const std::string& t : req.sanitizer_tools()) {
-    if (!kTools.count(t))
-      return Invalid("sanitizer_tools",
-                     fmt::format("'{}' is not a compute-sanitizer tool (memcheck, racecheck, "
-                                 "synccheck, initcheck)",
-                                 t.substr(0, 32)));
+  for (const std::string& t : req.sanitizer_tools())
     if (std::find(tools.begin(), tools.end(), t) == tools.end()) tools.push_back(t);
-  }
-  constexpr int kMaxCompileArchs = 64;
-  if (req.compile_archs_size() > kMaxCompileArchs)
-    return Invalid("compile_archs", fmt::format("{} archs; at most {}", req.compile_archs_size(),
-                                                kMaxCompileArchs));
+  // compile_archs were checked by ValidateRegistration; the worker's own
+  // arch and repeats are dropped here.
   std::vector<std::string> compile_archs;
-  for (int i = 0; i < req.compile_archs_size(); ++i) {
-    const std::string& a = req.compile_archs(i);
-    if (absl::Status s = ValidateArch(a); !s.ok())
-      return Invalid(fmt::format("compile_archs[{}]", i), std::string(s.message()));
+  for (const std::string& a : req.compile_archs())
     if (a != req.gpu().arch() &&
         std::find(compile_archs.begin(), compile_archs.end(), a) == compile_archs.end())
       compile_archs.push_back(a);
-  }
   WorkerRecord w;
   w.name = Scrub(req.worker_name(), kMaxNameLength);
   w.arch = req.gpu().arch();
@@ -784,9 +768,9 @@ absl::Status KforgeApi::GiveUp(const TaskRecord& task, const WorkerInfo& worker)
   e.worker_id = worker.record.id;
   e.outcome = Outcome::kCrashed;
   e.message = fmt::format(
-      "given up: leased {} times without a result (the workers failed before running the "
+      "{} leased {} times without a result (the workers failed before running the "
       "candidate; their logs say why)",
-      task.attempts - 1);
+      kGivenUpPrefix, task.attempts - 1);
   spdlog::warn("task {} of job {}: {}", task.id, task.job_id, e.message);
   if (options_.metrics) options_.metrics->RecordGivenUp();
   return DecideAndComplete(task, worker, std::move(e), "", /*incumbent_failed=*/false);
@@ -1124,6 +1108,11 @@ void KforgeApi::NotifyTasks() {
     ++tasks_generation_;
   }
   tasks_cv_.notify_all();
+}
+
+absl::Status KforgeApi::ShuttingDown() {
+  return absl::UnavailableError(
+      "kforge-server is shutting down; retry when it is back (or on another server)");
 }
 
 void KforgeApi::BeginShutdown() {

@@ -176,12 +176,16 @@ class KforgeApi {
   // Wakes long-polling LeaseTask calls (tasks were enqueued or requeued).
   void NotifyTasks();
   // Makes long polls and watch streams return promptly; new ones return at
-  // once. Called first thing on shutdown.
+  // once; SubmitJob and CancelJob answer UNAVAILABLE (ShuttingDown) and
+  // GetKernel enqueues no tuning, since the engine is about to stop. Reads
+  // and worker reports are still served until the listener closes. Called
+  // first thing on shutdown.
   void BeginShutdown();
   // The reaper: returns expired leases to the queue; the number requeued.
   absl::StatusOr<int> RequeueExpired();
 
  private:
+  static absl::Status ShuttingDown();
   struct WorkerInfo {
     WorkerRecord record;         // as registered; last_seen refreshed by heartbeats
     int64_t last_call_ms = 0;    // any call; says the worker is connected

@@ -4,6 +4,7 @@
 #include <openssl/rand.h>
 
 #include "core/hash.h"
+#include "core/transport.h"
 #include "core/redact.h"
 
 namespace kforge::server {
@@ -41,7 +42,7 @@ std::string DerivedPrincipal(std::string_view token) {
 }
 
 absl::StatusOr<std::vector<WorkerCredential>> ParseWorkerTokens(
-    const std::vector<std::string>& entries, std::string_view what, size_t min_token_length) {
+    const std::vector<std::string>& entries, std::string_view what) {
   std::vector<WorkerCredential> out;
   for (size_t i = 0; i < entries.size(); ++i) {
     auto bad = [&](std::string_view why) {
@@ -65,10 +66,9 @@ absl::StatusOr<std::vector<WorkerCredential>> ParseWorkerTokens(
             "must not contain ':')"));
       if (c.token.empty()) return bad(fmt::format("the token after '{}:' is empty", c.principal));
     }
-    if (c.token.size() < min_token_length)
-      return bad(fmt::format("the token of '{}' is shorter than {} characters; use a long random "
-                             "token",
-                             c.principal, min_token_length));
+    if (absl::Status s = CheckToken(c.token, fmt::format("the token of '{}'", c.principal));
+        !s.ok())
+      return bad(std::string(s.message()));
     for (size_t j = 0; j < out.size(); ++j) {
       if (out[j].token == c.token)
         return bad(fmt::format("the token of '{}' is also {}[{}]'s ('{}'): one token names one "

@@ -50,10 +50,10 @@ std::string DerivedPrincipal(std::string_view token);
 // is not IsPrincipalName; a name or token that an earlier entry has (one
 // principal, one token: a token naming two principals would make identity
 // ambiguous; a name with two tokens, two hosts sharing one identity); a
-// token shorter than `min_token_length`. Messages never contain a token.
+// token that core/transport.h CheckToken refuses (under 32 characters, or
+// not printable ASCII). Messages never contain a token.
 absl::StatusOr<std::vector<WorkerCredential>> ParseWorkerTokens(
-    const std::vector<std::string>& entries, std::string_view what = "worker_tokens",
-    size_t min_token_length = 0);
+    const std::vector<std::string>& entries, std::string_view what = "worker_tokens");
 
 class Authenticator {
  public:

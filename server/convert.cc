@@ -1,11 +1,14 @@
 #include "server/convert.h"
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <ctime>
+#include <map>
+#include <optional>
 #include <vector>
 
 #include <fmt/format.h>
+#include <google/protobuf/io/coded_stream.h>
 #include <nlohmann/json.hpp>
 
 #include "core/status.h"
@@ -123,13 +126,147 @@ void ShapeToProto(const ShapeKey& k, v1::Shape* out) {
   }
 }
 
+namespace {
+
+// The path of the first string field in `bytes` (a `d` on the wire) that
+// is not UTF-8, searching nested messages; nullopt when there is none or
+// the bytes are not well-formed wire format.
+std::optional<std::string> FirstNonUtf8Field(std::string_view bytes,
+                                             const google::protobuf::Descriptor* d,
+                                             const std::string& prefix, int depth) {
+  using google::protobuf::FieldDescriptor;
+  google::protobuf::io::CodedInputStream in(reinterpret_cast<const uint8_t*>(bytes.data()),
+                                            static_cast<int>(bytes.size()));
+  in.SetRecursionLimit(64);
+  std::map<int, int> seen;  // occurrences per field number, for repeated indices
+  while (const uint32_t tag = in.ReadTag()) {
+    const int number = static_cast<int>(tag >> 3);
+    const int wire = static_cast<int>(tag & 7);
+    const FieldDescriptor* f = d->FindFieldByNumber(number);
+    const int index = seen[number]++;
+    if (wire == 0) {
+      uint64_t v;
+      if (!in.ReadVarint64(&v)) return std::nullopt;
+    } else if (wire == 1 || wire == 5) {
+      if (!in.Skip(wire == 1 ? 8 : 4)) return std::nullopt;
+    } else if (wire == 2) {
+      uint32_t len = 0;
+      std::string payload;
+      if (!in.ReadVarint32(&len) || !in.ReadString(&payload, static_cast<int>(len)))
+        return std::nullopt;
+      if (f == nullptr) continue;
+      const std::string path = prefix + f->name() +
+                               (f->is_repeated() ? fmt::format("[{}]", index) : std::string());
+      if (f->type() == FieldDescriptor::TYPE_STRING && !IsValidUtf8(payload)) return path;
+      if (f->type() == FieldDescriptor::TYPE_MESSAGE && depth < 32)
+        if (auto inner = FirstNonUtf8Field(payload, f->message_type(), path + ".", depth + 1))
+          return inner;
+    } else {
+      return std::nullopt;  // groups: kforge.proto has none
+    }
+  }
+  return std::nullopt;
+}
+
+// Printable ASCII, for versions and capabilities a worker reports.
+bool IsPrintableAscii(std::string_view s) {
+  return std::all_of(s.begin(), s.end(), [](char c) { return c >= 0x20 && c < 0x7f; });
+}
+
+}  // namespace
+
+absl::Status ParseRequest(std::string_view bytes, size_t max_bytes,
+                          google::protobuf::Message* request) {
+  const std::string& type = request->GetDescriptor()->name();
+  if (bytes.size() > max_bytes)
+    return absl::InvalidArgumentError(fmt::format(
+        "request: a {} of {} bytes is more than the {} this call accepts", type, bytes.size(),
+        max_bytes));
+  if (request->ParseFromArray(bytes.data(), static_cast<int>(bytes.size())))
+    return absl::OkStatus();
+  if (std::optional<std::string> field =
+          FirstNonUtf8Field(bytes, request->GetDescriptor(), "", 0))
+    return Invalid(*field, "is not valid UTF-8 (string fields carry text)");
+  return absl::InvalidArgumentError(fmt::format("request: not a well-formed {}", type));
+}
+
+absl::Status ValidateRegistration(const v1::RegisterRequest& req) {
+  // UTF-8 is the parser's (ParseRequest); lengths, ranges and forms are here.
+  auto text = [](std::string_view field, const std::string& v, size_t max,
+                 bool required) -> absl::Status {
+    if (required && v.empty()) return Invalid(field, "is required");
+    if (v.size() > max) return Invalid(field, fmt::format("is {} bytes, more than {}", v.size(), max));
+    if (std::any_of(v.begin(), v.end(), [](char c) { return c >= 0 && c < 0x20; }))
+      return Invalid(field, fmt::format("'{}' has control characters", Excerpt(v)));
+    return absl::OkStatus();
+  };
+  auto version = [](std::string_view field, const std::string& v) -> absl::Status {
+    if (v.size() > 64 || !IsPrintableAscii(v))
+      return Invalid(field, fmt::format("'{}' is not a version (at most 64 printable ASCII "
+                                        "characters)",
+                                        Excerpt(v)));
+    return absl::OkStatus();
+  };
+  if (absl::Status s = text("worker_name", req.worker_name(), kMaxWorkerNameBytes, true); !s.ok())
+    return s;
+  const v1::GpuInfo& g = req.gpu();
+  if (absl::Status s = ValidateArch(g.arch()); !s.ok())
+    return absl::InvalidArgumentError(fmt::format("gpu.{}", std::string(s.message())));
+  if (absl::Status s = text("gpu.name", g.name(), kMaxWorkerNameBytes, false); !s.ok()) return s;
+  if (!g.compute_capability().empty()) {
+    const std::string& cc = g.compute_capability();
+    const size_t dot = cc.find('.');
+    const bool digits = dot != std::string::npos && dot > 0 && dot + 1 < cc.size() &&
+                        cc.size() <= 8 &&
+                        cc.find_first_not_of("0123456789.") == std::string::npos &&
+                        cc.find('.', dot + 1) == std::string::npos;
+    if (!digits)
+      return Invalid("gpu.compute_capability",
+                     fmt::format("'{}' is not MAJOR.MINOR, e.g. 9.0", Excerpt(cc)));
+  }
+  if (g.sm_count() < 0 || g.sm_count() > 4096)
+    return Invalid("gpu.sm_count", fmt::format("{} is out of range [0, 4096]", g.sm_count()));
+  constexpr int64_t kMaxMemory = int64_t{1} << 50;  // 1 PiB
+  if (g.memory_bytes() < 0 || g.memory_bytes() > kMaxMemory)
+    return Invalid("gpu.memory_bytes",
+                   fmt::format("{} is out of range [0, {}]", g.memory_bytes(), kMaxMemory));
+  if (absl::Status s = version("gpu.driver_version", g.driver_version()); !s.ok()) return s;
+  if (absl::Status s = version("gpu.nvrtc_version", g.nvrtc_version()); !s.ok()) return s;
+  constexpr int kMaxCompileArchs = 64;
+  if (req.compile_archs_size() > kMaxCompileArchs)
+    return Invalid("compile_archs", fmt::format("{} archs; at most {}", req.compile_archs_size(),
+                                                kMaxCompileArchs));
+  for (int i = 0; i < req.compile_archs_size(); ++i)
+    if (absl::Status s = ValidateArch(req.compile_archs(i)); !s.ok())
+      return Invalid(fmt::format("compile_archs[{}]", i), std::string(s.message()));
+  static const std::set<std::string> kTools = {"memcheck", "racecheck", "synccheck", "initcheck"};
+  if (req.sanitizer_tools_size() > 16)
+    return Invalid("sanitizer_tools",
+                   fmt::format("{} entries; there are {} tools", req.sanitizer_tools_size(),
+                               kTools.size()));
+  for (int i = 0; i < req.sanitizer_tools_size(); ++i)
+    if (!kTools.count(req.sanitizer_tools(i)))
+      return Invalid(fmt::format("sanitizer_tools[{}]", i),
+                     fmt::format("'{}' is not a compute-sanitizer tool (memcheck, racecheck, "
+                                 "synccheck, initcheck)",
+                                 Excerpt(req.sanitizer_tools(i), 32)));
+  return absl::OkStatus();
+}
+
+absl::Status PageTokenError(const absl::Status& store_error) {
+  if (!absl::IsInvalidArgument(store_error)) return store_error;
+  return Invalid("page_token", "is not a token returned by a previous call");
+}
+
 absl::StatusOr<Page> PageFromProto(int32_t page_size, const std::string& page_token) {
   if (page_size < 0 || page_size > kMaxPageSize)
     return Invalid("page_size", fmt::format("{} is out of range [0, {}]", page_size, kMaxPageSize));
-  // The store's tokens are row numbers; anything else cannot have come from
-  // a previous response.
-  if (page_token.size() > 20 ||
-      page_token.find_first_not_of("0123456789") != std::string::npos)
+  // Each list's store has its own token form (row numbers, bucket|arch for
+  // shapes) and checks it; here only what no token ever is: long, or not
+  // printable ASCII.
+  if (page_token.size() > kMaxPageTokenBytes ||
+      std::any_of(page_token.begin(), page_token.end(),
+                  [](char c) { return c < 0x20 || c > 0x7e; }))
     return Invalid("page_token", "is not a token returned by a previous call");
   Page p;
   if (page_size > 0) p.limit = page_size;

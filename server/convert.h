@@ -39,6 +39,27 @@ void ShapeToProto(const ShapeKey& key, v1::Shape* out);
 
 // page_size in [0, 1000]; 0 means the default.
 absl::StatusOr<Page> PageFromProto(int32_t page_size, const std::string& page_token);
+// A store's INVALID_ARGUMENT for a page (a token it did not make) as the
+// request error; other errors unchanged.
+absl::Status PageTokenError(const absl::Status& store_error);
+// Longer than any token a list returns (a bucket id and an arch).
+inline constexpr size_t kMaxPageTokenBytes = 512;
+
+// Parses a request from its wire bytes, which gRPC's own parse would answer
+// with INTERNAL and no detail when they are not the message: here a request
+// larger than `max_bytes` is INVALID_ARGUMENT saying both sizes (the check
+// comes before any parsing), a string field that is not UTF-8 is
+// INVALID_ARGUMENT naming its path ("gpu.name: is not valid UTF-8",
+// "shapes[1].arch: ..."), anything else malformed INVALID_ARGUMENT naming
+// the message type.
+absl::Status ParseRequest(std::string_view bytes, size_t max_bytes,
+                          google::protobuf::Message* request);
+
+// Every field of a RegisterRequest: names and versions bounded and
+// printable, the arch known, counts in range, tools known and few. The
+// first problem, by field path, never quoting more than a little of it.
+absl::Status ValidateRegistration(const v1::RegisterRequest& req);
+inline constexpr size_t kMaxWorkerNameBytes = 128;
 
 absl::StatusOr<JobSpec> JobSpecFromProto(const v1::SubmitJobRequest& req,
                                          const ServedLimits& limits);

@@ -32,6 +32,8 @@ struct JobEngine::BucketState {
   bool exhausted = false;
   bool async = false;   // the proposer works in the background (SetWake)
   std::string error;  // the proposer failed; the bucket proposes no more
+  int crashed = 0;    // results that were crashes, given-up tasks included
+  int given_up = 0;   // tasks no worker answered (max_task_attempts leases)
   std::map<std::string, agent::Candidate> candidates;  // by variant id
 };
 
@@ -53,6 +55,14 @@ struct JobEngine::JobState {
 namespace {
 
 using nlohmann::json;
+
+// A bucket's crashes, and among them the tasks no worker answered.
+void CountCrash(auto& bucket, const EvaluationRecord& e) {
+  auto& b = bucket;
+  if (e.outcome != Outcome::kCrashed) return;
+  b.crashed++;
+  if (std::string_view(e.message).starts_with(kGivenUpPrefix)) b.given_up++;
+}
 
 // Fresh, reproducible per-task seeds from the job's seed.
 uint64_t SplitMix(uint64_t x) {
@@ -282,11 +292,39 @@ JobEngine::JobEngine(Store* store, ProposerFactory factory, JobEngineOptions opt
 JobEngine::~JobEngine() { Stop(); }
 
 absl::Status JobEngine::Start() {
-  // Resume synchronously before serving so that GetJob/WatchJob see the
-  // rebuilt jobs from the first call on.
-  if (absl::Status s = ResumeAll(); !s.ok()) return s;
+  auto active = store_->ListActiveJobs();
+  if (!active.ok()) return active.status();
+  // Which buckets the active jobs tune, known before the first call:
+  // GetKernel's tune_if_untuned must not start a second job for a bucket
+  // whose job is not rebuilt yet. Decoding specs calls no proposer.
+  {
+    std::lock_guard lock(watch_mu_);
+    for (const JobRecord& rec : *active) {
+      absl::StatusOr<JobSpec> spec = DecodeJobSpec(rec.spec_json);
+      if (!spec.ok()) continue;  // ResumeJob fails the job
+      for (const ShapeKey& s : spec->shapes) active_buckets_[BucketOf(s).Id()] = rec.id;
+    }
+  }
   thread_ = std::thread([this] { Loop(); });
+  // The replay asks proposers (a model's, over HTTP) and reads every job's
+  // history: it runs on the engine thread, after the server listens, so that
+  // a restart with many jobs or a hanging endpoint cannot keep the server
+  // down. Work posted later (results, cancels) queues behind it; GetJob reads
+  // the store meanwhile.
+  Post([this, jobs = *std::move(active)] {
+    ResumeAll(jobs);
+    {
+      std::lock_guard lock(queue_mu_);
+      resumed_ = true;
+    }
+    queue_cv_.notify_all();
+  });
   return absl::OkStatus();
+}
+
+void JobEngine::WaitUntilResumed() {
+  std::unique_lock lock(queue_mu_);
+  queue_cv_.wait(lock, [&] { return resumed_ || stopping_; });
 }
 
 void JobEngine::Stop() {
@@ -534,10 +572,14 @@ std::optional<std::string> JobEngine::ActiveJobForBucket(const std::string& buck
   return it->second;
 }
 
-absl::Status JobEngine::ResumeAll() {
-  auto active = store_->ListActiveJobs();
-  if (!active.ok()) return active.status();
-  for (const auto& rec : *active) {
+void JobEngine::ResumeAll(const std::vector<JobRecord>& active) {
+  size_t resumed = 0;
+  for (const auto& rec : active) {
+    {
+      std::lock_guard lock(queue_mu_);
+      if (stopping_) return;  // the rest resume at the next start
+    }
+    ++resumed;
     if (absl::Status s = ResumeJob(rec); !s.ok()) {
       // One broken job must not keep the server down: fail it, keep going.
       spdlog::error("job {}: cannot resume: {}", rec.id, std::string(s.message()));
@@ -548,7 +590,7 @@ absl::Status JobEngine::ResumeAll() {
       (void)store_->CancelTasks(rec.id);
     }
   }
-  return absl::OkStatus();
+  if (resumed > 0) spdlog::info("resumed {} active job(s)", resumed);
 }
 
 absl::Status JobEngine::ResumeJob(const JobRecord& record) {
@@ -654,6 +696,7 @@ absl::Status JobEngine::ResumeJob(const JobRecord& record) {
     } else if (ev.eval.outcome == Outcome::kCompiled) {
       b.progress.compiled++;
     }
+    CountCrash(b, ev.eval);
     agent::Feedback f = FeedbackOf(ev.variant_id, c, ev.eval);
     if (f.bucket.empty()) f.bucket = b.id;
     b.proposer->Observe(f);
@@ -685,8 +728,7 @@ void JobEngine::Advance(JobState& job) {
   if (job.deadline_ms > 0 && NowMs() >= job.deadline_ms) {
     if (auto c = store_->CancelTasks(job.record.id); !c.ok())
       spdlog::error("job {}: cancelling tasks: {}", job.record.id, std::string(c.status().message()));
-    Finish(job, kforge::JobState::kSucceeded,
-           fmt::format("time budget of {} s reached", job.spec.max_seconds));
+    FinishDone(job, fmt::format("time budget of {} s reached", job.spec.max_seconds));
     return;
   }
   const bool tokens_spent =
@@ -715,9 +757,32 @@ void JobEngine::Advance(JobState& job) {
   if (all_failed) {
     Finish(job, kforge::JobState::kFailed, errors);
   } else {
-    Finish(job, kforge::JobState::kSucceeded,
-           errors.empty() ? std::string("done") : fmt::format("done; {}", errors));
+    FinishDone(job, errors.empty() ? std::string("done") : fmt::format("done; {}", errors));
   }
+}
+
+void JobEngine::FinishDone(JobState& job, const std::string& message) {
+  int evaluated = 0, crashed = 0, given_up = 0;
+  for (const auto& b : job.buckets) {
+    evaluated += b.progress.evaluated;
+    crashed += b.crashed;
+    given_up += b.given_up;
+  }
+  // A job that learned nothing did not succeed: when every result is a
+  // crash, the workers (that lease and never answer, or whose sandbox
+  // fails) are the likelier cause than every candidate.
+  if (evaluated > 0 && crashed == evaluated) {
+    Finish(job, kforge::JobState::kFailed,
+           fmt::format("{}; but every one of its {} result(s) was a crash ({} given up after "
+                       "{} leases without an answer): the workers, not the candidates, are the "
+                       "likely cause; see their logs",
+                       message, evaluated, given_up, "max_task_attempts"));
+    return;
+  }
+  Finish(job, kforge::JobState::kSucceeded,
+         given_up == 0 ? message
+                       : fmt::format("{}; {} of {} task(s) given up without an answer", message,
+                                     given_up, evaluated));
 }
 
 void JobEngine::ProposeRound(JobState& job, BucketState& b) {
@@ -868,6 +933,7 @@ void JobEngine::HandleCompleted(const TaskRecord& task, const EvaluationRecord& 
       msg = fmt::format("variant {} verified: {:.1f} us", task.variant_id, eval.timing.median_us);
     } else {
       if (IsFailure(eval.outcome)) b.progress.failed++;
+      CountCrash(b, eval);
       if (eval.outcome == Outcome::kCompiled) b.progress.compiled++;
       msg = fmt::format("variant {} {}{}{}", task.variant_id, OutcomeName(eval.outcome),
                         eval.message.empty() ? "" : ": ", eval.message.substr(0, 200));

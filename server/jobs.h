@@ -116,6 +116,10 @@ absl::StatusOr<JobView> DecodeJob(const JobRecord& record);
 
 bool IsFinal(JobState s);
 
+// How the message of the crashed result that stands for a task no worker
+// answered begins (KforgeApi::GiveUp writes it, the engine counts it).
+inline constexpr std::string_view kGivenUpPrefix = "given up:";
+
 struct JobEvent {
   JobView job;
   std::string message;  // what happened
@@ -163,8 +167,14 @@ class JobEngine {
   JobEngine(const JobEngine&) = delete;
   JobEngine& operator=(const JobEngine&) = delete;
 
-  // Starts the engine thread and resumes the store's active jobs.
+  // Starts the engine thread and resumes the store's active jobs on it, in
+  // the background: Start returns once it knows which buckets they tune
+  // (ActiveJobForBucket), before any proposer is asked anything. An error
+  // only when the store cannot list them.
   absl::Status Start();
+  // Blocks until the jobs active at Start were resumed (or the engine
+  // stopped). For tests and tools; serving needs no wait.
+  void WaitUntilResumed();
   // Ends the engine thread; watchers get a last (non-final) event and are
   // dropped. Idempotent.
   void Stop();
@@ -209,11 +219,14 @@ class JobEngine {
   std::vector<WorkerNeed> UnmetNeeds(JobState& job);
   // Updates what the job waits for; fails it past stuck_timeout_ms.
   void CheckWaiting(JobState& job);
-  absl::Status ResumeAll();
+  void ResumeAll(const std::vector<JobRecord>& active);
   absl::Status ResumeJob(const JobRecord& record);
   void Advance(JobState& job);
   void ProposeRound(JobState& job, BucketState& bucket);
   void Finish(JobState& job, kforge::JobState state, const std::string& message);
+  // Finishes a job that ran out of work, budget or time: SUCCEEDED, or
+  // FAILED when every result it got was a crash (given-up tasks included).
+  void FinishDone(JobState& job, const std::string& message);
   void HandleCompleted(const TaskRecord& task, const EvaluationRecord& eval);
   void Wake(const std::string& job_id);
   void RefreshTokens(JobState& job);
@@ -232,6 +245,7 @@ class JobEngine {
   std::condition_variable queue_cv_;
   std::deque<std::function<void()>> queue_;  // guarded by queue_mu_
   bool stopping_ = false;                    // guarded by queue_mu_
+  bool resumed_ = false;                     // guarded by queue_mu_
   std::thread thread_;
 
   // Only touched on the engine thread.

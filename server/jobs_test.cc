@@ -149,12 +149,14 @@ class JobsTest : public ::testing::Test {
     return e;
   }
   // Leases and completes one task as a worker would; false when none is queued.
-  bool CompleteOne(JobEngine& engine, Outcome outcome, double us) {
+  bool CompleteOne(JobEngine& engine, Outcome outcome, double us,
+                   const std::string& message = "") {
     const std::string w = "w1";
     auto t = store_->LeaseTask(w, "sm_90a", false, Now(), 60000, PromotionLease::kAny);
     if (!t.ok() || !t->has_value()) return false;
     EvaluationRecord e;
     e.outcome = outcome;
+    e.message = message;
     e.timing = {us, us, us, 3};
     TaskCompletion c;
     c.eval = e;
@@ -164,10 +166,11 @@ class JobsTest : public ::testing::Test {
     return true;
   }
   // CompleteOne once the engine has queued a task (waiting for it to).
-  bool CompleteNext(JobEngine& engine, Outcome outcome, double us) {
+  bool CompleteNext(JobEngine& engine, Outcome outcome, double us,
+                    const std::string& message = "") {
     for (;;) {
       const uint64_t seen = enqueued_.generation();
-      if (CompleteOne(engine, outcome, us)) return true;
+      if (CompleteOne(engine, outcome, us, message)) return true;
       if (!enqueued_.WaitPast(seen)) return false;
     }
   }
@@ -246,6 +249,41 @@ TEST_F(JobsTest, RunsRoundsUntilTheBudgetIsSpent) {
   EXPECT_DOUBLE_EQ(v.progress[0].best_timing.median_us, 96.0);
 }
 
+// 20 workers that lease and never answer left a job of given-up tasks that
+// said SUCCEEDED. A job whose every result is a crash fails, saying why.
+TEST_F(JobsTest, AJobWhoseEveryResultIsACrashFails) {
+  auto engine = Engine(/*limit=*/100, /*per_round=*/2);
+  JobSpec spec;
+  spec.shapes = {Shape()};
+  spec.max_variants = 4;
+  auto job = engine->Submit(spec);
+  ASSERT_TRUE(job.ok());
+  const std::string given_up = std::string(kGivenUpPrefix) + " leased 5 times without a result";
+  for (int i = 0; i < 4; ++i)
+    ASSERT_TRUE(CompleteNext(*engine, Outcome::kCrashed, 0, i < 3 ? given_up : "segfault"));
+  JobView v = WaitFor(*engine, job->record.id, [](const JobView& v) { return IsFinal(v.record.state); });
+  EXPECT_EQ(v.record.state, JobState::kFailed);
+  EXPECT_NE(v.record.message.find("every one of its 4 result(s) was a crash (3 given up"),
+            std::string::npos)
+      << v.record.message;
+}
+
+TEST_F(JobsTest, AJobWithOneRealAnswerSucceedsAndCountsWhatWasGivenUp) {
+  auto engine = Engine(/*limit=*/100, /*per_round=*/3);
+  JobSpec spec;
+  spec.shapes = {Shape()};
+  spec.max_variants = 3;
+  auto job = engine->Submit(spec);
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(CompleteNext(*engine, Outcome::kCrashed, 0, std::string(kGivenUpPrefix) + " x"));
+  ASSERT_TRUE(CompleteNext(*engine, Outcome::kCrashed, 0, "segfault"));
+  ASSERT_TRUE(CompleteNext(*engine, Outcome::kWrong, 0));
+  JobView v = WaitFor(*engine, job->record.id, [](const JobView& v) { return IsFinal(v.record.state); });
+  EXPECT_EQ(v.record.state, JobState::kSucceeded);
+  EXPECT_NE(v.record.message.find("1 of 3 task(s) given up without an answer"), std::string::npos)
+      << v.record.message;
+}
+
 TEST_F(JobsTest, AnExhaustedProposerEndsTheJob) {
   auto engine = Engine(/*limit=*/1);
   JobSpec spec;
@@ -287,6 +325,7 @@ TEST_F(JobsTest, RestartReplaysHistoryAndContinuesWithoutRepeats) {
   const std::vector<std::string> before = log_.Get();
   log_.calls.clear();
   auto engine = Engine(100, 2);
+  engine->WaitUntilResumed();
   const std::vector<std::string> replay = log_.Get();
   // Proposed cand 0..3; results for 0, 1, 2 (round 2 was proposed after
   // round 1's results): the replay follows that order.

@@ -105,6 +105,12 @@ absl::StatusOr<std::shared_ptr<const v1::Kernel>> KernelCache::Build(const BestR
   k->set_driver_version(winner->driver_version);
   if (!winner->cubin_hash.empty()) {
     auto cubin = store_->GetCubin(winner->cubin_hash);
+    if (!cubin.ok() && absl::IsDataLoss(cubin.status())) {
+      // The store found the bytes no longer match their hash.
+      spdlog::error("best of {}: {}: not served", best.bucket,
+                    std::string(cubin.status().message()));
+      return cubin.status();
+    }
     if (cubin.ok()) {
       // Re-checked on the way out: bytes changed in the database after they
       // were checked in are not served.

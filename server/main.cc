@@ -1,6 +1,8 @@
 // kforge-server: the composition root. Reads the configuration, opens the
 // store, builds the proposer factory and seed provider, starts the server
 // and shuts it down gracefully on SIGTERM/SIGINT.
+#include <sys/stat.h>
+
 #include <csignal>
 #include <cstdio>
 #include <memory>
@@ -18,25 +20,57 @@
 #include "server/http/dashboard.h"
 #include "server/metrics.h"
 #include "server/server.h"
-#include "storage/store.h"
+#include "storage/sqlite_store.h"
+
+namespace {
+
+// A database made by an older kforge (or copied in) may be readable by
+// everyone; its worker sessions and results are not for them.
+void WarnIfOthersCanRead(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && (st.st_mode & 007) != 0)
+    spdlog::warn("database {} is open to other users (mode {:03o}); chmod 600 it and its -wal "
+                 "and -shm files",
+                 path, st.st_mode & 0777);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using kforge::server::ServerConfig;
   CLI::App app{"kforge-server: finds, verifies and serves the fastest jagged attention kernels"};
   app.set_version_flag("--version", "kforge-server " KFORGE_VERSION, "print the version and exit");
   std::string config_path, listen, database, log_level, log_format, model_config;
-  std::vector<std::string> client_tokens, worker_tokens, viewer_tokens;
+  std::string client_tokens_file, worker_tokens_file, viewer_tokens_file, tls_cert, tls_key,
+      tls_client_ca;
+  std::vector<std::string> flag_tokens;
   int64_t stuck_timeout_ms = -1;
-  bool insecure = false, allow_ungated = false;
+  bool insecure = false, allow_ungated = false, allow_plaintext = false, init = false;
   int64_t lease_ttl_ms = 0;
   int heartbeat_ms = 0, http_port = -1;
   app.add_option("--config", config_path, "JSON config file (see server/config.h for keys)");
   app.add_option("--listen", listen, "gRPC listen address (default 127.0.0.1:50051)");
-  app.add_option("--db", database, "SQLite database path (default kforge.db)");
-  app.add_option("--client-token", client_tokens, "client bearer token (repeatable)");
-  app.add_option("--worker-token", worker_tokens, "worker bearer token (repeatable)");
+  app.add_option("--db", database,
+                 "SQLite database path (default kforge.db; created mode 600 when missing)");
+  app.add_flag("--init", init,
+               "accept an empty or foreign database file and initialise it (refused otherwise)");
+  app.add_option("--client-tokens-file", client_tokens_file,
+                 "file of client bearer tokens, one a line (also: $KFORGE_CLIENT_TOKEN, "
+                 "config client_tokens)");
+  app.add_option("--worker-tokens-file", worker_tokens_file,
+                 "file of worker credentials, one \"name:token\" a line (also: "
+                 "$KFORGE_WORKER_TOKEN, config worker_tokens)");
+  // Tokens on the command line show in /proc/<pid>/cmdline and ps: the old
+  // flags stay only to say so.
+  app.add_option("--client-token,--worker-token,--viewer-token", flag_tokens)->group("");
+  app.add_option("--tls-cert", tls_cert, "PEM certificate chain: serve TLS");
+  app.add_option("--tls-key", tls_key, "PEM private key of --tls-cert");
+  app.add_option("--tls-client-ca", tls_client_ca,
+                 "PEM CA bundle: require client certificates it signed (mTLS)");
+  app.add_flag("--allow-plaintext", allow_plaintext,
+               "serve without TLS on an address that is not loopback (another layer encrypts)");
   app.add_flag("--insecure-no-auth", insecure,
-               "run without authentication (refused otherwise when no tokens are configured)");
+               "run without authentication, on a loopback address only (local development)");
   app.add_flag("--allow-ungated-promotion", allow_ungated,
                "promote CONFIRM/RETIME results of workers without the memcheck sanitizer gate "
                "(for machines where compute-sanitizer cannot run)");
@@ -45,8 +79,9 @@ int main(int argc, char** argv) {
   app.add_option("--http-port", http_port,
                  "serve the dashboard and /metrics on this port, on the --listen host (0: off)")
       ->check(CLI::Range(0, 65535));
-  app.add_option("--viewer-token", viewer_tokens,
-                 "bearer token that opens the dashboard and /metrics only (repeatable)");
+  app.add_option("--viewer-tokens-file", viewer_tokens_file,
+                 "file of bearer tokens that open the dashboard and /metrics only, one a line "
+                 "(also: $KFORGE_VIEWER_TOKEN, config viewer_tokens)");
   app.add_option("--stuck-job-timeout-ms", stuck_timeout_ms,
                  "fail a job that waited this long for a worker able to run its tasks (0: wait)")
       ->check(CLI::Range(int64_t{0}, int64_t{7} * 86400000));
@@ -54,7 +89,22 @@ int main(int argc, char** argv) {
                  "JSON file with the model proposer's options (agent/model_proposer.h)");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off");
   app.add_option("--log-format", log_format, "text | json (one JSON object a line)");
+  app.footer(
+      "Environment: KFORGE_CLIENT_TOKEN, KFORGE_WORKER_TOKEN, KFORGE_VIEWER_TOKEN "
+      "(comma-separated tokens of 32+ characters, added to the configured ones; worker "
+      "entries may be name:token).\n"
+      "Tokens are never taken from flags.");
   CLI11_PARSE(app, argc, argv);
+  if (!flag_tokens.empty()) {
+    for (const std::string& t : flag_tokens) kforge::ScrubFromProcessMemory(argc, argv, t);
+    std::fprintf(stderr,
+                 "kforge-server: --client-token, --worker-token and --viewer-token are gone: a "
+                 "token on the command line shows in /proc/<pid>/cmdline and ps. Put tokens in "
+                 "KFORGE_CLIENT_TOKEN / KFORGE_WORKER_TOKEN / KFORGE_VIEWER_TOKEN, in files "
+                 "(--client-tokens-file, --worker-tokens-file, --viewer-tokens-file) or in the "
+                 "config file (client_tokens, worker_tokens, viewer_tokens)\n");
+    return 2;
+  }
 
   ServerConfig cfg;
   if (!config_path.empty()) {
@@ -72,9 +122,13 @@ int main(int argc, char** argv) {
   kforge::server::ApplyEnvironment(cfg);
   if (!listen.empty()) cfg.server.listen_address = listen;
   if (!database.empty()) cfg.database = database;
-  if (!client_tokens.empty()) cfg.server.client_tokens = client_tokens;
-  if (!worker_tokens.empty()) cfg.server.worker_tokens = worker_tokens;
-  if (!viewer_tokens.empty()) cfg.viewer_tokens = viewer_tokens;
+  if (!client_tokens_file.empty()) cfg.client_tokens_file = client_tokens_file;
+  if (!worker_tokens_file.empty()) cfg.worker_tokens_file = worker_tokens_file;
+  if (!viewer_tokens_file.empty()) cfg.viewer_tokens_file = viewer_tokens_file;
+  if (!tls_cert.empty()) cfg.tls_cert_file = tls_cert;
+  if (!tls_key.empty()) cfg.tls_key_file = tls_key;
+  if (!tls_client_ca.empty()) cfg.tls_client_ca_file = tls_client_ca;
+  if (allow_plaintext) cfg.server.allow_plaintext = true;
   if (stuck_timeout_ms >= 0) cfg.server.engine.stuck_timeout_ms = stuck_timeout_ms;
   if (insecure) cfg.server.insecure_no_auth = true;
   if (allow_ungated) cfg.server.api.allow_ungated_promotion = true;
@@ -87,10 +141,16 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kforge-server: %s\n", std::string(s.message()).c_str());
     return 2;
   }
+  if (absl::Status s = kforge::server::ReadConfigFiles(cfg); !s.ok()) {
+    std::fprintf(stderr, "kforge-server: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  for (const std::string& w : cfg.warnings) spdlog::warn("{}", w);
   if (absl::Status s = kforge::server::ValidateConfig(cfg); !s.ok()) {
     std::fprintf(stderr, "kforge-server: %s\n", std::string(s.message()).c_str());
     return 2;
-  }  // The tokens live in this process's memory now: take them out of what
+  }
+  // The tokens live in this process's memory now: take them out of what
   // /proc/<pid>/cmdline and environ show, and out of reach of other
   // processes of this user.
   for (const auto* list : {&cfg.server.client_tokens, &cfg.server.worker_tokens, &cfg.viewer_tokens}) {
@@ -117,7 +177,8 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  auto store = kforge::OpenSqliteStore(cfg.database);
+  WarnIfOthersCanRead(cfg.database);
+  auto store = kforge::OpenSqliteStore(cfg.database, kforge::SqliteOptions{.init = init});
   if (!store.ok()) {
     std::fprintf(stderr, "kforge-server: opening %s: %s\n", cfg.database.c_str(),
                  std::string(store.status().message()).c_str());

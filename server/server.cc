@@ -9,6 +9,8 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <optional>
+#include <string_view>
 #include <thread>
 
 #include <fmt/format.h>
@@ -19,17 +21,27 @@
 #include <grpcpp/support/server_interceptor.h>
 #include <spdlog/spdlog.h>
 
+#include "core/status.h"
+#include "core/transport.h"
 #include "kforge/v1/kforge.grpc.pb.h"
+#include "server/convert.h"
 #include "server/auth.h"
 
 namespace kforge::server {
 namespace {
 
 // The one place absl::Status becomes grpc::Status. The codes are the same
-// numbers by design (both follow google.rpc.Code).
+// numbers by design (both follow google.rpc.Code). A message is text of a
+// bounded size whatever produced it: the checks quote little of what they
+// refuse (core/status.h Excerpt), and this is the backstop.
+constexpr size_t kMaxStatusMessageBytes = 4096;
+
 grpc::Status ToGrpcStatus(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(std::string(s.message())));
+  std::string message(s.message());
+  if (message.size() > kMaxStatusMessageBytes || !IsValidUtf8(message))
+    message = Excerpt(message, kMaxStatusMessageBytes);
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::move(message));
 }
 
 std::optional<std::string_view> Metadata(const grpc::ServerContextBase* ctx,
@@ -46,28 +58,41 @@ std::optional<std::string_view> AuthHeader(const grpc::ServerContextBase* ctx) {
 
 void ReleaseBytes(void* p) { delete static_cast<std::shared_ptr<const std::string>*>(p); }
 
-// A few threads for GetKernel calls that may block (a seed kernel compiled
-// by NVRTC takes seconds, a tuning job touches the store): callback
-// handlers must not block gRPC's own threads.
-class SlowPool {
+// The largest request each call takes, checked before it is parsed (gRPC's
+// own limit, ServerOptions::max_receive_message_bytes, is the largest of
+// all: a result with its cubin). A request that names a few ids or a
+// shape needs little; a job's shapes may carry exact offsets.
+constexpr size_t kQueryBytes = 64 << 10;
+constexpr size_t kShapeBytes = 4 << 20;   // GetKernel: a shape, perhaps with offsets
+constexpr size_t kSubmitBytes = 8 << 20;  // SubmitJob: up to 256 shapes with offsets
+constexpr size_t kHeartbeatBytes = 1 << 20;
+
+// Threads for calls that may block (a seed kernel compiled by NVRTC takes
+// seconds; any call touches the store): callback handlers must not block
+// gRPC's own threads. A fixed number, so a flood of calls queues instead of
+// making a thread each.
+class CallPool {
  public:
-  explicit SlowPool(int threads) {
+  explicit CallPool(int threads) {
     for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Run(); });
   }
-  ~SlowPool() {
-    {
-      std::lock_guard lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    for (auto& t : threads_) t.join();
-  }
+  ~CallPool() { Drain(); }
   void Post(std::function<void()> fn) {
     {
       std::lock_guard lock(mu_);
       queue_.push_back(std::move(fn));
     }
     cv_.notify_one();
+  }
+  // Runs what was posted, then ends the threads. Idempotent.
+  void Drain() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_)
+      if (t.joinable()) t.join();
   }
 
  private:
@@ -97,22 +122,70 @@ void SetResponse(const std::shared_ptr<const std::string>& bytes, grpc::ByteBuff
   *resp = grpc::ByteBuffer(&slice, 1);
 }
 
-// GetKernel is the hot path: a raw callback method, so that a tuned
-// bucket's pre-serialized response goes out as a slice that borrows the
-// cached bytes (no copy, no serialization, no thread hand-off); every other
-// method is a plain synchronous one.
-class KernelServiceImpl final
-    : public v1::KernelService::WithRawCallbackMethod_GetKernel<v1::KernelService::Service> {
+// A request's wire bytes, parsed by ParseRequest: a malformed request is
+// INVALID_ARGUMENT naming the field, where gRPC's parse says INTERNAL.
+absl::Status ParseRaw(const grpc::ByteBuffer* raw, size_t max_bytes,
+                      google::protobuf::Message* request) {
+  grpc::Slice slice;
+  if (!raw->DumpToSingleSlice(&slice).ok())
+    return absl::InvalidArgumentError("request: unreadable");
+  return ParseRequest(
+      std::string_view(reinterpret_cast<const char*>(slice.begin()), slice.size()), max_bytes,
+      request);
+}
+
+// One unary call from its wire bytes, on `pool`: `check` (authentication)
+// first, then the parse, then `fn`, then the response serialized. `ctx`,
+// `raw`, `out` and the reactor stay valid until Finish.
+template <typename Req, typename Resp, typename Check, typename Fn>
+grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
+                                grpc::ByteBuffer* out, CallPool* pool, size_t max_bytes,
+                                Check check, Fn fn) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  pool->Post([=] {
+    Req req;
+    Resp resp;
+    absl::Status s = check();
+    if (s.ok()) s = ParseRaw(raw, max_bytes, &req);
+    if (s.ok()) s = fn(req, &resp);
+    if (s.ok()) {
+      auto bytes = std::make_shared<const std::string>(resp.SerializeAsString());
+      SetResponse(bytes, out);
+    }
+    reactor->Finish(ToGrpcStatus(s));
+  });
+  return reactor;
+}
+
+// KernelService. GetKernel is the hot path: for a tuned bucket the
+// pre-serialized response goes out as a slice that borrows the cached bytes
+// (no copy, no serialization, no thread hand-off). The other unary methods
+// are raw callback methods too, for ParseRequest's errors and limits, run
+// on a fixed pool; the two streams stay synchronous.
+using KernelServiceBase = v1::KernelService::WithRawCallbackMethod_GetKernel<
+    v1::KernelService::WithRawCallbackMethod_ListShapes<
+        v1::KernelService::WithRawCallbackMethod_ListVariants<
+            v1::KernelService::WithRawCallbackMethod_SubmitJob<
+                v1::KernelService::WithRawCallbackMethod_GetJob<
+                    v1::KernelService::WithRawCallbackMethod_ListJobs<
+                        v1::KernelService::WithRawCallbackMethod_CancelJob<
+                            v1::KernelService::WithRawCallbackMethod_ListWorkers<
+                                v1::KernelService::Service>>>>>>>>;
+
+class KernelServiceImpl final : public KernelServiceBase {
  public:
-  KernelServiceImpl(KforgeApi* api, const Authenticator* auth)
-      : api_(api), auth_(auth), slow_(4) {}
+  // `calls` must outlive this.
+  KernelServiceImpl(KforgeApi* api, const Authenticator* auth, CallPool* calls)
+      : api_(api), auth_(auth), calls_(calls), slow_(4) {}
 
   grpc::ServerUnaryReactor* GetKernel(grpc::CallbackServerContext* ctx,
                                       const grpc::ByteBuffer* req,
                                       grpc::ByteBuffer* resp) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     auto request = std::make_shared<v1::GetKernelRequest>();
-    if (absl::Status s = Parse(ctx, req, request.get()); !s.ok()) {
+    absl::Status s = auth_->Check(Role::kClient, AuthHeader(ctx));
+    if (s.ok()) s = ParseRaw(req, kShapeBytes, request.get());
+    if (!s.ok()) {
       reactor->Finish(ToGrpcStatus(s));
       return reactor;
     }
@@ -129,46 +202,56 @@ class KernelServiceImpl final
     });
     return reactor;
   }
-  absl::Status Parse(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
-                     v1::GetKernelRequest* request) {
-    if (absl::Status s = auth_->Check(Role::kClient, AuthHeader(ctx)); !s.ok()) return s;
-    std::vector<grpc::Slice> slices;
-    if (!req->Dump(&slices).ok()) return absl::InvalidArgumentError("request: unreadable");
-    std::string bytes;
-    for (const auto& sl : slices) bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
-    if (!request->ParseFromString(bytes))
-      return absl::InvalidArgumentError("request: not a GetKernelRequest");
-    return absl::OkStatus();
+
+  grpc::ServerUnaryReactor* ListShapes(grpc::CallbackServerContext* ctx,
+                                       const grpc::ByteBuffer* req,
+                                       grpc::ByteBuffer* resp) override {
+    return Client<v1::ListShapesRequest, v1::ListShapesResponse>(
+        ctx, req, resp, kQueryBytes,
+        [this](const auto& r, auto* out) { return api_->ListShapes(r, out); });
+  }
+  grpc::ServerUnaryReactor* ListVariants(grpc::CallbackServerContext* ctx,
+                                         const grpc::ByteBuffer* req,
+                                         grpc::ByteBuffer* resp) override {
+    return Client<v1::ListVariantsRequest, v1::ListVariantsResponse>(
+        ctx, req, resp, kQueryBytes,
+        [this](const auto& r, auto* out) { return api_->ListVariants(r, out); });
+  }
+  grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* ctx,
+                                      const grpc::ByteBuffer* req,
+                                      grpc::ByteBuffer* resp) override {
+    return Client<v1::SubmitJobRequest, v1::Job>(
+        ctx, req, resp, kSubmitBytes,
+        [this](const auto& r, auto* out) { return api_->SubmitJob(r, out); });
+  }
+  grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                   grpc::ByteBuffer* resp) override {
+    return Client<v1::GetJobRequest, v1::Job>(
+        ctx, req, resp, kQueryBytes,
+        [this](const auto& r, auto* out) { return api_->GetJob(r, out); });
+  }
+  grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* ctx,
+                                     const grpc::ByteBuffer* req,
+                                     grpc::ByteBuffer* resp) override {
+    return Client<v1::ListJobsRequest, v1::ListJobsResponse>(
+        ctx, req, resp, kQueryBytes,
+        [this](const auto& r, auto* out) { return api_->ListJobs(r, out); });
+  }
+  grpc::ServerUnaryReactor* CancelJob(grpc::CallbackServerContext* ctx,
+                                      const grpc::ByteBuffer* req,
+                                      grpc::ByteBuffer* resp) override {
+    return Client<v1::CancelJobRequest, v1::Job>(
+        ctx, req, resp, kQueryBytes,
+        [this](const auto& r, auto* out) { return api_->CancelJob(r, out); });
+  }
+  grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* ctx,
+                                        const grpc::ByteBuffer* req,
+                                        grpc::ByteBuffer* resp) override {
+    return Client<v1::ListWorkersRequest, v1::ListWorkersResponse>(
+        ctx, req, resp, kQueryBytes,
+        [this](const auto& r, auto* out) { return api_->ListWorkers(r, out); });
   }
 
-  grpc::Status ListShapes(grpc::ServerContext* ctx, const v1::ListShapesRequest* req,
-                          v1::ListShapesResponse* resp) override {
-    return Run(ctx, [&] { return api_->ListShapes(*req, resp); });
-  }
-  grpc::Status ListVariants(grpc::ServerContext* ctx, const v1::ListVariantsRequest* req,
-                            v1::ListVariantsResponse* resp) override {
-    return Run(ctx, [&] { return api_->ListVariants(*req, resp); });
-  }
-  grpc::Status SubmitJob(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req,
-                         v1::Job* resp) override {
-    return Run(ctx, [&] { return api_->SubmitJob(*req, resp); });
-  }
-  grpc::Status GetJob(grpc::ServerContext* ctx, const v1::GetJobRequest* req,
-                      v1::Job* resp) override {
-    return Run(ctx, [&] { return api_->GetJob(*req, resp); });
-  }
-  grpc::Status ListJobs(grpc::ServerContext* ctx, const v1::ListJobsRequest* req,
-                        v1::ListJobsResponse* resp) override {
-    return Run(ctx, [&] { return api_->ListJobs(*req, resp); });
-  }
-  grpc::Status CancelJob(grpc::ServerContext* ctx, const v1::CancelJobRequest* req,
-                         v1::Job* resp) override {
-    return Run(ctx, [&] { return api_->CancelJob(*req, resp); });
-  }
-  grpc::Status ListWorkers(grpc::ServerContext* ctx, const v1::ListWorkersRequest* req,
-                           v1::ListWorkersResponse* resp) override {
-    return Run(ctx, [&] { return api_->ListWorkers(*req, resp); });
-  }
   grpc::Status ExportKernels(grpc::ServerContext* ctx, const v1::ExportKernelsRequest* req,
                              grpc::ServerWriter<v1::ExportedKernel>* writer) override {
     return Run(ctx, [&] {
@@ -187,60 +270,111 @@ class KernelServiceImpl final
   }
 
  private:
+  template <typename Req, typename Resp, typename Fn>
+  grpc::ServerUnaryReactor* Client(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                   grpc::ByteBuffer* resp, size_t max_bytes, Fn fn) {
+    return Unary<Req, Resp>(
+        ctx, req, resp, calls_, max_bytes,
+        [this, ctx] { return auth_->Check(Role::kClient, AuthHeader(ctx)); }, fn);
+  }
   template <typename Fn>
   grpc::Status Run(grpc::ServerContext* ctx, Fn&& fn) {
     if (absl::Status s = auth_->Check(Role::kClient, AuthHeader(ctx)); !s.ok())
       return ToGrpcStatus(s);
     return ToGrpcStatus(fn());
   }
-  KforgeApi* api_;            // must outlive this
+  KforgeApi* api_;             // must outlive this
   const Authenticator* auth_;  // must outlive this
-  SlowPool slow_;              // last: joined first, while api_ is still alive
+  CallPool* calls_;            // must outlive this
+  CallPool slow_;              // last: joined first, while api_ is still alive
 };
 
-class WorkerServiceImpl final : public v1::WorkerService::Service {
- public:
-  WorkerServiceImpl(KforgeApi* api, const Authenticator* auth) : api_(api), auth_(auth) {}
+// WorkerService: Register, Heartbeat and ReportResult from their wire bytes
+// on the pool (a report's texts come from candidate code: a byte that is
+// not UTF-8 must be an answer naming the field, not a lost report);
+// LeaseTask, a long poll, stays synchronous.
+using WorkerServiceBase = v1::WorkerService::WithRawCallbackMethod_Register<
+    v1::WorkerService::WithRawCallbackMethod_Heartbeat<
+        v1::WorkerService::WithRawCallbackMethod_ReportResult<v1::WorkerService::Service>>>;
 
-  grpc::Status Register(grpc::ServerContext* ctx, const v1::RegisterRequest* req,
-                        v1::RegisterResponse* resp) override {
+class WorkerServiceImpl final : public WorkerServiceBase {
+ public:
+  // `calls` must outlive this.
+  WorkerServiceImpl(KforgeApi* api, const Authenticator* auth, CallPool* calls,
+                    size_t max_report_bytes)
+      : api_(api), auth_(auth), calls_(calls), max_report_bytes_(max_report_bytes) {}
+
+  grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
+                                     const grpc::ByteBuffer* req,
+                                     grpc::ByteBuffer* resp) override {
     // The principal comes from the credential, never from the request.
-    absl::StatusOr<std::string> principal = auth_->WorkerPrincipal(AuthHeader(ctx));
-    if (!principal.ok()) return ToGrpcStatus(principal.status());
-    return ToGrpcStatus(
-        api_->Register(*req, *principal, Metadata(ctx, kSessionMetadata), resp));
+    auto principal = std::make_shared<std::string>();
+    return Unary<v1::RegisterRequest, v1::RegisterResponse>(
+        ctx, req, resp, calls_, kQueryBytes,
+        [this, ctx, principal]() -> absl::Status {
+          absl::StatusOr<std::string> p = auth_->WorkerPrincipal(AuthHeader(ctx));
+          if (!p.ok()) return p.status();
+          *principal = *std::move(p);
+          return absl::OkStatus();
+        },
+        [this, ctx, principal](const v1::RegisterRequest& r, v1::RegisterResponse* out) {
+          return api_->Register(r, *principal, Metadata(ctx, kSessionMetadata), out);
+        });
   }
-  grpc::Status Heartbeat(grpc::ServerContext* ctx, const v1::HeartbeatRequest* req,
-                         v1::HeartbeatResponse* resp) override {
-    return Run(ctx, [&](const std::string& caller) { return api_->Heartbeat(caller, *req, resp); });
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx,
+                                      const grpc::ByteBuffer* req,
+                                      grpc::ByteBuffer* resp) override {
+    return AsWorker<v1::HeartbeatRequest, v1::HeartbeatResponse>(
+        ctx, req, resp, kHeartbeatBytes,
+        [this](const std::string& caller, const auto& r, auto* out) {
+          return api_->Heartbeat(caller, r, out);
+        });
+  }
+  grpc::ServerUnaryReactor* ReportResult(grpc::CallbackServerContext* ctx,
+                                         const grpc::ByteBuffer* req,
+                                         grpc::ByteBuffer* resp) override {
+    return AsWorker<v1::ReportResultRequest, v1::ReportResultResponse>(
+        ctx, req, resp, max_report_bytes_,
+        [this](const std::string& caller, const auto& r, auto* out) {
+          return api_->ReportResult(caller, r, out);
+        });
   }
   grpc::Status LeaseTask(grpc::ServerContext* ctx, const v1::LeaseTaskRequest* req,
                          v1::LeaseTaskResponse* resp) override {
-    return Run(ctx, [&](const std::string& caller) {
-      return api_->LeaseTask(caller, *req, resp, [&] { return ctx->IsCancelled(); });
-    });
-  }
-  grpc::Status ReportResult(grpc::ServerContext* ctx, const v1::ReportResultRequest* req,
-                            v1::ReportResultResponse* resp) override {
-    return Run(ctx,
-               [&](const std::string& caller) { return api_->ReportResult(caller, *req, resp); });
+    absl::StatusOr<std::string> caller = Caller(ctx);
+    if (!caller.ok()) return ToGrpcStatus(caller.status());
+    return ToGrpcStatus(
+        api_->LeaseTask(*caller, *req, resp, [&] { return ctx->IsCancelled(); }));
   }
 
  private:
   // The bearer token says the caller is a worker and whose credential it
   // holds; its session says which worker: the api acts as that worker, when
   // the session was issued under the same principal.
-  template <typename Fn>
-  grpc::Status Run(grpc::ServerContext* ctx, Fn&& fn) {
+  absl::StatusOr<std::string> Caller(const grpc::ServerContextBase* ctx) {
     absl::StatusOr<std::string> principal = auth_->WorkerPrincipal(AuthHeader(ctx));
-    if (!principal.ok()) return ToGrpcStatus(principal.status());
-    absl::StatusOr<std::string> caller =
-        api_->WorkerForSession(Metadata(ctx, kSessionMetadata), *principal);
-    if (!caller.ok()) return ToGrpcStatus(caller.status());
-    return ToGrpcStatus(fn(*caller));
+    if (!principal.ok()) return principal.status();
+    return api_->WorkerForSession(Metadata(ctx, kSessionMetadata), *principal);
   }
-  KforgeApi* api_;            // must outlive this
+  template <typename Req, typename Resp, typename Fn>
+  grpc::ServerUnaryReactor* AsWorker(grpc::CallbackServerContext* ctx,
+                                     const grpc::ByteBuffer* req, grpc::ByteBuffer* resp,
+                                     size_t max_bytes, Fn fn) {
+    auto caller = std::make_shared<std::string>();
+    return Unary<Req, Resp>(
+        ctx, req, resp, calls_, max_bytes,
+        [this, ctx, caller]() -> absl::Status {
+          absl::StatusOr<std::string> c = Caller(ctx);
+          if (!c.ok()) return c.status();
+          *caller = *std::move(c);
+          return absl::OkStatus();
+        },
+        [fn, caller](const Req& r, Resp* out) { return fn(*caller, r, out); });
+  }
+  KforgeApi* api_;             // must outlive this
   const Authenticator* auth_;  // must outlive this
+  CallPool* calls_;            // must outlive this
+  size_t max_report_bytes_;
 };
 
 // Counts every call by method and final status, timed from when gRPC
@@ -282,15 +416,38 @@ class MetricsInterceptorFactory final
 }  // namespace
 
 absl::Status CheckAuthConfig(const ServerOptions& o) {
-  if (o.insecure_no_auth) return absl::OkStatus();
+  const bool tls = !o.tls_cert_pem.empty();
+  if (o.tls_cert_pem.empty() != o.tls_key_pem.empty())
+    return absl::InvalidArgumentError("TLS needs both a certificate and its key");
+  if (!o.tls_client_ca_pem.empty() && !tls)
+    return absl::InvalidArgumentError("a client CA (mTLS) needs TLS: give a certificate and key");
+  if (o.insecure_no_auth) {
+    // Without auth, whoever reaches the port owns the service: only this
+    // host may, whatever else is configured.
+    if (!IsLoopbackAddress(o.listen_address))
+      return absl::FailedPreconditionError(fmt::format(
+          "--insecure-no-auth listens on loopback addresses only (127.0.0.1, [::1], "
+          "localhost), not {}: configure tokens to serve other hosts",
+          o.listen_address));
+    return absl::OkStatus();
+  }
+  if (absl::Status s = CheckPlaintext(o.listen_address, tls, o.allow_plaintext,
+                                      "tls_cert_file and tls_key_file (--tls-cert, --tls-key)");
+      !s.ok())
+    return s;
   if (o.client_tokens.empty() || o.worker_tokens.empty())
     return absl::FailedPreconditionError(fmt::format(
-        "no {} configured: set client_tokens and worker_tokens in the config file, "
-        "--client-token/--worker-token, or KFORGE_CLIENT_TOKEN/KFORGE_WORKER_TOKEN; "
-        "or pass --insecure-no-auth to run without authentication (local development only)",
+        "no {} configured: set KFORGE_CLIENT_TOKEN/KFORGE_WORKER_TOKEN, "
+        "--client-tokens-file/--worker-tokens-file, or client_tokens and worker_tokens in the "
+        "config file; or pass --insecure-no-auth to run without authentication (local "
+        "development only)",
         o.client_tokens.empty() && o.worker_tokens.empty() ? "client or worker tokens"
         : o.client_tokens.empty()                          ? "client tokens"
                                                            : "worker tokens"));
+  for (size_t i = 0; i < o.client_tokens.size(); ++i)
+    if (absl::Status s = CheckToken(o.client_tokens[i], fmt::format("client tokens[{}]", i));
+        !s.ok())
+      return s;
   absl::StatusOr<std::vector<WorkerCredential>> workers = ParseWorkerTokens(o.worker_tokens, "worker tokens");
   if (!workers.ok()) return workers.status();
   for (const auto& t : o.client_tokens)
@@ -304,6 +461,18 @@ absl::Status CheckAuthConfig(const ServerOptions& o) {
 }
 
 namespace {
+
+// TLS when a certificate is configured; with a client CA, every client must
+// present a certificate it signed (the bearer tokens are still checked).
+std::shared_ptr<grpc::ServerCredentials> Credentials(const ServerOptions& o) {
+  if (o.tls_cert_pem.empty()) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions ssl(
+      o.tls_client_ca_pem.empty() ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+                                  : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  ssl.pem_root_certs = o.tls_client_ca_pem;
+  ssl.pem_key_cert_pairs.push_back({o.tls_key_pem, o.tls_cert_pem});
+  return grpc::SslServerCredentials(ssl);
+}
 
 // Unparseable entries leave no credential; Start refuses them first
 // (CheckAuthConfig).
@@ -347,8 +516,10 @@ class Server::Impl {
         engine_(store, std::move(proposers), EngineOptions()),
         api_(store, &cache_, &engine_, ApiOptionsOf(options_)),
         auth_(options_.client_tokens, WorkerCredentialsOf(options_), options_.insecure_no_auth),
-        kernel_service_(&api_, &auth_),
-        worker_service_(&api_, &auth_) {}
+        calls_(kCallThreads),
+        kernel_service_(&api_, &auth_, &calls_),
+        worker_service_(&api_, &auth_, &calls_,
+                        static_cast<size_t>(options_.max_receive_message_bytes)) {}
 
   // Reported texts are scrubbed of every token the server holds.
   static ApiOptions ApiOptionsOf(const ServerOptions& o) {
@@ -385,7 +556,7 @@ class Server::Impl {
     grpc::EnableDefaultHealthCheckService(true);
     grpc::reflection::InitProtoReflectionServerBuilderPlugin();
     grpc::ServerBuilder builder;
-    builder.AddListeningPort(options_.listen_address, grpc::InsecureServerCredentials(), &port_);
+    builder.AddListeningPort(options_.listen_address, Credentials(options_), &port_);
     builder.RegisterService(&kernel_service_);
     builder.RegisterService(&worker_service_);
     builder.SetMaxReceiveMessageSize(options_.max_receive_message_bytes);
@@ -405,8 +576,11 @@ class Server::Impl {
     reaper_ = std::thread([this] { Reap(); });
     const size_t colon = options_.listen_address.rfind(':');
     address_ = fmt::format("{}:{}", options_.listen_address.substr(0, colon), port_);
-    spdlog::info("kforge-server listening on {} ({} served kernels, auth {})", address_,
-                 cache_.size(), options_.insecure_no_auth ? "OFF" : "on");
+    spdlog::info("kforge-server listening on {} ({} served kernels, auth {}, {})", address_,
+                 cache_.size(), options_.insecure_no_auth ? "OFF" : "on",
+                 options_.tls_cert_pem.empty()        ? "plaintext"
+                 : options_.tls_client_ca_pem.empty() ? "TLS"
+                                                      : "TLS with client certificates");
     return absl::OkStatus();
   }
 
@@ -446,6 +620,7 @@ class Server::Impl {
     if (server_)
       server_->Shutdown(std::chrono::system_clock::now() +
                         std::chrono::milliseconds(options_.drain_timeout_ms));
+    calls_.Drain();
     engine_.Stop();
     {
       std::lock_guard lock(mu_);
@@ -477,6 +652,10 @@ class Server::Impl {
   JobEngine engine_;
   KforgeApi api_;
   Authenticator auth_;
+  // Threads for the unary calls; drained in Shutdown while the gRPC server
+  // still exists, so every call it runs finishes on a live server.
+  static constexpr int kCallThreads = 16;
+  CallPool calls_;
   KernelServiceImpl kernel_service_;
   WorkerServiceImpl worker_service_;
   std::unique_ptr<grpc::Server> server_;

@@ -28,7 +28,15 @@ struct ServerOptions {
   std::string listen_address = "127.0.0.1:50051";  // port 0 picks a free port
   std::vector<std::string> client_tokens;
   std::vector<std::string> worker_tokens;
-  bool insecure_no_auth = false;  // see auth.h for the policy
+  bool insecure_no_auth = false;  // see auth.h for the policy; loopback addresses only
+  // TLS: the PEM certificate chain and key to serve with; empty: plaintext,
+  // which a listen address that is not loopback refuses unless
+  // allow_plaintext. A client CA makes every client present a certificate
+  // it signed (mTLS), on top of the bearer tokens.
+  std::string tls_cert_pem;
+  std::string tls_key_pem;
+  std::string tls_client_ca_pem;
+  bool allow_plaintext = false;
   ApiOptions api;
   int reaper_interval_ms = 1000;
   int shutdown_grace_ms = 0;
@@ -67,8 +75,10 @@ class Server {
   std::unique_ptr<Impl> impl_;
 };
 
-// The auth policy of auth.h, applied to a configuration: an error naming
-// what is missing when the server must not start.
+// The auth policy of auth.h and the transport policy of core/transport.h,
+// applied to a configuration: an error naming what is missing or wrong when
+// the server must not start (no tokens; a token too short; no TLS, or no
+// auth, on an address other hosts can reach).
 absl::Status CheckAuthConfig(const ServerOptions& options);
 
 }  // namespace kforge::server

@@ -30,11 +30,11 @@
 namespace kforge::server {
 namespace {
 
-constexpr char kClient[] = "client-token-0123456789";
-constexpr char kWorker[] = "worker-token-0123456789";
+constexpr char kClient[] = "client-token-0123456789abcdef0123456";
+constexpr char kWorker[] = "worker-token-0123456789abcdef0123456";
 // Per-host worker credentials (ServerOptions::worker_tokens "name:token").
-constexpr char kHostAToken[] = "host-a-token-0123456789";
-constexpr char kHostBToken[] = "host-b-token-0123456789";
+constexpr char kHostAToken[] = "host-a-token-0123456789abcdef0123456";
+constexpr char kHostBToken[] = "host-b-token-0123456789abcdef0123456";
 const std::vector<std::string> kHostTokens = {std::string("host-a:") + kHostAToken,
                                               std::string("host-b:") + kHostBToken};
 constexpr char kManifest[] =
@@ -1213,9 +1213,13 @@ TEST_F(ServerTest, ATaskThatNeverGetsAResultIsGivenUp) {
     ASSERT_TRUE(t) << "lease " << i;
   }
   EXPECT_FALSE(Lease(a, 1500)) << "the task was handed out a third time";
-  // A crashed candidate is a result, so the job still ends normally.
-  const v1::Job done = WaitForState(job.id(), v1::JOB_STATE_SUCCEEDED);
-  ASSERT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED) << done.DebugString();
+  // The job ends, but a job whose every result is a crash did not succeed:
+  // the workers that never answered are the likely cause, and it says so.
+  const v1::Job done = WaitForState(job.id(), v1::JOB_STATE_FAILED);
+  ASSERT_EQ(done.state(), v1::JOB_STATE_FAILED) << done.DebugString();
+  EXPECT_NE(done.message().find("every one of its 1 result(s) was a crash (1 given up"),
+            std::string::npos)
+      << done.message();
   ASSERT_EQ(done.progress_size(), 1);
   EXPECT_EQ(done.progress(0).evaluated(), 1);
   EXPECT_EQ(done.progress(0).failed(), 1);

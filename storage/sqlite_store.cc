@@ -12,6 +12,13 @@
 #include <fmt/ranges.h>
 #include <sqlite3.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <optional>
@@ -23,12 +30,18 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
+#include "core/hash.h"
 #include "storage/store_internal.h"
 
 namespace kforge {
 namespace {
 
 using namespace storage_internal;  // NOLINT: this file is its implementation
+
+// PRAGMA application_id of a kforge database ("kfdb"): tells it apart from
+// another application's SQLite file. Databases from before it have 0 and
+// are recognised by their schema_version table.
+constexpr int64_t kApplicationId = 0x6b666462;
 
 // Version 1: the initial schema. Ids are INTEGER rowids (shown to callers
 // as "v12", "j3", ...). Foreign keys are INTEGER columns; references that
@@ -754,6 +767,13 @@ class SqliteStore final : public Store {
 
   // `in_memory`: the database is ":memory:", which has no WAL to switch to.
   absl::Status Configure(int busy_timeout_ms, bool in_memory) ABSL_LOCKS_EXCLUDED(mu_);
+  // Before anything writes to the file: its consistency check, then whether
+  // it is a kforge database at all (see SqliteOptions::init). `any`: it may
+  // be any SQLite database (in memory, or to be initialised).
+  absl::Status Inspect(const std::string& path, bool any, SqliteOptions::Check check)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Marks the file as kforge's (PRAGMA application_id), once migrated.
+  absl::Status Claim() ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Migrate(std::span<const Migration> migrations) ABSL_LOCKS_EXCLUDED(mu_);
 
   absl::StatusOr<std::string> PutVariant(VariantRecord v) override {
@@ -845,6 +865,12 @@ class SqliteStore final : public Store {
         ReadOne<std::string>(*q, [](Stmt& s) { return s.BlobAt(0); });
     if (!row.ok()) return row.status();
     if (!*row) return NotFound("cubin", hash);
+    // PutCubin checked the bytes against their hash; a file changed since
+    // (a bad disk, a hand edit) must not hand out other bytes under it.
+    if (Sha256Hex(**row) != hash)
+      return absl::DataLossError(fmt::format(
+          "cubin {}: the stored bytes ({} of them) no longer match their hash", hash,
+          (*row)->size()));
     return **std::move(row);
   }
 
@@ -1541,6 +1567,69 @@ absl::Status SqliteStore::Configure(int busy_timeout_ms, bool in_memory) {
   return absl::OkStatus();
 }
 
+absl::Status SqliteStore::Inspect(const std::string& path, bool any,
+                                  SqliteOptions::Check check) {
+  absl::MutexLock lock(&mu_);
+  auto rows = [&](std::string_view sql) -> absl::StatusOr<std::vector<std::string>> {
+    absl::StatusOr<Stmt> q = Prepare("open", sql);
+    if (!q.ok()) return q.status();
+    return ReadAll<std::string>(*q, [](Stmt& st) { return st.Text(0); });
+  };
+  if (check != SqliteOptions::Check::kOff) {
+    absl::StatusOr<std::vector<std::string>> problems =
+        rows(check == SqliteOptions::Check::kFull ? "PRAGMA integrity_check"
+                                                  : "PRAGMA quick_check");
+    // A lock held by another process is no damage; SQLITE_CORRUPT and
+    // SQLITE_NOTADB (INTERNAL here) are.
+    if (!problems.ok() && problems.status().code() != absl::StatusCode::kInternal)
+      return problems.status();
+    if (!problems.ok() || problems->empty() || problems->front() != "ok") {
+      std::string found = problems.ok() ? fmt::format("{}", fmt::join(*problems, "; "))
+                                        : std::string(problems.status().message());
+      if (found.size() > 600) found = found.substr(0, 600) + "...";
+      return absl::DataLossError(fmt::format(
+          "database {} fails its integrity check ({}): {}. Restore it from a backup, or move it "
+          "aside and start with a new one; the server will not serve from a damaged file",
+          path, check == SqliteOptions::Check::kFull ? "integrity_check" : "quick_check",
+          found));
+    }
+  }
+  absl::StatusOr<std::vector<std::string>> tables =
+      rows("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' "
+           "ORDER BY name");
+  if (!tables.ok()) return tables.status();
+  absl::StatusOr<std::vector<std::string>> app = rows("PRAGMA application_id");
+  if (!app.ok()) return app.status();
+  const int64_t application_id = app->empty() ? 0 : std::stoll(app->front());
+  if (any) return absl::OkStatus();
+  // Ours: a new file (CreateFile marked it) or one that was migrated.
+  if (application_id == kApplicationId) return absl::OkStatus();
+  const bool kforge_tables =
+      std::find(tables->begin(), tables->end(), "schema_version") != tables->end();
+  if (tables->empty())
+    return absl::FailedPreconditionError(fmt::format(
+        "database {} is an SQLite file without tables, not a kforge database: a wrong path or "
+        "a failed restore? Pass --init to start a new kforge database in it",
+        path));
+  if (!kforge_tables || application_id != 0) {
+    std::string names = fmt::format("{}", fmt::join(*tables, ", "));
+    if (names.size() > 200) names = names.substr(0, 200) + "...";
+    return absl::FailedPreconditionError(fmt::format(
+        "database {} is not a kforge database (tables: {}; application_id {}): a wrong path? "
+        "Pass --init to add kforge's tables to it anyway",
+        path, names, application_id));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SqliteStore::Claim() {
+  absl::MutexLock lock(&mu_);
+  const std::string sql = fmt::format("PRAGMA application_id = {}", kApplicationId);
+  int rc = sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, nullptr);
+  if (rc != SQLITE_OK) return SqlError(db_, rc, "open: application_id");
+  return absl::OkStatus();
+}
+
 absl::Status SqliteStore::Migrate(std::span<const Migration> migrations) {
   for (size_t i = 0; i < migrations.size(); ++i) {
     if (migrations[i].version != static_cast<int>(i) + 1)
@@ -1597,8 +1686,81 @@ absl::Status SqliteStore::Migrate(std::span<const Migration> migrations) {
 
 std::span<const Migration> SqliteMigrations() { return kMigrations; }
 
+namespace {
+
+// A new database file at `path`: made aside (mode 600, so the database
+// and the -wal/-shm files SQLite gives the same mode are private), marked
+// as kforge's, and linked into place in one step, so another process
+// opening the same path never sees it empty. OK when another process won
+// the race: its file is there.
+absl::Status CreateFile(const std::string& path) {
+  std::string temp = path + ".new-XXXXXX";
+  const int fd = ::mkstemp(temp.data());
+  if (fd < 0)
+    return absl::UnavailableError(
+        fmt::format("database {}: cannot create it: {}", path, std::strerror(errno)));
+  ::close(fd);
+  sqlite3* db = nullptr;
+  int rc = sqlite3_open_v2(temp.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, nullptr);
+  const std::string sql = fmt::format("PRAGMA application_id = {}", kApplicationId);
+  if (rc == SQLITE_OK) rc = sqlite3_exec(db, sql.c_str(), nullptr, nullptr, nullptr);
+  absl::Status s = rc == SQLITE_OK ? absl::OkStatus()
+                                   : SqlError(db, rc, fmt::format("create {}", path));
+  sqlite3_close(db);
+  if (s.ok() && ::link(temp.c_str(), path.c_str()) != 0 && errno != EEXIST)
+    s = absl::UnavailableError(
+        fmt::format("database {}: cannot create it: {}", path, std::strerror(errno)));
+  ::unlink(temp.c_str());
+  return s;
+}
+
+// What the file is before the store opens it. Refuses what is not SQLite
+// at all, --init or not (its bytes are someone else's), and an empty file
+// unless `init`.
+absl::Status PrepareFile(const std::string& path, bool init) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno != ENOENT)
+      return absl::UnavailableError(
+          fmt::format("database {}: cannot stat it: {}", path, std::strerror(errno)));
+    if (absl::Status s = CreateFile(path); !s.ok()) return s;
+    if (::stat(path.c_str(), &st) != 0)
+      return absl::UnavailableError(fmt::format("database {}: {}", path, std::strerror(errno)));
+  }
+  if (!S_ISREG(st.st_mode))
+    return absl::FailedPreconditionError(fmt::format("database {} is not a regular file", path));
+  if (st.st_size == 0) {
+    if (init) return absl::OkStatus();
+    return absl::FailedPreconditionError(fmt::format(
+        "database {} is empty (0 bytes): a kforge database never is, so this is a wrong path, "
+        "a truncated copy or a failed restore. Restore the file, or pass --init to start a new "
+        "database in it",
+        path));
+  }
+  char header[16] = {};
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return absl::UnavailableError(
+        fmt::format("database {}: cannot open it: {}", path, std::strerror(errno)));
+  const ssize_t n = ::read(fd, header, sizeof header);
+  ::close(fd);
+  if (n != static_cast<ssize_t>(sizeof header) ||
+      std::memcmp(header, "SQLite format 3", sizeof header) != 0)
+    return absl::FailedPreconditionError(fmt::format(
+        "database {} is not an SQLite database (its first bytes are not SQLite's header); "
+        "kforge will not write over it, --init or not",
+        path));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Store>> OpenSqliteStore(const std::string& path,
                                                        const SqliteOptions& options) {
+  const bool in_memory = path == ":memory:" || path.empty();
+  if (!in_memory) {
+    if (absl::Status s = PrepareFile(path, options.init); !s.ok()) return s;
+  }
   sqlite3* db = nullptr;
   // NOMUTEX: SqliteStore serialises every use of the connection itself.
   int rc = sqlite3_open_v2(path.c_str(), &db,
@@ -1610,9 +1772,14 @@ absl::StatusOr<std::unique_ptr<Store>> OpenSqliteStore(const std::string& path,
     return s;
   }
   auto store = std::make_unique<SqliteStore>(db);
-  if (absl::Status s = store->Configure(options.busy_timeout_ms, path == ":memory:"); !s.ok())
+  // Before Inspect reads: another process may be migrating the same file.
+  sqlite3_busy_timeout(db, options.busy_timeout_ms);
+  if (absl::Status s = store->Inspect(path, in_memory || options.init, options.check); !s.ok())
+    return s;
+  if (absl::Status s = store->Configure(options.busy_timeout_ms, in_memory); !s.ok())
     return s;
   if (absl::Status s = store->Migrate(options.migrations); !s.ok()) return s;
+  if (absl::Status s = store->Claim(); !s.ok()) return s;
   return store;
 }
 

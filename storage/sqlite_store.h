@@ -29,6 +29,20 @@ struct Migration {
 std::span<const Migration> SqliteMigrations();
 
 struct SqliteOptions {
+  // An existing file that holds no kforge database (zero bytes, an SQLite
+  // file without tables, another application's database) is refused with
+  // FAILED_PRECONDITION unless this is set: such a file is a wrong path, a
+  // truncated copy or a failed restore far more often than a wish to start
+  // over, and starting over in it would hide that. A missing file is
+  // created (mode 600) either way; a file that is not SQLite is refused
+  // either way.
+  bool init = false;
+  // The consistency check at open, before anything is written: a file that
+  // fails it is DATA_LOSS, naming the problems. kQuick is PRAGMA
+  // quick_check (linear in the file's size; everything but index contents),
+  // kFull is integrity_check.
+  enum class Check { kOff, kQuick, kFull };
+  Check check = Check::kQuick;
   // How long a call waits for another process's write lock before it
   // fails with UNAVAILABLE.
   int busy_timeout_ms = 5000;

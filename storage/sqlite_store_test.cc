@@ -7,11 +7,13 @@
 #include <poll.h>
 #include <signal.h>
 #include <sqlite3.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <fstream>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -685,6 +687,156 @@ TEST(SqliteStoreCrash, AcknowledgedWritesSurviveSigkill) {
     EXPECT_EQ(evals.size(), t.state == TaskState::kDone ? 1u : 0u) << t.id;
   }
   EXPECT_OK(store->GetBest(Task(job, "").bucket, "sm_90a"));
+}
+
+// --- What the file is at open: private when new, refused when it holds no
+// kforge database (unless init) or is damaged (always). ---
+
+int ModeOf(const std::string& path) {
+  struct stat st {};
+  EXPECT_EQ(::stat(path.c_str(), &st), 0) << path;
+  return static_cast<int>(st.st_mode & 0777);
+}
+
+std::string FileBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+TEST(SqliteStoreOpen, ANewFileIsPrivateAndMarkedAsKforges) {
+  TempDir dir;
+  const std::string path = dir.File("k.db");
+  const mode_t old = umask(022);  // as a login shell has it: 0644 files
+  std::unique_ptr<Store> store = MustOpen(path);
+  umask(old);
+  ASSERT_NE(store, nullptr);
+  EXPECT_OK(store->PutVariant(Variant("src")));
+  EXPECT_EQ(ModeOf(path), 0600);
+  EXPECT_EQ(ModeOf(path + "-wal"), 0600) << "SQLite gives its WAL the database's mode";
+  EXPECT_EQ(RawDb(path).One("PRAGMA application_id"), std::to_string(0x6b666462));
+  store.reset();
+  EXPECT_NE(MustOpen(path), nullptr) << "reopened without init";
+}
+
+TEST(SqliteStoreOpen, AnEmptyFileIsRefusedUnlessInit) {
+  TempDir dir;
+  const std::string path = dir.File("k.db");
+  std::ofstream(path).close();
+  absl::StatusOr<std::unique_ptr<Store>> refused = OpenSqliteStore(path);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("is empty (0 bytes)"), std::string::npos)
+      << refused.status();
+  EXPECT_NE(refused.status().message().find("--init"), std::string::npos) << refused.status();
+  EXPECT_EQ(FileBytes(path), "") << "refusing writes nothing";
+  std::unique_ptr<Store> store = MustOpen(path, SqliteOptions{.init = true});
+  ASSERT_NE(store, nullptr);
+  EXPECT_OK(store->PutVariant(Variant("src")));
+  store.reset();
+  EXPECT_NE(MustOpen(path), nullptr) << "initialised once, it is a kforge database";
+}
+
+TEST(SqliteStoreOpen, AFileThatIsNotSqliteIsRefusedEvenWithInit) {
+  TempDir dir;
+  const std::string path = dir.File("k.db");
+  const std::string text = "not a database, but somebody's notes\n" + std::string(5000, 'x');
+  std::ofstream(path) << text;
+  for (bool init : {false, true}) {
+    absl::StatusOr<std::unique_ptr<Store>> refused =
+        OpenSqliteStore(path, SqliteOptions{.init = init});
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(refused.status().message().find("is not an SQLite database"), std::string::npos)
+        << refused.status();
+  }
+  EXPECT_EQ(FileBytes(path), text);
+}
+
+TEST(SqliteStoreOpen, AnotherApplicationsDatabaseIsRefusedUnlessInit) {
+  TempDir dir;
+  const std::string path = dir.File("k.db");
+  RawDb(path).Exec("CREATE TABLE users (name TEXT); INSERT INTO users VALUES ('ada');");
+  const std::string before = FileBytes(path);
+  absl::StatusOr<std::unique_ptr<Store>> refused = OpenSqliteStore(path);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("is not a kforge database (tables: users"),
+            std::string::npos)
+      << refused.status();
+  EXPECT_EQ(FileBytes(path), before) << "not even switched to WAL";
+  std::unique_ptr<Store> store = MustOpen(path, SqliteOptions{.init = true});
+  ASSERT_NE(store, nullptr);
+  EXPECT_OK(store->PutVariant(Variant("src")));
+  EXPECT_EQ(RawDb(path).One("SELECT name FROM users"), "ada") << "its tables are kept";
+
+  // An SQLite file marked as another application's, even with our tables.
+  const std::string other = dir.File("other.db");
+  { MustOpen(other); }
+  RawDb(other).Exec("PRAGMA application_id = 42");
+  absl::StatusOr<std::unique_ptr<Store>> marked = OpenSqliteStore(other);
+  EXPECT_EQ(marked.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(marked.status().message().find("application_id 42"), std::string::npos)
+      << marked.status();
+}
+
+TEST(SqliteStoreOpen, AnSqliteFileWithoutTablesIsRefusedUnlessInit) {
+  TempDir dir;
+  const std::string path = dir.File("k.db");
+  RawDb(path).Exec("PRAGMA user_version = 7");
+  absl::StatusOr<std::unique_ptr<Store>> refused = OpenSqliteStore(path);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("without tables"), std::string::npos)
+      << refused.status();
+  EXPECT_NE(MustOpen(path, SqliteOptions{.init = true}), nullptr);
+}
+
+TEST(SqliteStoreOpen, AKforgeDatabaseFromBeforeTheMarkOpensAndIsMarked) {
+  TempDir dir;
+  const std::string path = dir.File("k.db");
+  { MustOpen(path); }
+  RawDb(path).Exec("PRAGMA application_id = 0");
+  EXPECT_NE(MustOpen(path), nullptr);
+  EXPECT_EQ(RawDb(path).One("PRAGMA application_id"), std::to_string(0x6b666462));
+}
+
+TEST(SqliteStoreOpen, ADamagedFileIsRefusedAsDataLoss) {
+  TempDir dir;
+  const std::string path = dir.File("k.db");
+  {
+    std::unique_ptr<Store> store = MustOpen(path);
+    ASSERT_NE(store, nullptr);
+    for (int i = 0; i < 200; ++i)
+      ASSERT_OK(store->PutVariant(Variant(fmt::format("source {} {}", i, std::string(900, 'k')))));
+  }  // closing checkpoints the WAL into the file
+  ASSERT_EQ(::access((path + "-wal").c_str(), F_OK), -1) << "the WAL was checkpointed";
+  std::string bytes = FileBytes(path);
+  ASSERT_GT(bytes.size(), 16u * 4096);
+  // Page 1 (header and schema) stays; every other page becomes garbage.
+  for (size_t i = 4096; i < bytes.size(); ++i) bytes[i] = static_cast<char>(0xA5 ^ (i * 31));
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  absl::StatusOr<std::unique_ptr<Store>> refused = OpenSqliteStore(path);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kDataLoss) << refused.status();
+  EXPECT_NE(refused.status().message().find("fails its integrity check"), std::string::npos)
+      << refused.status();
+  EXPECT_LT(refused.status().message().size(), 1200u) << "the problems are summarised";
+  EXPECT_EQ(OpenSqliteStore(path, SqliteOptions{.init = true}).status().code(),
+            absl::StatusCode::kDataLoss)
+      << "init does not excuse damage";
+}
+
+TEST(SqliteStoreOpen, ACubinChangedInTheFileIsNeverReturned) {
+  TempDir dir;
+  const std::string path = dir.File("k.db");
+  std::unique_ptr<Store> store = MustOpen(path);
+  ASSERT_NE(store, nullptr);
+  const std::string bytes(4096, 'c');
+  const std::string hash = Sha256Hex(bytes);
+  ASSERT_OK(store->PutCubin(hash, bytes));
+  RawDb(path).Exec("UPDATE cubins SET bytes = zeroblob(4096)");
+  absl::StatusOr<std::string> got = store->GetCubin(hash);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << got.status();
+  EXPECT_NE(got.status().message().find("no longer match their hash"), std::string::npos);
 }
 
 }  // namespace

@@ -293,6 +293,8 @@ class Store {
   // when `hash` is not the SHA-256 hex of `bytes`: a hash names its bytes,
   // so what is served under it is what was checked.
   virtual absl::Status PutCubin(const std::string& hash, const std::string& bytes) = 0;
+  // DATA_LOSS when the stored bytes no longer match their hash (the file
+  // was changed under the store): they are never returned.
   virtual absl::StatusOr<std::string> GetCubin(const std::string& hash) = 0;
 
   // Best verified variant per (bucket, arch). ListBest pages in (bucket,
@@ -417,8 +419,11 @@ class Store {
 };
 
 // Opens (creating and migrating as needed) the SQLite database at `path`.
-// FAILED_PRECONDITION when the file's schema is newer than this binary's.
-// ":memory:" gives a private in-memory database. More in sqlite_store.h.
+// A missing file is created mode 600. FAILED_PRECONDITION when the file's
+// schema is newer than this binary's, when it is not SQLite, or when it is
+// empty or another application's (SqliteOptions::init allows those two);
+// DATA_LOSS when it fails its integrity check. ":memory:" gives a private
+// in-memory database. More in sqlite_store.h.
 absl::StatusOr<std::unique_ptr<Store>> OpenSqliteStore(const std::string& path);
 std::unique_ptr<Store> NewMemoryStore();
 

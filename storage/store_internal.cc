@@ -8,6 +8,7 @@
 
 #include "core/arch.h"
 #include "core/hash.h"
+#include "core/status.h"
 
 namespace kforge::storage_internal {
 namespace {
@@ -45,7 +46,8 @@ absl::Status NotFound(std::string_view what, std::string_view id) {
 absl::StatusOr<int64_t> ParsePageToken(std::string_view token) {
   if (token.empty()) return 0;
   std::optional<int64_t> n = ParsePositive(token);
-  if (!n) return absl::InvalidArgumentError(fmt::format("page token '{}' is malformed", token));
+  if (!n)
+    return absl::InvalidArgumentError(fmt::format("page token '{}' is malformed", Excerpt(token)));
   return *n;
 }
 
@@ -57,7 +59,7 @@ absl::StatusOr<std::pair<std::string, std::string>> ParseBestToken(std::string_v
   if (token.empty()) return std::pair<std::string, std::string>();
   size_t bar = token.rfind('|');
   if (bar == std::string_view::npos || bar == 0 || bar + 1 == token.size())
-    return absl::InvalidArgumentError(fmt::format("page token '{}' is malformed", token));
+    return absl::InvalidArgumentError(fmt::format("page token '{}' is malformed", Excerpt(token)));
   return std::pair<std::string, std::string>(token.substr(0, bar), token.substr(bar + 1));
 }
 
@@ -77,14 +79,14 @@ absl::Status PrepareVariant(VariantRecord& v, int64_t now_ms) {
         fmt::format("variant: source_hash {} is not the sha256 of the source", v.source_hash));
   }
   if (!v.id.empty() && !ParseId('v', v.id))
-    return absl::InvalidArgumentError(fmt::format("variant: id '{}' is malformed", v.id));
+    return absl::InvalidArgumentError(fmt::format("variant: id '{}' is malformed", Excerpt(v.id)));
   if (v.created_unix_ms == 0) v.created_unix_ms = now_ms;
   return absl::OkStatus();
 }
 
 absl::Status PrepareJob(JobRecord& job, int64_t now_ms) {
   if (!job.id.empty() && !ParseId('j', job.id))
-    return absl::InvalidArgumentError(fmt::format("job: id '{}' is malformed", job.id));
+    return absl::InvalidArgumentError(fmt::format("job: id '{}' is malformed", Excerpt(job.id)));
   if (job.created_unix_ms == 0) job.created_unix_ms = now_ms;
   if (job.updated_unix_ms == 0) job.updated_unix_ms = job.created_unix_ms;
   return absl::OkStatus();
@@ -92,7 +94,7 @@ absl::Status PrepareJob(JobRecord& job, int64_t now_ms) {
 
 absl::Status PrepareTask(TaskRecord& task, int64_t now_ms) {
   if (!task.id.empty() && !ParseId('t', task.id))
-    return absl::InvalidArgumentError(fmt::format("task: id '{}' is malformed", task.id));
+    return absl::InvalidArgumentError(fmt::format("task: id '{}' is malformed", Excerpt(task.id)));
   if (task.job_id.empty()) return absl::InvalidArgumentError("task: job_id is empty");
   // Leasing matches the arch exactly; a task without one could never run.
   if (task.arch.empty()) return absl::InvalidArgumentError("task: arch is empty");

@@ -2,7 +2,8 @@
 // tasks, compiles them with NVRTC, verifies and times them in a sandboxed
 // child (this same binary, `--eval-child`), and reports the results.
 //
-//   kforge-worker --server HOST:PORT [--token-file PATH | --token T | $KFORGE_WORKER_TOKEN]
+//   kforge-worker --server HOST:PORT [--token-file PATH | $KFORGE_WORKER_TOKEN]
+//                 [--tls-ca CA.pem [--tls-cert C.pem --tls-key K.pem]]
 //                 [--gpu N] [--name NAME] [--cache-dir DIR] [--compile-threads N]
 //
 // Without a CUDA driver it serves compile-only tasks.
@@ -26,6 +27,7 @@
 
 #include "core/logging.h"
 #include "core/secrets.h"
+#include "core/transport.h"
 #include "kforge/version.h"
 #include "core/shape.h"
 #include "gpu/compile.h"
@@ -77,8 +79,11 @@ std::string DefaultSanitizer() {
 // Every flag of the command line, as CLI11 fills it.
 struct WorkerFlags {
   std::string server = "127.0.0.1:50051";
-  std::string token;
+  std::string token;  // from --token-file or $KFORGE_WORKER_TOKEN (TakeCredentials)
   std::string token_file;
+  std::string flag_token;  // the old --token, refused
+  kforge::ClientTlsFiles tls;
+  bool allow_plaintext = false;
   int gpu_ordinal = 0;
   std::string name;
   std::string cache_dir;
@@ -112,11 +117,22 @@ struct WorkerFlags {
 void AddFlags(CLI::App& app, WorkerFlags& f) {
   app.set_version_flag("--version", "kforge-worker " KFORGE_VERSION, "print the version and exit");
   app.add_option("--server", f.server, "kforge server address (host:port)")->capture_default_str();
-  auto* token_opt = app.add_option(
-      "--token", f.token,
-      "worker token (default: $KFORGE_WORKER_TOKEN); prefer --token-file, which no /proc file shows");
-  app.add_option("--token-file", f.token_file, "file whose first line is the worker token")
-      ->excludes(token_opt);
+  app.add_option("--token-file", f.token_file,
+                 "file whose first line is the worker token (default: $KFORGE_WORKER_TOKEN)");
+  // A token on the command line shows in /proc/<pid>/cmdline and ps: the
+  // old flag stays only to say so.
+  app.add_option("--token", f.flag_token)->group("");
+  app.add_option("--tls-ca", f.tls.ca_file,
+                 "PEM CA bundle the server's certificate must chain to: connect with TLS");
+  app.add_option("--tls-cert", f.tls.cert_file,
+                 "PEM client certificate, for a server that requires one (mTLS)");
+  app.add_option("--tls-key", f.tls.key_file, "PEM private key of --tls-cert");
+  app.add_option("--tls-server-name", f.tls.server_name,
+                 "name the server's certificate must carry (default: the --server host)");
+  app.add_flag("--allow-plaintext", f.allow_plaintext,
+               "connect without TLS to a server that is not on loopback (another layer encrypts)");
+  app.footer("Environment: KFORGE_WORKER_TOKEN (the worker token, 32+ characters; taken out of "
+             "the environment at start). Tokens are never taken from flags.");
   app.add_option("--gpu", f.gpu_ordinal, "CUDA device ordinal")->capture_default_str();
   app.add_option("--name", f.name, "worker name shown by the server (default: HOST-gpuN)");
   app.add_option("--cache-dir", f.cache_dir,
@@ -208,15 +224,27 @@ absl::StatusOr<std::vector<std::string>> TakeCredentials(WorkerFlags& f, int arg
     if (name == "KFORGE_WORKER_TOKEN") env_token = value;
     if (!value.empty()) secrets.push_back(value);
   }
+  if (!f.flag_token.empty()) {
+    kforge::ScrubFromProcessMemory(argc, argv, f.flag_token);
+    return absl::InvalidArgumentError(
+        "--token is gone: a token on the command line shows in /proc/<pid>/cmdline and ps; "
+        "put it in a file (--token-file) or in KFORGE_WORKER_TOKEN");
+  }
+  std::string source = "KFORGE_WORKER_TOKEN";
   if (!f.token_file.empty()) {
     absl::StatusOr<std::string> t = kforge::ReadTokenFile(f.token_file);
     if (!t.ok()) return absl::InvalidArgumentError(fmt::format("--token-file: {}", std::string(t.status().message())));
     f.token = *t;
-  } else if (f.token.empty()) {
+    source = "--token-file " + f.token_file;
+  } else {
     f.token = env_token;
   }
   if (!f.token.empty()) secrets.push_back(f.token);
   for (const std::string& s : secrets) kforge::ScrubFromProcessMemory(argc, argv, s);
+  // Empty is allowed: a server started with --insecure-no-auth takes none.
+  if (!f.token.empty()) {
+    if (absl::Status s = kforge::CheckToken(f.token, source); !s.ok()) return s;
+  }
   if (absl::Status s = kforge::MakeUndumpable(); !s.ok()) {
     spdlog::warn("{}: the worker's memory is readable by processes of its user",
                  std::string(s.message()));
@@ -427,6 +455,22 @@ void ServeUntilStopped(Worker& worker, const sigset_t& stop_signals) {
   signal_waiter.join();
 }
 
+// How to reach the server: the token, and TLS unless the target is on
+// loopback (or plaintext is forced).
+absl::StatusOr<GrpcClientOptions> ConnectionOptions(const WorkerFlags& f) {
+  GrpcClientOptions co;
+  co.target = f.server;
+  co.token = f.token;
+  absl::StatusOr<kforge::ClientTlsPem> tls = kforge::ReadClientTls(f.tls);
+  if (!tls.ok()) return tls.status();
+  co.tls = *std::move(tls);
+  if (absl::Status s = kforge::CheckPlaintext(f.server, f.tls.enabled(), f.allow_plaintext,
+                                              "--tls-ca (and --tls-cert/--tls-key for mTLS)");
+      !s.ok())
+    return absl::FailedPreconditionError(fmt::format("--server {}", std::string(s.message())));
+  return co;
+}
+
 // What main() does with an error: log it and exit 2.
 int Fail(const absl::Status& s) {
   spdlog::error("{}", std::string(s.message()));
@@ -453,6 +497,8 @@ int main(int argc, char** argv) {
 
   absl::StatusOr<std::vector<std::string>> secrets = TakeCredentials(f, argc, argv);
   if (!secrets.ok()) return Fail(secrets.status());
+  absl::StatusOr<GrpcClientOptions> connection = ConnectionOptions(f);
+  if (!connection.ok()) return Fail(connection.status());
   if (f.name.empty()) f.name = DefaultName(f.gpu_ordinal);
   absl::StatusOr<std::filesystem::path> cache_dir = MakeCacheDir(f.cache_dir);
   if (!cache_dir.ok()) return Fail(cache_dir.status());
@@ -498,10 +544,7 @@ int main(int argc, char** argv) {
   ro.compile_cache_dir = (cache / "cubins").string();
   LocalTaskRunner runner(&compile_pool, sandbox.get(), ro);
 
-  GrpcClientOptions co;
-  co.target = f.server;
-  co.token = f.token;
-  std::unique_ptr<ServerClient> client = MakeGrpcServerClient(co);
+  std::unique_ptr<ServerClient> client = MakeGrpcServerClient(*connection);
 
   WorkerOptions wo;
   wo.registration = registration;
@@ -509,8 +552,10 @@ int main(int argc, char** argv) {
   wo.gpu_usage = GpuUsageSampler(registration, pci_bus_id);
   Worker worker(client.get(), &runner, wo);
 
-  spdlog::info("kforge-worker {} serving {} ({}{}), cache {}", f.name, f.server,
+  spdlog::info("kforge-worker {} serving {} ({}, {}{}), cache {}", f.name, f.server,
                (registration.compile_only ? "compile-only, " : "") + registration.gpu.arch,
+               f.tls.enabled() ? (f.tls.cert_file.empty() ? "TLS" : "TLS with a client certificate")
+                               : "plaintext",
                registration.compile_archs.empty()
                    ? std::string()
                    : fmt::format("; compile tasks for {} too",

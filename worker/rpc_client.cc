@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "core/status.h"
 #include "kforge/v1/kforge.grpc.pb.h"
 #include "kforge/v1/kforge.pb.h"
 
@@ -27,13 +28,13 @@ absl::Status FromGrpc(std::string_view call, const grpc::Status& s) {
 // ------------------------------------------------------------ to proto ---
 
 void ToProto(const GpuDescription& g, pb::GpuInfo* out) {
-  out->set_name(g.name);
+  out->set_name(ValidUtf8(g.name));
   out->set_compute_capability(g.compute_capability);
   out->set_arch(g.arch);
   out->set_sm_count(g.sm_count);
   out->set_memory_bytes(g.memory_bytes);
-  out->set_driver_version(g.driver_version);
-  out->set_nvrtc_version(g.nvrtc_version);
+  out->set_driver_version(ValidUtf8(g.driver_version));
+  out->set_nvrtc_version(ValidUtf8(g.nvrtc_version));
 }
 
 pb::EvalOutcome ToProto(Outcome o) {
@@ -68,15 +69,17 @@ void ToProto(const TaskResult& r, pb::EvalResult* out) {
   c->set_static_smem_bytes(r.compile.static_smem_bytes);
   c->set_dynamic_smem_bytes(r.compile.dynamic_smem_bytes);
   c->set_local_bytes(r.compile.local_bytes);
-  c->set_log(r.compile.log);
+  // Texts from NVRTC and candidate code may hold any bytes; the wire takes
+  // UTF-8 only (a report the server cannot parse would be lost).
+  c->set_log(ValidUtf8(r.compile.log));
   c->set_cubin(r.compile.cubin);
-  c->set_options(r.compile.options);
+  c->set_options(ValidUtf8(r.compile.options));
   if (r.errors) {
     pb::ErrorMetrics* e = out->mutable_errors();
     e->set_max_abs_error(r.errors->max_abs_error);
     e->set_rel_l2_error(r.errors->rel_l2_error);
-    e->set_worst_output(r.errors->worst_output);
-    e->set_detail(r.errors->detail);
+    e->set_worst_output(ValidUtf8(r.errors->worst_output));
+    e->set_detail(ValidUtf8(r.errors->detail));
   }
   if (r.timing) ToProto(*r.timing, out->mutable_timing());
   if (r.incumbent_timing) ToProto(*r.incumbent_timing, out->mutable_incumbent_timing());
@@ -90,8 +93,8 @@ void ToProto(const TaskResult& r, pb::EvalResult* out) {
     e->set_total_k(r.verified->total_k);
   }
   ToProto(r.gpu, out->mutable_gpu());
-  out->set_message(r.message);
-  out->set_reference_version(r.reference_version);
+  out->set_message(ValidUtf8(r.message));
+  out->set_reference_version(ValidUtf8(r.reference_version));
 }
 
 // ---------------------------------------------------------- from proto ---
@@ -161,7 +164,17 @@ class GrpcServerClient final : public ServerClient {
     args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 20000);
     args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
     args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-    channel_ = grpc::CreateCustomChannel(options.target, grpc::InsecureChannelCredentials(), args);
+    std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+    if (!options.tls.ca.empty()) {
+      grpc::SslCredentialsOptions ssl;
+      ssl.pem_root_certs = options.tls.ca;
+      ssl.pem_cert_chain = options.tls.cert;
+      ssl.pem_private_key = options.tls.key;
+      creds = grpc::SslCredentials(ssl);
+      if (!options.tls.server_name.empty())
+        args.SetSslTargetNameOverride(options.tls.server_name);
+    }
+    channel_ = grpc::CreateCustomChannel(options.target, creds, args);
     stub_ = pb::WorkerService::NewStub(channel_);
   }
 
@@ -170,7 +183,7 @@ class GrpcServerClient final : public ServerClient {
   absl::StatusOr<Session> Register(const Registration& registration,
                                    const std::optional<Session>& previous) override {
     pb::RegisterRequest req;
-    req.set_worker_name(registration.worker_name);
+    req.set_worker_name(ValidUtf8(registration.worker_name));
     ToProto(registration.gpu, req.mutable_gpu());
     req.set_compile_only(registration.compile_only);
     for (const std::string& tool : registration.sanitizer_tools) req.add_sanitizer_tools(tool);

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/transport.h"
 #include "gpu/usage.h"
 #include "worker/task.h"
 
@@ -66,6 +67,10 @@ class ServerClient {
 struct GrpcClientOptions {
   std::string target;  // "host:port"
   std::string token;   // sent as "authorization: Bearer <token>"; empty: none
+  // TLS (core/transport.h): the CA the server's certificate must chain to,
+  // and a client certificate for servers that require one. Empty ca: no
+  // TLS (the caller checked that the target allows it).
+  ClientTlsPem tls;
   std::chrono::milliseconds call_timeout{10000};  // every call but the long poll
   // The long poll's deadline is its wait plus this much.
   std::chrono::milliseconds long_poll_slack{10000};

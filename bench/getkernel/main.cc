@@ -12,6 +12,7 @@
 #include <mutex>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <thread>
 #include <vector>
@@ -29,7 +30,7 @@ namespace v1 = kforge::v1;
 
 namespace {
 
-constexpr char kToken[] = "bench-client-token-0123456789";
+constexpr char kToken[] = "bench-client-token-0123456789abcdef0123";
 
 kforge::ShapeKey BenchShape() {
   kforge::ShapeKey k;
@@ -105,7 +106,8 @@ int main(int argc, char** argv) {
   bool if_none_match = false;
   size_t source_bytes = 16 * 1024, cubin_bytes = 64 * 1024;
   app.add_option("--server", server_addr, "external server (default: host one in-process)");
-  app.add_option("--token", token, "client token for --server");
+  // A token is never a flag (it would show in /proc/<pid>/cmdline).
+  if (const char* t = std::getenv("KFORGE_TOKEN"); t && *t) token = t;
   app.add_option("--threads", threads, "client threads")->capture_default_str();
   app.add_option("--seconds", seconds, "duration")->capture_default_str();
   app.add_option("--inflight", inflight,
@@ -137,7 +139,7 @@ int main(int argc, char** argv) {
     kforge::server::ServerOptions o;
     o.listen_address = "127.0.0.1:0";
     o.client_tokens = {token};
-    o.worker_tokens = {"bench-worker-token-0123456789"};
+    o.worker_tokens = {"bench-worker-token-0123456789abcdef0123"};
     auto started = kforge::server::Server::Start(o, store.get(), nullptr, nullptr);
     if (!started.ok()) {
       fmt::print(stderr, "bench: {}\n", std::string(started.status().message()));

@@ -24,9 +24,9 @@ namespace {
 
 using nlohmann::json;
 
-constexpr char kClient[] = "client-token-0123456789";
-constexpr char kViewer[] = "viewer-token-0123456789";
-constexpr char kWorker[] = "worker-token-0123456789";
+constexpr char kClient[] = "client-token-0123456789abcdef012345";
+constexpr char kViewer[] = "viewer-token-0123456789abcdef012345";
+constexpr char kWorker[] = "worker-token-0123456789abcdef012345";
 
 // ------------------------------------------------------------ prometheus
 

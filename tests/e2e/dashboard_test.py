@@ -26,7 +26,7 @@ import urllib.request
 
 import kfe2e
 
-VIEWER_TOKEN = "e2e-viewer-token-0123456789"
+VIEWER_TOKEN = "e2e-viewer-token-0123456789abcdef012345"
 # The sm_90a job's shape and the bucket it falls into (core/shape.h Bucket::Id).
 GPU_BUCKET = "fwd.bf16.d128.h4.kv4.causal.self.sm_90a.b16.mq2048.aq2048.mk2048.ak2048"
 ANCHOR_US = 900.0
@@ -266,9 +266,11 @@ def main():
     with open(config, "w") as f:
         json.dump({"anchors_file": anchors}, f)
     http_port = kfe2e.free_port()
+    # The viewer token in the environment: the server takes none from flags.
     server = kfe2e.ServerProcess(server_bin, db, kfe2e.free_port(),
                                  ["--config", config, "--http-port", str(http_port),
-                                  "--viewer-token", VIEWER_TOKEN, "--log-format", "json"])
+                                  "--log-format", "json"],
+                                 env=dict(os.environ, KFORGE_VIEWER_TOKEN=VIEWER_TOKEN))
     ch = server.start()
     base = "http://127.0.0.1:%d" % http_port
     kernels, workers = rpc.KernelServiceStub(ch), rpc.WorkerServiceStub(ch)

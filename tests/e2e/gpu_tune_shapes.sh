@@ -17,12 +17,13 @@ bundle="$(realpath "$1")"; shapes="${2:-bench/shapes.json}"
 max_variants="${3:-4}"; max_seconds="${4:-200}"
 out="${OUT:-$PWD/gpu_tune_out}"; mkdir -p "$out"
 export LD_LIBRARY_PATH="$bundle/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-export KFORGE_TOKEN=tune-client-token-0123456789 KFORGE_WORKER_TOKEN=tune-worker-token-0123456789
+export KFORGE_TOKEN=tune-client-token-0123456789abcdef012345 KFORGE_WORKER_TOKEN=tune-worker-token-0123456789abcdef012345
+export KFORGE_CLIENT_TOKEN=$KFORGE_TOKEN
 addr=127.0.0.1:$((20000 + RANDOM % 20000))
 work=$(mktemp -d)
 ungated=(); [ -n "${GATE:-}" ] || ungated=(--allow-ungated-promotion)
-"$bundle/bin/kforge-server" --listen "$addr" --db "$work/kforge.db" --client-token "$KFORGE_TOKEN" \
-  --worker-token "$KFORGE_WORKER_TOKEN" "${ungated[@]}" > "$out/server.log" 2>&1 & server=$!
+"$bundle/bin/kforge-server" --listen "$addr" --db "$work/kforge.db" \
+  "${ungated[@]}" > "$out/server.log" 2>&1 & server=$!
 "$bundle/bin/kforge-worker" --server "$addr" --gpu 0 --cache-dir "$work/cache" \
   ${GATE:+--sanitizer-gate "$GATE"} > "$out/worker.log" 2>&1 & worker=$!
 kf() { "$bundle/bin/kforge" --server "$addr" "$@"; }

@@ -14,8 +14,8 @@ import sys
 import tempfile
 import time
 
-CLIENT_TOKEN = "e2e-client-token-0123456789"
-WORKER_TOKEN = "e2e-worker-token-0123456789"
+CLIENT_TOKEN = "e2e-client-token-0123456789abcdef012345"
+WORKER_TOKEN = "e2e-worker-token-0123456789abcdef012345"
 
 
 def generate_stubs(repo, out):
@@ -42,8 +42,9 @@ def free_port():
 
 
 class ServerProcess:
-    def __init__(self, binary, db, port, extra=()):
+    def __init__(self, binary, db, port, extra=(), env=None):
         self.binary, self.db, self.port, self.extra = binary, db, port, list(extra)
+        self.env = env
         self.proc = None
         self.log = db + ".log"
 
@@ -54,10 +55,12 @@ class ServerProcess:
     def start(self):
         import grpc
         logf = open(self.log, "ab")
+        # Tokens go in the environment: the server takes none from flags.
+        env = dict(os.environ if self.env is None else self.env,
+                   KFORGE_CLIENT_TOKEN=CLIENT_TOKEN, KFORGE_WORKER_TOKEN=WORKER_TOKEN)
         self.proc = subprocess.Popen(
-            [self.binary, "--listen", self.address, "--db", self.db,
-             "--client-token", CLIENT_TOKEN, "--worker-token", WORKER_TOKEN] + self.extra,
-            stdout=logf, stderr=subprocess.STDOUT)
+            [self.binary, "--listen", self.address, "--db", self.db] + self.extra,
+            stdout=logf, stderr=subprocess.STDOUT, env=env)
         # A local subchannel pool: otherwise a new channel inherits the
         # reconnect backoff of a channel to the previous (killed) server.
         channel = grpc.insecure_channel(self.address,

@@ -18,8 +18,8 @@
 namespace kforge {
 namespace {
 
-constexpr char kClient[] = "export-test-client-token";
-constexpr char kWorker[] = "export-test-worker-token";
+constexpr char kClient[] = "export-test-client-token-0123456789abc";
+constexpr char kWorker[] = "export-test-worker-token-0123456789abc";
 constexpr char kManifest[] =
     R"({"contract_version":1,"entry_point":"kf_attn_fwd","threads":128,"grid":"per_tile",)"
     R"("tile_m":64,"tile_n":64,"archs":["sm_90a"],"head_dims":[128],"ops":["fwd"]})";

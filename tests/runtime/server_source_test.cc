@@ -31,6 +31,7 @@
 #include "kernels/catalog.h"
 #include "kforge/runtime.h"
 #include "tests/runtime/store_fixture.h"
+#include "tests/util/pki.h"
 
 extern char** environ;
 
@@ -39,8 +40,8 @@ namespace {
 
 using namespace std::chrono_literals;
 
-constexpr char kClientToken[] = "runtime-test-client-token";
-constexpr char kWorkerToken[] = "runtime-test-worker-token";
+constexpr char kClientToken[] = "runtime-test-client-token-0123456789ab";
+constexpr char kWorkerToken[] = "runtime-test-worker-token-0123456789ab";
 
 int FreePort() {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -143,10 +144,14 @@ class ServerSourceTest : public ::testing::Test {
       best_ = testing::PutBest(**store, Key(), v->source, v->manifest_json, compiled->cubin);
     }
     port_ = FreePort();
+    // Tokens in files: the server takes none from flags.
+    std::ofstream(dir_ / "client.tokens") << kClientToken << "\n";
+    std::ofstream(dir_ / "worker.tokens") << kWorkerToken << "\n";
     server_ = std::make_unique<Process>(
         std::vector<std::string>{KFORGE_SERVER_BIN, "--listen", Address(), "--db",
-                                 (dir_ / "kforge.db").string(), "--client-token", kClientToken,
-                                 "--worker-token", kWorkerToken},
+                                 (dir_ / "kforge.db").string(), "--client-tokens-file",
+                                 (dir_ / "client.tokens").string(), "--worker-tokens-file",
+                                 (dir_ / "worker.tokens").string()},
         dir_ / "server.log");
     for (int i = 0; i < 200 && !Connectable(port_); ++i) std::this_thread::sleep_for(50ms);
     ASSERT_TRUE(Connectable(port_)) << Read(dir_ / "server.log");
@@ -276,10 +281,59 @@ TEST_F(ServerSourceTest, SeedIdsAgreeBetweenServerAndRuntimeAndAnswerIfNoneMatch
   EXPECT_EQ(Stats(local).seed_compiles, 1u);
 }
 
+// A TLS server: the runtime trusts the CA KFORGE_TLS_CA names; without it
+// the handshake fails, and the fallback policy serves the seed instead.
+TEST_F(ServerSourceTest, KforgeTlsCaConnectsToATlsServer) {
+  testing::TestPki pki;
+  std::string log;
+  ASSERT_TRUE(testing::MakeTestPki(dir_ / "pki", &pki, &log)) << log;
+  const int port = FreePort();
+  Process tls({KFORGE_SERVER_BIN, "--listen", fmt::format("127.0.0.1:{}", port), "--db",
+               (dir_ / "tls.db").string(), "--client-tokens-file",
+               (dir_ / "client.tokens").string(), "--worker-tokens-file",
+               (dir_ / "worker.tokens").string(), "--tls-cert", pki.server_cert().string(),
+               "--tls-key", pki.server_key().string()},
+              dir_ / "tls_server.log");
+  for (int i = 0; i < 200 && !Connectable(port); ++i) std::this_thread::sleep_for(50ms);
+  ASSERT_TRUE(Connectable(port)) << Read(dir_ / "tls_server.log");
+  const std::string address = fmt::format("localhost:{}", port);
+  auto create = [&](kf_runtime** rt) {
+    kf_runtime_options o;
+    kf_runtime_options_init(&o);
+    o.arch = "sm_90a";
+    o.server = address.c_str();
+    o.token = kClientToken;
+    o.server_timeout_ms = 30000;
+    return kf_runtime_create(&o, rt);
+  };
+  kf_runtime* plain = nullptr;
+  ASSERT_EQ(create(&plain), KF_OK) << kf_last_error();
+  runtimes_.push_back(plain);
+  EXPECT_STREQ(Prepare(plain, batch_).source, "seed") << "no CA: no TLS, no server";
+  EXPECT_GT(Stats(plain).server_errors, 0u);
+
+  setenv("KFORGE_TLS_CA", pki.ca_cert().c_str(), 1);
+  kf_runtime* rt = nullptr;
+  const kf_status made = create(&rt);
+  unsetenv("KFORGE_TLS_CA");
+  ASSERT_EQ(made, KF_OK) << kf_last_error();
+  runtimes_.push_back(rt);
+  EXPECT_STREQ(Prepare(rt, batch_).source, "server");
+  EXPECT_EQ(Stats(rt).server_errors, 0u);
+
+  setenv("KFORGE_TLS_CA", (dir_ / "absent.pem").c_str(), 1);
+  kf_runtime* bad = nullptr;
+  EXPECT_EQ(create(&bad), KF_ERR_INVALID_ARGUMENT);
+  unsetenv("KFORGE_TLS_CA");
+  EXPECT_NE(std::string(kf_last_error()).find("KFORGE_TLS_CA"), std::string::npos)
+      << kf_last_error();
+}
+
 TEST_F(ServerSourceTest, AnExportedPackServesARuntimeWithNoServer) {
   const std::filesystem::path pack = dir_ / "sm90.kfpack";
-  Process cli({KFORGE_CLI_BIN, "--server", Address(), "--token", kClientToken, "export", "--arch",
-               "sm_90a", "--out", pack.string()},
+  const std::string token_file = (dir_ / "client.tokens").string();
+  Process cli({KFORGE_CLI_BIN, "--server", Address(), "--token-file", token_file, "export",
+               "--arch", "sm_90a", "--out", pack.string()},
               dir_ / "export.log");
   ASSERT_EQ(cli.Wait(), 0) << Read(dir_ / "export.log");
   const std::string out = Read(dir_ / "export.log");
@@ -292,7 +346,7 @@ TEST_F(ServerSourceTest, AnExportedPackServesARuntimeWithNoServer) {
   EXPECT_EQ(info.tuned, 1);
   EXPECT_EQ(Stats(rt).server_requests, 0u);
 
-  Process other({KFORGE_CLI_BIN, "--server", Address(), "--token", kClientToken, "export",
+  Process other({KFORGE_CLI_BIN, "--server", Address(), "--token-file", token_file, "export",
                  "--arch", "sm_100a", "--out", (dir_ / "none.kfpack").string()},
                 dir_ / "export_none.log");
   ASSERT_EQ(other.Wait(), 0) << Read(dir_ / "export_none.log");

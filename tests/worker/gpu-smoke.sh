@@ -46,10 +46,12 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"$server_bin" --listen "$addr" --db "$work/kforge.db" --worker-token smoke-worker \
-  --client-token smoke-client --heartbeat-ms 1000 > "$work/server.log" 2>&1 &
+# Tokens in the environment (32+ characters; no binary takes one from a flag).
+export KFORGE_WORKER_TOKEN=smoke-worker-token-0123456789abcdef0123
+export KFORGE_CLIENT_TOKEN=smoke-client-token-0123456789abcdef0123 KFORGE_TOKEN=smoke-client-token-0123456789abcdef0123
+"$server_bin" --listen "$addr" --db "$work/kforge.db" --heartbeat-ms 1000 > "$work/server.log" 2>&1 &
 pids+=($!)
-KFORGE_WORKER_TOKEN=smoke-worker "$worker_bin" --server "$addr" --gpu 0 --name smoke-gpu0 \
+"$worker_bin" --server "$addr" --gpu 0 --name smoke-gpu0 \
   --cache-dir "$work/cache" > "$work/worker.log" 2>&1 &
 pids+=($!)
 
@@ -70,7 +72,7 @@ check() {  # check NAME CONDITION-EXIT-CODE
 
 shape=(--op fwd --head-dim 128 --heads 8 --kv-heads 8 --arch "$arch" --batch 4 --max-len-q 512 --total-q 1200)
 start=$(date +%s)
-timeout $(( ${SMOKE_MAX_SECONDS:-300} + 60 )) "$cli_bin" --server "$addr" --token smoke-client \
+timeout $(( ${SMOKE_MAX_SECONDS:-300} + 60 )) "$cli_bin" --server "$addr" \
   tune "${shape[@]}" --name gpu-smoke --max-variants "${SMOKE_MAX_VARIANTS:-4}" \
   --max-seconds "${SMOKE_MAX_SECONDS:-300}" --seed 1 > "$work/tune.log" 2>&1
 rc=$?
@@ -84,7 +86,7 @@ echo "worker outcomes:"; grep -oE "task [^:]+: (verified|wrong|crashed|timeout|c
 ! grep -qE "Segmentation fault|terminate called|Aborted|core dumped" "$work/worker.log"; check "worker log shows no crash of the worker itself" $?
 kill -0 "${pids[1]}" 2>/dev/null; check "worker still running" $?
 
-"$cli_bin" --server "$addr" --token smoke-client get "${shape[@]}" --out "$work/kernel" > "$work/get.log" 2>&1
+"$cli_bin" --server "$addr" get "${shape[@]}" --out "$work/kernel" > "$work/get.log" 2>&1
 rc=$?
 cat "$work/get.log"
 check "get returns a kernel" $rc

@@ -30,6 +30,7 @@
 #include "core/shape.h"
 #include "server/jobs.h"
 #include "storage/store.h"
+#include "tests/util/pki.h"
 #include "tests/worker/worker_bin.h"
 
 extern char** environ;
@@ -39,7 +40,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-constexpr char kWorkerToken[] = "real-test-worker-token";
+constexpr char kWorkerToken[] = "real-test-worker-token-0123456789abcdef";
 
 constexpr char kGoodSource[] = R"(#include "kforge/attn_params.h"
 extern "C" __global__ void kf_attn_fwd(const __grid_constant__ KfAttnParams p) {
@@ -187,20 +188,23 @@ class RealServer : public ::testing::Test {
   }
 
   void StartServer() {
+    // Tokens in the environment: the server takes none from flags.
     server_ = std::make_unique<Process>(
-        std::vector<std::string>{ServerBinary(), "--listen", Address(), "--db",
-                                 (dir_ / "kforge.db").string(), "--worker-token", kWorkerToken,
-                                 "--client-token", "client-token", "--heartbeat-ms", "100",
-                                 "--lease-ttl-ms", "600"},
-        dir_ / "server.log");
+        Concat({ServerBinary(), "--listen", Address(), "--db", (dir_ / "kforge.db").string(),
+                "--heartbeat-ms", "100", "--lease-ttl-ms", "600"},
+               server_extra_),
+        dir_ / "server.log",
+        std::vector<std::string>{std::string("KFORGE_WORKER_TOKEN=") + kWorkerToken,
+                                 "KFORGE_CLIENT_TOKEN=client-token-0123456789abcdef0123456789"});
     ASSERT_TRUE(server_->running());
   }
 
   void StartWorker() {
     worker_ = std::make_unique<Process>(
-        std::vector<std::string>{testing::WorkerBinary(), "--server", Address(), "--name",
-                                 "real-test-worker", "--cache-dir", (dir_ / "cache").string(),
-                                 "--arch", "sm_90a", "--lease-wait-ms", "1000"},
+        Concat({testing::WorkerBinary(), "--server", Address(), "--name", "real-test-worker",
+                "--cache-dir", (dir_ / "cache").string(), "--arch", "sm_90a", "--lease-wait-ms",
+                "1000"},
+               worker_extra_),
         dir_ / "worker.log", std::vector<std::string>{std::string("KFORGE_WORKER_TOKEN=") + kWorkerToken});
     ASSERT_TRUE(worker_->running());
   }
@@ -269,8 +273,15 @@ class RealServer : public ::testing::Test {
         timeout);
   }
 
+  static std::vector<std::string> Concat(std::vector<std::string> a,
+                                         const std::vector<std::string>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  }
+
   std::filesystem::path dir_;
   int port_ = 0;
+  std::vector<std::string> server_extra_, worker_extra_;  // flags beyond the defaults
   std::unique_ptr<Process> server_, worker_;
   std::unique_ptr<Store> store_;
   std::string job_id_;
@@ -386,6 +397,45 @@ TEST_F(RealServer, WorkerComesBackAfterTheServerRestartsOnTheSamePort) {
   const std::string log = worker_->Log();
   EXPECT_EQ(log.find("registered as worker"), log.rfind("registered as worker")) << log;
   EXPECT_EQ(log.find("registering again"), std::string::npos) << log;
+}
+
+// Over mutual TLS with a throwaway CA (deploy/make-certs.sh at test time):
+// the worker registers and serves a task; without its client certificate it
+// never gets in.
+TEST_F(RealServer, TheWorkerServesOverMutualTls) {
+  kforge::testing::TestPki pki;
+  std::string log;
+  ASSERT_TRUE(kforge::testing::MakeTestPki(dir_ / "pki", &pki, &log)) << log;
+  server_->Stop();
+  server_extra_ = {"--tls-cert", pki.server_cert(), "--tls-key", pki.server_key(),
+                   "--tls-client-ca", pki.ca_cert()};
+  StartServer();
+  ASSERT_TRUE(Eventually([&] { return server_->Log().find("TLS with client certificates") !=
+                                      std::string::npos; },
+                         20s))
+      << server_->Log();
+  worker_extra_ = {"--tls-ca", pki.ca_cert(), "--tls-cert", pki.client_cert(), "--tls-key",
+                   pki.client_key()};
+  StartWorker();
+  ASSERT_TRUE(Eventually([&] { return RegisteredWorker().has_value(); }, 20s)) << worker_->Log();
+  std::string variant;
+  const std::string task = EnqueueCompile(kGoodSource, &variant);
+  ASSERT_TRUE(WaitDone(task)) << worker_->Log();
+  EXPECT_NE(worker_->Log().find("TLS with a client certificate"), std::string::npos);
+}
+
+TEST_F(RealServer, WithoutItsClientCertificateTheWorkerNeverGetsIn) {
+  kforge::testing::TestPki pki;
+  std::string log;
+  ASSERT_TRUE(kforge::testing::MakeTestPki(dir_ / "pki", &pki, &log)) << log;
+  server_->Stop();
+  server_extra_ = {"--tls-cert", pki.server_cert(), "--tls-key", pki.server_key(),
+                   "--tls-client-ca", pki.ca_cert()};
+  StartServer();
+  worker_extra_ = {"--tls-ca", pki.ca_cert()};
+  StartWorker();
+  std::this_thread::sleep_for(3s);
+  EXPECT_FALSE(RegisteredWorker().has_value()) << worker_->Log();
 }
 
 }  // namespace
