@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <deque>
+#include <utility>
 #include <memory>
 #include <set>
 
@@ -372,65 +373,39 @@ absl::Status KforgeApi::ExportKernels(
   return server::ExportKernels(*cache_, req, write);
 }
 
-absl::Status KforgeApi::WatchJob(const v1::WatchJobRequest& req,
-                                 const std::function<bool(const v1::JobEvent&)>& write,
-                                 const std::function<bool()>& cancelled) {
+absl::StatusOr<std::pair<uint64_t, WatchUpdate>> KforgeApi::WatchJob(
+    const v1::WatchJobRequest& req, std::function<void(WatchUpdate)> on_update) {
   if (absl::Status s = CheckId("job_id", req.job_id()); !s.ok()) return s;
-  // The engine calls back on its own thread; this RPC thread drains a queue
-  // so a slow client never stalls the engine.
-  struct Queue {
-    std::mutex mu;
-    std::condition_variable cv;
-    std::deque<JobEvent> events;
-  };
-  auto q = std::make_shared<Queue>();
   // Watch before reading the current state so no change falls in between.
-  const uint64_t watch = engine_->Watch(req.job_id(), [q](const JobEvent& ev) {
-    {
-      std::lock_guard lock(q->mu);
-      q->events.push_back(ev);
-    }
-    q->cv.notify_one();
-  });
-  struct Unwatch {
-    JobEngine* engine;
-    uint64_t id;
-    ~Unwatch() { engine->Unwatch(id); }
-  } unwatch{engine_, watch};
-
+  const uint64_t watch =
+      engine_->Watch(req.job_id(), [on_update = std::move(on_update)](const JobEvent& ev) {
+        WatchUpdate u;
+        if (ev.job.record.created_unix_ms == 0 && ev.final) {
+          // The engine stopped (shutdown); the job itself did not finish.
+          u.end = absl::UnavailableError("server shutting down; watch again");
+          on_update(std::move(u));
+          return;
+        }
+        u.event.emplace();
+        JobToProto(ev.job, u.event->mutable_job());
+        u.event->set_message(ev.message);
+        if (ev.final || IsFinal(ev.job.record.state)) u.end = absl::OkStatus();
+        on_update(std::move(u));
+      });
   auto current = engine_->Get(req.job_id());
-  if (!current.ok()) return current.status();
-  {
-    v1::JobEvent first;
-    JobToProto(*current, first.mutable_job());
-    first.set_message("current state");
-    if (!write(first)) return absl::CancelledError("client went away");
-    if (IsFinal(current->record.state)) return absl::OkStatus();
+  if (!current.ok()) {
+    engine_->Unwatch(watch);
+    return current.status();
   }
-  for (;;) {
-    JobEvent ev;
-    {
-      std::unique_lock lock(q->mu);
-      q->cv.wait_for(lock, std::chrono::milliseconds(200), [&] { return !q->events.empty(); });
-      if (q->events.empty()) {
-        if (shutting_down_) return absl::UnavailableError("server shutting down; watch again");
-        if (cancelled()) return absl::CancelledError("client went away");
-        continue;
-      }
-      ev = std::move(q->events.front());
-      q->events.pop_front();
-    }
-    if (ev.job.record.created_unix_ms == 0 && ev.final) {
-      // The engine stopped (shutdown), the job itself did not finish.
-      return absl::UnavailableError("server shutting down; watch again");
-    }
-    v1::JobEvent out;
-    JobToProto(ev.job, out.mutable_job());
-    out.set_message(ev.message);
-    if (!write(out)) return absl::CancelledError("client went away");
-    if (ev.final || IsFinal(ev.job.record.state)) return absl::OkStatus();
-  }
+  WatchUpdate first;
+  first.event.emplace();
+  JobToProto(*current, first.event->mutable_job());
+  first.event->set_message("current state");
+  if (IsFinal(current->record.state)) first.end = absl::OkStatus();
+  return std::make_pair(watch, std::move(first));
 }
+
+void KforgeApi::Unwatch(uint64_t watch) { engine_->Unwatch(watch); }
 
 // ------------------------------------------------------------ WorkerService
 
@@ -721,20 +696,16 @@ absl::Status KforgeApi::FillTask(const TaskRecord& t, v1::Task* out) {
   return absl::OkStatus();
 }
 
+std::chrono::milliseconds KforgeApi::LeaseWait(const v1::LeaseTaskRequest& req) const {
+  return std::chrono::milliseconds(std::clamp(req.wait_ms(), 0, options_.max_lease_wait_ms));
+}
+
 absl::Status KforgeApi::LeaseTask(const std::string& caller, const v1::LeaseTaskRequest& req,
-                                  v1::LeaseTaskResponse* resp,
-                                  const std::function<bool()>& cancelled) {
+                                  v1::LeaseTaskResponse* resp) {
   auto worker = Caller(caller, req.worker_id());
   if (!worker.ok()) return worker.status();
   if (req.wait_ms() < 0) return Invalid("wait_ms", fmt::format("{} is negative", req.wait_ms()));
-  const int wait_ms = std::min(req.wait_ms(), options_.max_lease_wait_ms);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
   for (;;) {
-    uint64_t generation;
-    {
-      std::lock_guard lock(tasks_mu_);
-      generation = tasks_generation_;
-    }
     // Decided per attempt: a worker that connects during a long poll takes
     // over the promotions from then on.
     auto task = store_->LeaseTask(caller, worker->record.arch, worker->record.compile_only, Now(),
@@ -747,18 +718,12 @@ absl::Status KforgeApi::LeaseTask(const std::string& caller, const v1::LeaseTask
                                PromotionLease::kNone);
     }
     if (!task.ok()) return task.status();
-    if (task->has_value() && (*task)->attempts > options_.max_task_attempts) {
+    if (!task->has_value()) return absl::OkStatus();
+    if ((*task)->attempts > options_.max_task_attempts) {
       if (absl::Status s = GiveUp(**task, *worker); !s.ok()) return s;
       continue;
     }
-    if (task->has_value()) return FillTask(**task, resp->mutable_task());
-    if (shutting_down_ || cancelled() || std::chrono::steady_clock::now() >= deadline)
-      return absl::OkStatus();
-    std::unique_lock lock(tasks_mu_);
-    // Wake on new tasks, and at least every 250 ms to notice a cancelled call.
-    tasks_cv_.wait_until(
-        lock, std::min(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(250)),
-        [&] { return tasks_generation_ != generation || shutting_down_; });
+    return FillTask(**task, resp->mutable_task());
   }
 }
 
@@ -1103,11 +1068,7 @@ absl::StatusOr<std::optional<TaskRecord>> KforgeApi::HeldPromotion(
 }
 
 void KforgeApi::NotifyTasks() {
-  {
-    std::lock_guard lock(tasks_mu_);
-    ++tasks_generation_;
-  }
-  tasks_cv_.notify_all();
+  if (options_.on_tasks) options_.on_tasks();
 }
 
 absl::Status KforgeApi::ShuttingDown() {
@@ -1115,10 +1076,7 @@ absl::Status KforgeApi::ShuttingDown() {
       "kforge-server is shutting down; retry when it is back (or on another server)");
 }
 
-void KforgeApi::BeginShutdown() {
-  shutting_down_ = true;
-  NotifyTasks();
-}
+void KforgeApi::BeginShutdown() { shutting_down_ = true; }
 
 absl::StatusOr<int> KforgeApi::RequeueExpired() {
   auto n = store_->RequeueExpired(Now());

@@ -1,7 +1,8 @@
 // KforgeApi: what every RPC of KernelService and WorkerService does, with
 // the transport left out. Methods take and fill protobuf messages and return
 // absl::Status; server.cc adapts them to gRPC (auth metadata, streaming,
-// and the single absl -> grpc status conversion).
+// the waiting of long polls and watch streams, and the single absl -> grpc
+// status conversion). No method here blocks waiting for an event.
 //
 // Worker results are claims. A WorkerService call acts as the worker its
 // session names (server.cc resolves it with WorkerForSession before calling
@@ -19,7 +20,7 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -27,6 +28,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -75,6 +77,19 @@ struct ApiOptions {
   // Where accepted reports, promotions and expired leases are counted (for
   // operators); may be null. Must outlive the api.
   ServerMetrics* metrics = nullptr;
+  // Called (on any thread, without the api's locks) when tasks were
+  // enqueued or requeued: server.cc has its waiting LeaseTask long polls
+  // attempt again. May be empty.
+  std::function<void()> on_tasks;
+};
+
+// What a watch stream sends next: an event, and perhaps the end of the
+// stream after it.
+struct WatchUpdate {
+  std::optional<v1::JobEvent> event;
+  // Set: the stream ends after `event` with this status. OK when the job
+  // reached a final state; UNAVAILABLE when the server is stopping.
+  std::optional<absl::Status> end;
 };
 
 // What a worker's GPU was doing at its last heartbeat (HeartbeatRequest.
@@ -126,12 +141,17 @@ class KforgeApi {
   // Every best as served (server/export.h), one `write` per kernel.
   absl::Status ExportKernels(const v1::ExportKernelsRequest& req,
                              const std::function<bool(const v1::ExportedKernel&)>& write);
-  // Writes the job's current state, then one event per change until the job
-  // is final (OK), `write` fails or `cancelled` (CANCELLED), or the server
-  // shuts down (UNAVAILABLE: watch again after the restart).
-  absl::Status WatchJob(const v1::WatchJobRequest& req,
-                        const std::function<bool(const v1::JobEvent&)>& write,
-                        const std::function<bool()>& cancelled);
+  // Starts watching a job without holding a thread: returns the watch's id
+  // and the first update (the job's current state; with `end` OK when the
+  // job is final already), and from then on calls `on_update` on the job
+  // engine's thread for every change, until the job is final or the engine
+  // stops (`end` set) or Unwatch. `on_update` must not block, and may run
+  // once more after Unwatch returns (it must keep what it touches alive).
+  // Events that happen between the watch and the read of the current state
+  // come after it, so none is missed (some may repeat what it says).
+  absl::StatusOr<std::pair<uint64_t, WatchUpdate>> WatchJob(
+      const v1::WatchJobRequest& req, std::function<void(WatchUpdate)> on_update);
+  void Unwatch(uint64_t watch);
 
   // WorkerService. `principal` is the name of the worker credential that
   // authenticated the call (server/auth.h), "" when auth is off; the
@@ -154,8 +174,15 @@ class KforgeApi {
                         std::optional<std::string_view> session, v1::RegisterResponse* resp);
   absl::Status Heartbeat(const std::string& caller, const v1::HeartbeatRequest& req,
                          v1::HeartbeatResponse* resp);
+  // One attempt to lease a task for `caller`; it never waits. The long poll
+  // is the transport's (server.cc): it attempts again when on_tasks fires,
+  // until LeaseWait(req) has passed. A task that exhausted max_task_attempts
+  // is given up here rather than handed out.
   absl::Status LeaseTask(const std::string& caller, const v1::LeaseTaskRequest& req,
-                         v1::LeaseTaskResponse* resp, const std::function<bool()>& cancelled);
+                         v1::LeaseTaskResponse* resp);
+  // How long a LeaseTask call may wait for a task: its wait_ms, at most
+  // max_lease_wait_ms (0 for a negative wait_ms, which LeaseTask refuses).
+  std::chrono::milliseconds LeaseWait(const v1::LeaseTaskRequest& req) const;
   // OK only when the result was recorded; a report without a live lease,
   // below the timing floor or otherwise malformed stores nothing.
   absl::Status ReportResult(const std::string& caller, const v1::ReportResultRequest& req,
@@ -173,14 +200,16 @@ class KforgeApi {
   // that it is back.
   void NoteDepartures();
 
-  // Wakes long-polling LeaseTask calls (tasks were enqueued or requeued).
+  // Tasks were enqueued or requeued: calls ApiOptions::on_tasks, which
+  // wakes the long-polling LeaseTask calls.
   void NotifyTasks();
-  // Makes long polls and watch streams return promptly; new ones return at
-  // once; SubmitJob and CancelJob answer UNAVAILABLE (ShuttingDown) and
-  // GetKernel enqueues no tuning, since the engine is about to stop. Reads
-  // and worker reports are still served until the listener closes. Called
-  // first thing on shutdown.
+  // From now on SubmitJob and CancelJob answer UNAVAILABLE (ShuttingDown)
+  // and GetKernel enqueues no tuning, since the engine is about to stop; the
+  // transport ends its long polls (empty) and watch streams (UNAVAILABLE)
+  // and answers new ones so at once. Reads and worker reports are still
+  // served until the listener closes. Called first thing on shutdown.
   void BeginShutdown();
+  bool shutting_down() const { return shutting_down_; }
   // The reaper: returns expired leases to the queue; the number requeued.
   absl::StatusOr<int> RequeueExpired();
 
@@ -237,9 +266,6 @@ class KforgeApi {
   std::map<std::string, WorkerInfo> workers_;   // by id; guarded by workers_mu_
   std::map<std::string, std::string> sessions_;  // session hash -> id; guarded by workers_mu_
 
-  std::mutex tasks_mu_;
-  std::condition_variable tasks_cv_;
-  uint64_t tasks_generation_ = 0;  // guarded by tasks_mu_; bumped by NotifyTasks
   std::atomic<bool> shutting_down_{false};
 
   // Serializes best decisions: read best, decide, CompleteTask, refresh.

@@ -33,6 +33,12 @@
 //   heartbeat_interval_ms 10000
 //   max_lease_wait_ms    30000
 //   max_task_attempts    5        leases without a result before a task is given up
+//   max_open_lease_polls 1024     LeaseTask long polls that may wait at once (they
+//                                 hold no thread); past it RESOURCE_EXHAUSTED
+//   max_open_watch_streams 1024   WatchJob streams that may be open at once; past it
+//                                 RESOURCE_EXHAUSTED
+//   max_watch_ms         900000   a WatchJob stream ends after this long with
+//                                 UNAVAILABLE ("watch again"); clients re-watch
 //   reaper_interval_ms   1000
 //   shutdown_grace_ms    1000
 //   drain_timeout_ms     10000

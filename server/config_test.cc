@@ -33,6 +33,7 @@ TEST(ConfigTest, AppliesEveryKey) {
     "http_port": 8080, "tune_max_variants": 8, "log_level": "debug",
     "allow_ungated_promotion": true, "confirm_on_another_worker": false,
     "require_distinct_confirmer": true, "allow_plaintext": true,
+    "max_open_lease_polls": 64, "max_open_watch_streams": 32, "max_watch_ms": 60000,
     // comments say why a value is what it is
     "model_proposer": {"model": "m"}})");
   ASSERT_TRUE(ApplyConfigFile(path, cfg).ok());
@@ -48,6 +49,9 @@ TEST(ConfigTest, AppliesEveryKey) {
   EXPECT_FALSE(cfg.server.api.confirm_on_another_worker);
   EXPECT_TRUE(cfg.server.api.require_distinct_confirmer);
   EXPECT_TRUE(cfg.server.allow_plaintext);
+  EXPECT_EQ(cfg.server.max_open_lease_polls, 64);
+  EXPECT_EQ(cfg.server.max_open_watch_streams, 32);
+  EXPECT_EQ(cfg.server.max_watch_ms, 60000);
   EXPECT_TRUE(ValidateConfig(cfg).ok());
 }
 

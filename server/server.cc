@@ -24,8 +24,9 @@
 #include "core/status.h"
 #include "core/transport.h"
 #include "kforge/v1/kforge.grpc.pb.h"
-#include "server/convert.h"
 #include "server/auth.h"
+#include "server/convert.h"
+#include "server/waiting.h"
 
 namespace kforge::server {
 namespace {
@@ -157,11 +158,326 @@ grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, const grpc::By
   return reactor;
 }
 
+grpc::ByteBuffer Serialized(const google::protobuf::Message& m) {
+  grpc::Slice slice(m.SerializeAsString());
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+// A LeaseTask long poll that holds no thread while it waits. It attempts a
+// lease on the pool; finding nothing, it waits in the room of long polls
+// (capped: RESOURCE_EXHAUSTED past max_open_lease_polls) until a wake-up
+// (tasks enqueued or requeued: it attempts again), its deadline (at most
+// max_lease_wait_ms: an empty answer), the client's cancellation or
+// shutdown (an empty answer, as before). Never finished while an attempt
+// runs: the attempt answers, so a leased task is never dropped unanswered.
+// Owned by itself (self_) until OnDone, and by the room while it waits.
+class LeasePoll final : public grpc::ServerUnaryReactor,
+                        public WaitRoom::Waiter,
+                        public std::enable_shared_from_this<LeasePoll> {
+ public:
+  // `out` stays valid until OnDone.
+  static LeasePoll* Make(KforgeApi* api, CallPool* pool, WaitRoom* room, grpc::ByteBuffer* out) {
+    auto p = std::shared_ptr<LeasePoll>(new LeasePoll(api, pool, room, out));
+    p->self_ = p;
+    return p.get();
+  }
+
+  // On the pool: the call's checks (authentication, parse) came out as
+  // `checked`; then the first attempt.
+  void Begin(absl::Status checked, std::string caller, v1::LeaseTaskRequest req) {
+    if (!checked.ok()) {
+      Answer(ToGrpcStatus(checked), nullptr);
+      return;
+    }
+    caller_ = std::move(caller);
+    req_ = std::move(req);
+    deadline_ = WaitRoom::Clock::now() + api_->LeaseWait(req_);
+    Attempt();
+  }
+
+  void OnWake() override {
+    {
+      std::lock_guard lock(mu_);
+      if (finished_ || ended_) return;
+      if (attempting_) {
+        again_ = true;  // what woke us may have come after the attempt looked
+        return;
+      }
+      attempting_ = true;
+    }
+    pool_->Post([self = shared_from_this()] { self->Attempt(); });
+  }
+  void OnDeadline() override { End(grpc::Status::OK); }
+  void OnClose() override { End(grpc::Status::OK); }
+  void OnCancel() override { End(grpc::Status(grpc::StatusCode::CANCELLED, "client went away")); }
+
+  void OnDone() override {
+    uint64_t id;
+    {
+      std::lock_guard lock(mu_);
+      id = room_id_;
+    }
+    if (id != 0) room_->Leave(id);
+    std::shared_ptr<LeasePoll> last = std::move(self_);  // may delete this
+  }
+
+ private:
+  LeasePoll(KforgeApi* api, CallPool* pool, WaitRoom* room, grpc::ByteBuffer* out)
+      : api_(api), pool_(pool), room_(room), out_(out) {}
+
+  // On the pool, with attempting_ set.
+  void Attempt() {
+    for (;;) {
+      const uint64_t wakes = room_->wakes();
+      v1::LeaseTaskResponse resp;
+      absl::Status s = api_->LeaseTask(caller_, req_, &resp);
+      bool wait = s.ok() && !resp.has_task();
+      bool entered = false;
+      {
+        std::lock_guard lock(mu_);
+        entered = room_id_ != 0;
+      }
+      if (wait && !entered) {
+        // Nothing now: wait in the room if the request asks to (and there
+        // is room); shutting down, answer at once.
+        wait = false;
+        if (WaitRoom::Clock::now() < deadline_ && !api_->shutting_down()) {
+          absl::StatusOr<uint64_t> id = room_->Enter(shared_from_this(), deadline_);
+          if (id.ok()) {
+            std::lock_guard lock(mu_);
+            room_id_ = *id;
+            wait = true;
+            // A wake-up between the attempt and Enter found no entry to wake.
+            if (room_->wakes() != wakes) again_ = true;
+          } else if (id.status().code() != absl::StatusCode::kUnavailable) {
+            s = id.status();  // the cap
+          }
+        }
+      }
+      std::unique_lock lock(mu_);
+      attempting_ = false;
+      if (wait && !ended_) {
+        if (!again_) return;  // a wake-up, the deadline, cancellation or shutdown goes on
+        again_ = false;
+        attempting_ = true;
+        continue;
+      }
+      grpc::Status status = !s.ok()          ? ToGrpcStatus(s)
+                            : resp.has_task() ? grpc::Status::OK
+                            : ended_          ? *ended_
+                                              : grpc::Status::OK;
+      lock.unlock();
+      Answer(status, &resp);
+      return;
+    }
+  }
+
+  // Ends the wait with `s` (OK: an empty answer): now, unless an attempt
+  // runs, which then answers.
+  void End(grpc::Status s) {
+    {
+      std::lock_guard lock(mu_);
+      if (finished_ || ended_) return;
+      ended_ = s;
+      if (attempting_) return;
+    }
+    v1::LeaseTaskResponse empty;
+    Answer(s, &empty);
+  }
+
+  void Answer(grpc::Status s, const v1::LeaseTaskResponse* resp) {
+    {
+      std::lock_guard lock(mu_);
+      if (finished_) return;
+      finished_ = true;
+    }
+    if (s.ok()) *out_ = Serialized(*resp);
+    Finish(std::move(s));
+  }
+
+  KforgeApi* api_;
+  CallPool* pool_;
+  WaitRoom* room_;
+  grpc::ByteBuffer* out_;
+  std::string caller_;
+  v1::LeaseTaskRequest req_;
+  WaitRoom::Clock::time_point deadline_;
+
+  std::mutex mu_;
+  bool attempting_ = true;             // guarded by mu_; Begin is the first attempt
+  bool again_ = false;                 // guarded by mu_: woken during an attempt
+  std::optional<grpc::Status> ended_;  // guarded by mu_: deadline, shutdown or cancellation
+  bool finished_ = false;              // guarded by mu_
+  uint64_t room_id_ = 0;               // guarded by mu_; 0: not in the room
+  std::shared_ptr<LeasePoll> self_;    // until OnDone
+};
+
+// A WatchJob stream that holds no thread: the job engine's events are
+// queued and written one at a time as the client takes them. It waits in
+// the room of watch streams (capped: RESOURCE_EXHAUSTED past
+// max_open_watch_streams) and ends after max_watch_ms with UNAVAILABLE
+// ("watch again": the client re-watches and gets the current state first),
+// at shutdown with UNAVAILABLE, when the job is final with OK, and on
+// cancellation. A client that reads too slowly loses the oldest unsent
+// events, never the newest: each event carries the whole job.
+class WatchStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
+                          public WaitRoom::Waiter,
+                          public std::enable_shared_from_this<WatchStream> {
+ public:
+  static constexpr size_t kMaxQueued = 64;
+
+  static WatchStream* Make(KforgeApi* api, WaitRoom* room, std::chrono::milliseconds lifetime) {
+    auto w = std::shared_ptr<WatchStream>(new WatchStream(api, room, lifetime));
+    w->self_ = w;
+    return w.get();
+  }
+
+  // On the pool: the call's checks came out as `checked`.
+  void Begin(absl::Status checked, const v1::WatchJobRequest& req) {
+    absl::StatusOr<uint64_t> room =
+        checked.ok() ? room_->Enter(shared_from_this(), WaitRoom::Clock::now() + lifetime_)
+                     : absl::StatusOr<uint64_t>(checked);
+    if (!room.ok() && checked.ok() && room.status().code() == absl::StatusCode::kUnavailable)
+      room = absl::UnavailableError("server shutting down; watch again");
+    if (!room.ok()) {
+      Abort(ToGrpcStatus(room.status()));
+      Prime(std::nullopt);
+      return;
+    }
+    {
+      std::lock_guard lock(mu_);
+      room_id_ = *room;
+    }
+    std::weak_ptr<WatchStream> weak = shared_from_this();
+    auto watch = api_->WatchJob(req, [weak](WatchUpdate u) {
+      if (auto self = weak.lock()) self->Push(std::move(u));
+    });
+    if (!watch.ok()) {
+      Abort(ToGrpcStatus(watch.status()));
+      Prime(std::nullopt);
+      return;
+    }
+    {
+      std::lock_guard lock(mu_);
+      watch_id_ = watch->first;
+    }
+    Prime(std::move(watch->second));
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::unique_lock lock(mu_);
+    writing_ = false;
+    if (!ok && !(end_ && !end_->ok())) {
+      end_ = grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+      queue_.clear();
+    }
+    Pump(lock);
+  }
+  void OnDeadline() override {
+    Abort(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                       fmt::format("watch stream open for {} ms (max_watch_ms); watch again",
+                                   lifetime_.count())));
+  }
+  void OnClose() override {
+    Abort(grpc::Status(grpc::StatusCode::UNAVAILABLE, "server shutting down; watch again"));
+  }
+  void OnWake() override {}
+  void OnCancel() override { Abort(grpc::Status(grpc::StatusCode::CANCELLED, "client went away")); }
+
+  void OnDone() override {
+    uint64_t watch, room;
+    {
+      std::lock_guard lock(mu_);
+      watch = watch_id_;
+      room = room_id_;
+    }
+    if (watch != 0) api_->Unwatch(watch);
+    if (room != 0) room_->Leave(room);
+    std::shared_ptr<WatchStream> last = std::move(self_);  // may delete this
+  }
+
+ private:
+  WatchStream(KforgeApi* api, WaitRoom* room, std::chrono::milliseconds lifetime)
+      : api_(api), room_(room), lifetime_(lifetime) {}
+
+  // The first update, the job's current state, goes before the events the
+  // engine sent meanwhile; when it ends the stream (the job is final), those
+  // are older and are dropped.
+  void Prime(std::optional<WatchUpdate> first) {
+    std::unique_lock lock(mu_);
+    primed_ = true;
+    if (first && !(end_ && !end_->ok())) {
+      if (first->end) {
+        queue_.clear();
+        end_ = ToGrpcStatus(*first->end);
+      }
+      if (first->event) queue_.push_front(Serialized(*first->event));
+    }
+    Pump(lock);
+  }
+
+  // An update from the engine's thread.
+  void Push(WatchUpdate u) {
+    std::unique_lock lock(mu_);
+    if (end_) return;  // ending, or the job was final already
+    if (u.event) {
+      queue_.push_back(Serialized(*u.event));
+      if (queue_.size() > kMaxQueued) queue_.pop_front();
+    }
+    if (u.end) end_ = ToGrpcStatus(*u.end);
+    Pump(lock);
+  }
+
+  // Ends the stream with `s` after the write in flight, dropping what is
+  // queued (the client watches again, or is gone).
+  void Abort(grpc::Status s) {
+    std::unique_lock lock(mu_);
+    if (finished_ || (end_ && !end_->ok())) return;
+    end_ = std::move(s);
+    queue_.clear();
+    Pump(lock);
+  }
+
+  // One write at a time; the finish once nothing is left to write.
+  void Pump(std::unique_lock<std::mutex>& lock) {
+    if (!primed_ || writing_ || finished_) return;
+    if (!queue_.empty()) {
+      in_flight_ = std::move(queue_.front());
+      queue_.pop_front();
+      writing_ = true;
+      lock.unlock();
+      StartWrite(&in_flight_);
+      return;
+    }
+    if (!end_) return;
+    finished_ = true;
+    grpc::Status s = *end_;
+    lock.unlock();
+    Finish(std::move(s));
+  }
+
+  KforgeApi* api_;
+  WaitRoom* room_;
+  const std::chrono::milliseconds lifetime_;
+
+  std::mutex mu_;
+  std::deque<grpc::ByteBuffer> queue_;  // guarded by mu_: serialized events not yet written
+  grpc::ByteBuffer in_flight_;          // guarded by mu_ while writing_ is false
+  bool primed_ = false;                 // guarded by mu_: the current state is queued
+  bool writing_ = false;                // guarded by mu_
+  std::optional<grpc::Status> end_;     // guarded by mu_: finish with this when written
+  bool finished_ = false;               // guarded by mu_
+  uint64_t watch_id_ = 0;               // guarded by mu_
+  uint64_t room_id_ = 0;                // guarded by mu_
+  std::shared_ptr<WatchStream> self_;   // until OnDone
+};
+
 // KernelService. GetKernel is the hot path: for a tuned bucket the
 // pre-serialized response goes out as a slice that borrows the cached bytes
 // (no copy, no serialization, no thread hand-off). The other unary methods
 // are raw callback methods too, for ParseRequest's errors and limits, run
-// on a fixed pool; the two streams stay synchronous.
+// on a fixed pool; so is WatchJob, a stream that holds no thread
+// (WatchStream). ExportKernels, a finite stream, stays synchronous.
 using KernelServiceBase = v1::KernelService::WithRawCallbackMethod_GetKernel<
     v1::KernelService::WithRawCallbackMethod_ListShapes<
         v1::KernelService::WithRawCallbackMethod_ListVariants<
@@ -170,13 +486,16 @@ using KernelServiceBase = v1::KernelService::WithRawCallbackMethod_GetKernel<
                     v1::KernelService::WithRawCallbackMethod_ListJobs<
                         v1::KernelService::WithRawCallbackMethod_CancelJob<
                             v1::KernelService::WithRawCallbackMethod_ListWorkers<
-                                v1::KernelService::Service>>>>>>>>;
+                                v1::KernelService::WithRawCallbackMethod_WatchJob<
+                                    v1::KernelService::Service>>>>>>>>>;
 
 class KernelServiceImpl final : public KernelServiceBase {
  public:
-  // `calls` must outlive this.
-  KernelServiceImpl(KforgeApi* api, const Authenticator* auth, CallPool* calls)
-      : api_(api), auth_(auth), calls_(calls), slow_(4) {}
+  // `calls` and `watches` must outlive this.
+  KernelServiceImpl(KforgeApi* api, const Authenticator* auth, CallPool* calls,
+                    WaitRoom* watches, std::chrono::milliseconds max_watch)
+      : api_(api), auth_(auth), calls_(calls), watches_(watches), max_watch_(max_watch),
+        slow_(4) {}
 
   grpc::ServerUnaryReactor* GetKernel(grpc::CallbackServerContext* ctx,
                                       const grpc::ByteBuffer* req,
@@ -260,13 +579,18 @@ class KernelServiceImpl final : public KernelServiceBase {
       });
     });
   }
-  grpc::Status WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,
-                        grpc::ServerWriter<v1::JobEvent>* writer) override {
-    return Run(ctx, [&] {
-      return api_->WatchJob(
-          *req, [&](const v1::JobEvent& ev) { return writer->Write(ev); },
-          [&] { return ctx->IsCancelled(); });
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* WatchJob(grpc::CallbackServerContext* ctx,
+                                                       const grpc::ByteBuffer* raw) override {
+    WatchStream* stream = WatchStream::Make(api_, watches_, max_watch_);
+    // ctx and raw stay valid until the stream's OnDone, which comes after
+    // its Finish, which comes after Begin.
+    calls_->Post([this, ctx, raw, self = stream->shared_from_this()] {
+      v1::WatchJobRequest req;
+      absl::Status s = auth_->Check(Role::kClient, AuthHeader(ctx));
+      if (s.ok()) s = ParseRaw(raw, kQueryBytes, &req);
+      self->Begin(s, req);
     });
+    return stream;
   }
 
  private:
@@ -286,23 +610,27 @@ class KernelServiceImpl final : public KernelServiceBase {
   KforgeApi* api_;             // must outlive this
   const Authenticator* auth_;  // must outlive this
   CallPool* calls_;            // must outlive this
+  WaitRoom* watches_;          // must outlive this
+  std::chrono::milliseconds max_watch_;
   CallPool slow_;              // last: joined first, while api_ is still alive
 };
 
-// WorkerService: Register, Heartbeat and ReportResult from their wire bytes
-// on the pool (a report's texts come from candidate code: a byte that is
-// not UTF-8 must be an answer naming the field, not a lost report);
-// LeaseTask, a long poll, stays synchronous.
+// WorkerService: every method from its wire bytes on the pool (a report's
+// texts come from candidate code: a byte that is not UTF-8 must be an
+// answer naming the field, not a lost report); LeaseTask, a long poll,
+// waits without a thread (LeasePoll).
 using WorkerServiceBase = v1::WorkerService::WithRawCallbackMethod_Register<
     v1::WorkerService::WithRawCallbackMethod_Heartbeat<
-        v1::WorkerService::WithRawCallbackMethod_ReportResult<v1::WorkerService::Service>>>;
+        v1::WorkerService::WithRawCallbackMethod_ReportResult<
+            v1::WorkerService::WithRawCallbackMethod_LeaseTask<v1::WorkerService::Service>>>>;
 
 class WorkerServiceImpl final : public WorkerServiceBase {
  public:
-  // `calls` must outlive this.
-  WorkerServiceImpl(KforgeApi* api, const Authenticator* auth, CallPool* calls,
+  // `calls` and `polls` must outlive this.
+  WorkerServiceImpl(KforgeApi* api, const Authenticator* auth, CallPool* calls, WaitRoom* polls,
                     size_t max_report_bytes)
-      : api_(api), auth_(auth), calls_(calls), max_report_bytes_(max_report_bytes) {}
+      : api_(api), auth_(auth), calls_(calls), polls_(polls),
+        max_report_bytes_(max_report_bytes) {}
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
                                      const grpc::ByteBuffer* req,
@@ -339,12 +667,19 @@ class WorkerServiceImpl final : public WorkerServiceBase {
           return api_->ReportResult(caller, r, out);
         });
   }
-  grpc::Status LeaseTask(grpc::ServerContext* ctx, const v1::LeaseTaskRequest* req,
-                         v1::LeaseTaskResponse* resp) override {
-    absl::StatusOr<std::string> caller = Caller(ctx);
-    if (!caller.ok()) return ToGrpcStatus(caller.status());
-    return ToGrpcStatus(
-        api_->LeaseTask(*caller, *req, resp, [&] { return ctx->IsCancelled(); }));
+  grpc::ServerUnaryReactor* LeaseTask(grpc::CallbackServerContext* ctx,
+                                      const grpc::ByteBuffer* raw,
+                                      grpc::ByteBuffer* resp) override {
+    LeasePoll* poll = LeasePoll::Make(api_, calls_, polls_, resp);
+    // ctx, raw and resp stay valid until the poll's OnDone.
+    calls_->Post([this, ctx, raw, self = poll->shared_from_this()] {
+      v1::LeaseTaskRequest req;
+      absl::StatusOr<std::string> caller = Caller(ctx);
+      absl::Status s = caller.status();
+      if (s.ok()) s = ParseRaw(raw, kQueryBytes, &req);
+      self->Begin(s, s.ok() ? *std::move(caller) : std::string(), std::move(req));
+    });
+    return poll;
   }
 
  private:
@@ -374,6 +709,7 @@ class WorkerServiceImpl final : public WorkerServiceBase {
   KforgeApi* api_;             // must outlive this
   const Authenticator* auth_;  // must outlive this
   CallPool* calls_;            // must outlive this
+  WaitRoom* polls_;            // must outlive this
   size_t max_report_bytes_;
 };
 
@@ -517,16 +853,26 @@ class Server::Impl {
         api_(store, &cache_, &engine_, ApiOptionsOf(options_)),
         auth_(options_.client_tokens, WorkerCredentialsOf(options_), options_.insecure_no_auth),
         calls_(kCallThreads),
-        kernel_service_(&api_, &auth_, &calls_),
-        worker_service_(&api_, &auth_, &calls_,
+        polls_("LeaseTask long polls", "max_open_lease_polls", options_.max_open_lease_polls),
+        watches_("WatchJob streams", "max_open_watch_streams", options_.max_open_watch_streams),
+        kernel_service_(&api_, &auth_, &calls_, &watches_,
+                        std::chrono::milliseconds(options_.max_watch_ms)),
+        worker_service_(&api_, &auth_, &calls_, &polls_,
                         static_cast<size_t>(options_.max_receive_message_bytes)) {}
 
-  // Reported texts are scrubbed of every token the server holds.
-  static ApiOptions ApiOptionsOf(const ServerOptions& o) {
+  // Reported texts are scrubbed of every token the server holds. New tasks
+  // wake the long polls.
+  ApiOptions ApiOptionsOf(const ServerOptions& o) {
     ApiOptions api = o.api;
     api.secrets.insert(api.secrets.end(), o.client_tokens.begin(), o.client_tokens.end());
     for (const WorkerCredential& c : WorkerCredentialsOf(o)) api.secrets.push_back(c.token);
     api.metrics = o.metrics;
+    // polls_ is built after the api; the api calls this only once serving.
+    auto user = api.on_tasks;
+    api.on_tasks = [this, user] {
+      polls_.WakeAll();
+      if (user) user();
+    };
     return api;
   }
 
@@ -615,11 +961,20 @@ class Server::Impl {
       health->SetServingStatus("kforge.v1.WorkerService", false);
     }
     api_.BeginShutdown();
+    // Waiting calls end now (long polls empty, watches UNAVAILABLE), and new
+    // ones are answered so at once.
+    polls_.Close();
+    watches_.Close();
     if (options_.shutdown_grace_ms > 0)
       std::this_thread::sleep_for(std::chrono::milliseconds(options_.shutdown_grace_ms));
     if (server_)
       server_->Shutdown(std::chrono::system_clock::now() +
                         std::chrono::milliseconds(options_.drain_timeout_ms));
+    // Every waiting call is done (its OnDone ran) before what it uses goes.
+    if (!polls_.WaitEmpty(std::chrono::milliseconds(options_.drain_timeout_ms)) ||
+        !watches_.WaitEmpty(std::chrono::milliseconds(options_.drain_timeout_ms)))
+      spdlog::warn("shutdown: {} long poll(s) and {} watch stream(s) still open after the drain",
+                   polls_.open(), watches_.open());
     calls_.Drain();
     engine_.Stop();
     {
@@ -645,6 +1000,7 @@ class Server::Impl {
   std::string address_;
   KforgeApi& api() { return api_; }
   JobEngine& engine() { return engine_; }
+  Server::Waiting waiting() const { return {polls_.open(), watches_.open()}; }
 
  private:
   ServerOptions options_;
@@ -656,6 +1012,11 @@ class Server::Impl {
   // still exists, so every call it runs finishes on a live server.
   static constexpr int kCallThreads = 16;
   CallPool calls_;
+  // Calls that wait without a thread; after calls_ (their attempts run
+  // there) and before the services and the gRPC server, so they outlive
+  // every call.
+  WaitRoom polls_;
+  WaitRoom watches_;
   KernelServiceImpl kernel_service_;
   WorkerServiceImpl worker_service_;
   std::unique_ptr<grpc::Server> server_;
@@ -689,5 +1050,6 @@ void Server::Shutdown() { impl_->Shutdown(); }
 void Server::Wait() { impl_->Wait(); }
 KforgeApi& Server::api() { return impl_->api(); }
 JobEngine& Server::engine() { return impl_->engine(); }
+Server::Waiting Server::waiting() const { return impl_->waiting(); }
 
 }  // namespace kforge::server

@@ -3,7 +3,7 @@
 // grpc.health.v1 health service and server reflection, plus the lease reaper.
 //
 // Shutdown order (Shutdown()): health NOT_SERVING for every service; long
-// polls and watch streams are told to end; after `shutdown_grace_ms` (time
+// polls end (empty) and watch streams end (UNAVAILABLE); after `shutdown_grace_ms` (time
 // for load balancers to notice) the listener closes and in-flight calls get
 // `drain_timeout_ms` to finish before they are cancelled; then the job
 // engine and the reaper stop. The store is the caller's and stays open.
@@ -42,6 +42,13 @@ struct ServerOptions {
   int shutdown_grace_ms = 0;
   int drain_timeout_ms = 10000;
   int max_receive_message_bytes = 64 << 20;  // cubins come with results
+  // Calls that wait hold no thread (server.cc), but each costs memory and a
+  // wake-up: past these many open at once a new one is RESOURCE_EXHAUSTED.
+  int max_open_lease_polls = 1024;
+  int max_open_watch_streams = 1024;
+  // A WatchJob stream ends after this long with UNAVAILABLE ("watch
+  // again"); the client watches again and gets the current state first.
+  int64_t max_watch_ms = 15 * 60 * 1000;
   JobEngineOptions engine;
   // Counts every RPC (method, code, latency) and what the api records; may
   // be null. Must outlive the server.
@@ -67,6 +74,13 @@ class Server {
   // For read-only operator views (server/http/): valid while the server is.
   KforgeApi& api();
   JobEngine& engine();
+  // Calls waiting now, against max_open_lease_polls and
+  // max_open_watch_streams.
+  struct Waiting {
+    int lease_polls = 0;
+    int watch_streams = 0;
+  };
+  Waiting waiting() const;
 
   class Impl;
 
