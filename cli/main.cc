@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -25,6 +26,7 @@
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -438,21 +440,37 @@ void ProgressLine(const v1::Job& job, const std::string& event, bool tty) {
 int Watch(Client& c, const Globals& g, const std::string& id) {
   v1::WatchJobRequest req;
   req.set_job_id(id);
-  auto ctx = c.Ctx(0);  // a watch lasts as long as the job
-  auto reader = c.stub().WatchJob(ctx.get(), req);
   v1::JobEvent ev;
   v1::Job last;
   const bool tty = isatty(STDOUT_FILENO) && !g.json;
-  while (reader->Read(&ev)) {
-    last = ev.job();
-    if (g.json) {
-      fmt::print("{}\n", ToJson(ev, -1));
-      std::fflush(stdout);
-    } else {
-      ProgressLine(ev.job(), ev.message(), tty);
+  // The server ends a watch with UNAVAILABLE ("watch again") after its
+  // max_watch_ms and when it shuts down, as a lost connection does: watch
+  // again (each watch starts with the job's current state), giving up after
+  // about 50 s without an event.
+  constexpr int kMaxQuietRetries = 15;
+  for (int quiet = 0;;) {
+    auto ctx = c.Ctx(0);  // a watch lasts as long as the job, or the server's max_watch_ms
+    auto reader = c.stub().WatchJob(ctx.get(), req);
+    while (reader->Read(&ev)) {
+      quiet = 0;
+      last = ev.job();
+      if (g.json) {
+        fmt::print("{}\n", ToJson(ev, -1));
+        std::fflush(stdout);
+      } else {
+        ProgressLine(ev.job(), ev.message(), tty);
+      }
     }
+    const grpc::Status s = reader->Finish();
+    if (s.error_code() == grpc::StatusCode::UNAVAILABLE && quiet < kMaxQuietRetries) {
+      const int pause_ms = std::min(4000, 250 << std::min(quiet, 4));
+      ++quiet;
+      std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
+      continue;
+    }
+    c.Check(s, "watching the job");
+    break;
   }
-  c.Check(reader->Finish(), "watching the job");
   if (tty) fmt::print("\n");
   if (!g.json) PrintJob(last);
   return last.state() == v1::JOB_STATE_SUCCEEDED ? 0 : 1;
