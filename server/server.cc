@@ -228,6 +228,19 @@ class LeasePoll final : public grpc::ServerUnaryReactor,
   // On the pool, with attempting_ set.
   void Attempt() {
     for (;;) {
+      {
+        // Cancelled (or shut down) before this attempt: lease nothing for a
+        // call that is going away.
+        std::unique_lock lock(mu_);
+        if (ended_) {
+          attempting_ = false;
+          const grpc::Status s = *ended_;
+          lock.unlock();
+          v1::LeaseTaskResponse empty;
+          Answer(s, &empty);
+          return;
+        }
+      }
       const uint64_t wakes = room_->wakes();
       v1::LeaseTaskResponse resp;
       absl::Status s = api_->LeaseTask(caller_, req_, &resp);
