@@ -21,10 +21,11 @@ namespace kforge {
 namespace {
 
 // Knobs that do not change the code's structure (launch-bounds residency,
-// the packed-tile path) are varied one at a time around the defaults instead
+// the packed-tile path, fwd_stream's bulk copies: its own test below covers
+// them) are varied one at a time around the defaults instead
 // of multiplied into the product, which keeps the suite near 200 compiles.
 bool Secondary(const std::string& knob) {
-  return knob == "MIN_BLOCKS" || knob == "PACK" || knob == "ORDER";
+  return knob == "MIN_BLOCKS" || knob == "PACK" || knob == "ORDER" || knob == "BULK";
 }
 
 // Every combination of a template's primary knob values (valid or not), with
@@ -147,6 +148,39 @@ TEST_P(TemplatesCompile, DefaultKnobsDoNotSpill) {
     EXPECT_EQ(r.spill_stores, 0) << arch << " d" << d << "\n" << r.log;
     EXPECT_EQ(r.spill_loads, 0) << arch << " d" << d << "\n" << r.log;
   }
+}
+
+// fwd_stream's served settings for long queries over short keys (one key
+// block of 16, 32 or 64 holds the keys) compile without spills at both head
+// dims, and so do their bulk-copy forms (BULK=1) where the arch has them.
+TEST_P(TemplatesCompile, FwdStreamServedSettingsDoNotSpill) {
+  const std::string arch = GetParam();
+  std::vector<std::pair<std::string, std::string>> jobs;  // (setting, source)
+  for (int d : {64, 128}) {
+    for (int64_t keys : {16, 32, 64}) {
+      ShapeKey s{.head_dim = d, .heads = 4, .kv_heads = 4, .cross = true, .arch = arch,
+                 .batch = 512, .max_len_q = 2048, .total_q = 512 * 1536, .max_len_k = keys,
+                 .total_k = 512 * keys / 2};
+      for (int bulk : {0, 1}) {
+        auto knobs = DefaultKnobs("fwd_stream", s);
+        knobs["BULK"] = bulk;
+        auto v = Instantiate("fwd_stream", knobs, d);
+        ASSERT_TRUE(v.ok()) << v.status();
+        if (!CheckVariant(v->source, v->manifest, arch, s).ok()) continue;  // BULK before sm_90
+        jobs.emplace_back(Describe(v->knobs, d), v->source);
+      }
+    }
+  }
+  ASSERT_FALSE(jobs.empty());
+  std::vector<std::string> sources;
+  for (const auto& job : jobs) sources.push_back(job.second);
+  CompileEach(sources, arch, [&](size_t i, const testing::CompileReport& r) {
+    const std::string& what = jobs[i].first;
+    ASSERT_TRUE(r.ok) << arch << " " << what << "\n" << r.log;
+    EXPECT_EQ(r.spill_stores, 0) << arch << " " << what << "\n" << r.log;
+    EXPECT_EQ(r.spill_loads, 0) << arch << " " << what << "\n" << r.log;
+    std::printf("%-8s fwd_stream %-60s regs=%3d\n", arch.c_str(), what.c_str(), r.registers);
+  });
 }
 
 // The Hopper backward's default settings (kernels/notes/bwd.md, bwd_sm90 v1)
