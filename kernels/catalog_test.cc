@@ -179,21 +179,6 @@ TEST(CatalogTest, TheStreamingKernelIsNotServedWhereKeysFillBlocks) {
   EXPECT_NE(DefaultVariant(few_queries)->template_name, "fwd_stream");
 }
 
-TEST(CatalogTest, StreamingBulkCopiesNeedSm90) {
-  auto v = Instantiate("fwd_stream", {{"BULK", 1}}, 128);
-  ASSERT_TRUE(v.ok()) << v.status();
-  const ShapeKey s = LongQueriesShortKeys("sm_80", 16);
-  EXPECT_FALSE(CheckVariant(v->source, v->manifest, "sm_80", s).ok());
-  for (const char* arch : {"sm_90a", "sm_100a"}) {
-    EXPECT_TRUE(CheckVariant(v->source, v->manifest, arch, LongQueriesShortKeys(arch, 16)).ok())
-        << arch;
-  }
-  // The portable form runs everywhere the template does.
-  v = Instantiate("fwd_stream", {{"BULK", 0}}, 128);
-  ASSERT_TRUE(v.ok()) << v.status();
-  EXPECT_TRUE(CheckVariant(v->source, v->manifest, "sm_80", s).ok());
-}
-
 TEST(CatalogTest, StreamingSettingsThatCannotWorkAreRejectedWithReason) {
   auto s = ValidateKnobs("fwd_stream", {{"BLOCK_M", 128}, {"BLOCK_N", 64}, {"STAGES", 4}}, 128);
   ASSERT_FALSE(s.ok());

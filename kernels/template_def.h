@@ -5,8 +5,7 @@
 //   kernels/templates/fwd_mma.cc   -> templates::FwdMmaTemplate()   (always)
 //   kernels/templates/bwd_mma.cc   -> templates::BwdMmaTemplate()   (always)
 //   kernels/templates/fwd_stream.cc -> templates::FwdStreamTemplate() (always;
-//       mma_common.cuh + fwd_stream.cuh, and with BULK=1 the Hopper parts'
-//       sm90/ptx.cuh for its mbarrier primitives)
+//       mma_common.cuh + fwd_stream.cuh)
 // The two portable templates share their PTX helpers through
 // templates/mma_common.cuh, which their build() prepends to the source.
 //   kernels/templates/fwd_sm90.cc  -> templates::FwdSm90Template()  (embeds

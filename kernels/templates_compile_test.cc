@@ -21,11 +21,10 @@ namespace kforge {
 namespace {
 
 // Knobs that do not change the code's structure (launch-bounds residency,
-// the packed-tile path, fwd_stream's bulk copies: its own test below covers
-// them) are varied one at a time around the defaults instead
+// the packed-tile path) are varied one at a time around the defaults instead
 // of multiplied into the product, which keeps the suite near 200 compiles.
 bool Secondary(const std::string& knob) {
-  return knob == "MIN_BLOCKS" || knob == "PACK" || knob == "ORDER" || knob == "BULK";
+  return knob == "MIN_BLOCKS" || knob == "PACK" || knob == "ORDER";
 }
 
 // Every combination of a template's primary knob values (valid or not), with
@@ -152,7 +151,7 @@ TEST_P(TemplatesCompile, DefaultKnobsDoNotSpill) {
 
 // fwd_stream's served settings for long queries over short keys (one key
 // block of 16, 32 or 64 holds the keys) compile without spills at both head
-// dims, and so do their bulk-copy forms (BULK=1) where the arch has them.
+// dims.
 TEST_P(TemplatesCompile, FwdStreamServedSettingsDoNotSpill) {
   const std::string arch = GetParam();
   std::vector<std::pair<std::string, std::string>> jobs;  // (setting, source)
@@ -161,14 +160,10 @@ TEST_P(TemplatesCompile, FwdStreamServedSettingsDoNotSpill) {
       ShapeKey s{.head_dim = d, .heads = 4, .kv_heads = 4, .cross = true, .arch = arch,
                  .batch = 512, .max_len_q = 2048, .total_q = 512 * 1536, .max_len_k = keys,
                  .total_k = 512 * keys / 2};
-      for (int bulk : {0, 1}) {
-        auto knobs = DefaultKnobs("fwd_stream", s);
-        knobs["BULK"] = bulk;
-        auto v = Instantiate("fwd_stream", knobs, d);
-        ASSERT_TRUE(v.ok()) << v.status();
-        if (!CheckVariant(v->source, v->manifest, arch, s).ok()) continue;  // BULK before sm_90
-        jobs.emplace_back(Describe(v->knobs, d), v->source);
-      }
+      auto v = Instantiate("fwd_stream", DefaultKnobs("fwd_stream", s), d);
+      ASSERT_TRUE(v.ok()) << v.status();
+      ASSERT_TRUE(CheckVariant(v->source, v->manifest, arch, s).ok()) << Describe(v->knobs, d);
+      jobs.emplace_back(Describe(v->knobs, d), v->source);
     }
   }
   ASSERT_FALSE(jobs.empty());

@@ -8,7 +8,6 @@
 namespace kforge::embedded {
 extern const char fwd_stream_cuh[];
 extern const char mma_common_cuh[];
-extern const char sm90_ptx_cuh[];
 }  // namespace kforge::embedded
 
 namespace kforge::templates {
@@ -17,10 +16,9 @@ namespace {
 int Knob(const std::map<std::string, int>& k, const char* name) { return k.at(name); }
 
 // Must match the stage layout at the top of fwd_stream.cuh: per stage the Q
-// tile (rows padded by 16 bytes with BULK) and one key block of K and of V.
+// tile and one key block of K and of V.
 int SmemBytes(const std::map<std::string, int>& k, int d) {
-  const int q_row = d * 2 + (Knob(k, "BULK") ? 16 : 0);
-  const int stage = Knob(k, "BLOCK_M") * q_row + 2 * Knob(k, "BLOCK_N") * d * 2;
+  const int stage = (Knob(k, "BLOCK_M") + 2 * Knob(k, "BLOCK_N")) * d * 2;
   return Knob(k, "STAGES") * stage;
 }
 
@@ -44,19 +42,17 @@ TemplateDef FwdStreamTemplate() {
       {"BLOCK_N", {16, 32, 64}, 16},    // keys per block; a stage holds one block
       {"STAGES", {2, 3, 4}, 3},         // query tiles per CTA: one computing, the rest loading
       {"MIN_BLOCKS", {1, 2, 3, 4}, 1},  // __launch_bounds__ residency
-      {"BULK", {0, 1}, 0},              // sm_90+: Q in and O out by cp.async.bulk
   };
   def.info.description =
       "Query-streaming forward for long queries over short keys, on mma.sync m16n8k16 bf16: a "
-      "persistent CTA keeps STAGES query tiles (with their key block) in flight by cp.async, or "
-      "(BULK, sm_90+) 1-D bulk copies on mbarriers with bulk O stores; memory-bound shapes";
+      "persistent CTA (static stride over the tiles) keeps STAGES query tiles, each with its key "
+      "block, loading by cp.async while it computes one; memory-bound shapes";
   def.validate = [](const std::map<std::string, int>& k, int d) -> absl::Status {
     if (SmemBytes(k, d) > 232448) {
       return absl::InvalidArgumentError(fmt::format(
-          "fwd_stream: {} B of shared memory (BLOCK_M={}, BLOCK_N={}, STAGES={}, BULK={}, "
-          "head_dim={}) exceeds every arch's 232448 B limit",
-          SmemBytes(k, d), Knob(k, "BLOCK_M"), Knob(k, "BLOCK_N"), Knob(k, "STAGES"),
-          Knob(k, "BULK"), d));
+          "fwd_stream: {} B of shared memory (BLOCK_M={}, BLOCK_N={}, STAGES={}, head_dim={}) "
+          "exceeds every arch's 232448 B limit",
+          SmemBytes(k, d), Knob(k, "BLOCK_M"), Knob(k, "BLOCK_N"), Knob(k, "STAGES"), d));
     }
     const int threads = 2 * Knob(k, "BLOCK_M");
     if (Knob(k, "MIN_BLOCKS") * threads > 512) {
@@ -71,12 +67,8 @@ TemplateDef FwdStreamTemplate() {
   };
   def.build = [archs = def.info.archs](const std::map<std::string, int>& k,
                                        int d) -> absl::StatusOr<Variant> {
-    const bool bulk = Knob(k, "BULK") == 1;
     Variant v;
-    // The bulk path waits on mbarriers with the Hopper parts' primitives.
-    v.source = KnobPrelude(k, d) + embedded::mma_common_cuh +
-               (bulk ? std::string(embedded::sm90_ptx_cuh) : std::string()) +
-               embedded::fwd_stream_cuh;
+    v.source = KnobPrelude(k, d) + embedded::mma_common_cuh + embedded::fwd_stream_cuh;
     Manifest& m = v.manifest;
     m.entry_point = "kf_attn_fwd";
     m.threads = 2 * Knob(k, "BLOCK_M");
@@ -84,13 +76,8 @@ TemplateDef FwdStreamTemplate() {
     m.grid = GridPolicy::kPersistent;  // static stride over the list: the counter is unused
     m.tile_m = Knob(k, "BLOCK_M");
     m.tile_n = Knob(k, "BLOCK_N");
-    if (bulk) {
-      m.archs = {"sm_90", "sm_90a", "sm_100", "sm_100a"};
-      m.features = {"cp_async", "mma_sync", "ldmatrix", "tma", "mbarrier_tx"};
-    } else {
-      m.archs = archs;
-      m.features = {"cp_async", "mma_sync", "ldmatrix"};
-    }
+    m.archs = archs;
+    m.features = {"cp_async", "mma_sync", "ldmatrix"};
     m.head_dims = {d};
     m.ops = {"fwd"};
     m.causal = m.noncausal = m.gqa = true;
@@ -104,7 +91,7 @@ TemplateDef FwdStreamTemplate() {
     // computes: 96 KB of Q in flight per SM. MIN_BLOCKS=3 holds sm_100a's
     // ptxas to 168 registers (222 uncapped), where sm_80 and sm_90a use ~150.
     std::map<std::string, int> k = {{"BLOCK_M", 64}, {"BLOCK_N", 16}, {"STAGES", 3},
-                                    {"MIN_BLOCKS", 3}, {"BULK", 0}};
+                                    {"MIN_BLOCKS", 3}};
     // One key block per tile is the fast path: the smallest block that holds
     // the longest key sequence. Bigger blocks make bigger stages (two CTAs
     // per SM) and more registers (MIN_BLOCKS=3's 168 spill at D=128).

@@ -1,5 +1,5 @@
 // kforge "fwd_stream": jagged attention forward for long query sequences over
-// short key sequences (sm_80 and later; KF_BULK = 1: sm_90 and later).
+// short key sequences (sm_80 and later).
 //
 // With a few keys per sequence (cross attention of 1-2k queries over 1-16
 // keys, say) a query row costs a few hundred FLOPs against 512 bytes of Q in
@@ -23,16 +23,11 @@
 //     keys (fwd_mma and fwd_sm90 own the rest);
 //   * the epilogue stages normalised O in the warp's own Q rows and writes
 //     whole 256-byte rows (D = 128) with 16-byte stores.
-// KF_BULK = 1 (sm_90 and later): one warp moves the tile's Q rows with 1-D
-// cp.async.bulk copies completing on the stage's mbarrier, and each warp
-// writes its O rows back with cp.async.bulk stores, so the streaming bytes
-// cost one instruction per row instead of one per 16 bytes and per thread.
-// A 1-D bulk copy cannot swizzle, so Q rows are then padded by 16 bytes
-// (row stride D*2 + 16 keeps ldmatrix free of bank conflicts). K and V stay
-// on cp.async, which zero-fills the rows past the keys (P V needs finite V).
+// (Q in and O out by 1-D cp.async.bulk on sm_90 ran at half the speed of
+// this cp.async form on the H200: kernels/notes/stream.md.)
 // Knobs arrive as #defines prepended by the catalog: KF_BLOCK_M (16 rows per
 // warp), KF_BLOCK_N, KF_STAGES, KF_MIN_BLOCKS (__launch_bounds__ residency),
-// KF_BULK, KF_HEAD_DIM.
+// KF_HEAD_DIM.
 #include "kforge/attn_params.h"
 
 #ifndef KF_HEAD_DIM
@@ -49,9 +44,6 @@
 #endif
 #ifndef KF_MIN_BLOCKS
 #define KF_MIN_BLOCKS 1
-#endif
-#ifndef KF_BULK
-#define KF_BULK 0
 #endif
 
 namespace kfs {
@@ -70,10 +62,8 @@ static_assert(kD % 64 == 0, "head dim must be a multiple of 64 (swizzle over 8 c
 static_assert(kBN % 16 == 0, "BLOCK_N must be a multiple of 16");
 static_assert(kStages >= 2, "a stage computes while the others load");
 
-// One stage: the Q tile, then K and V of one key block. Q rows are swizzled
-// like K and V, or (KF_BULK) padded by one chunk.
-constexpr int kQRow = KF_BULK ? kRowBytes + 16 : kRowBytes;
-constexpr int kQBytes = kBM * kQRow;
+// One stage: the Q tile, then K and V of one key block, all swizzled alike.
+constexpr int kQBytes = kBM * kRowBytes;
 constexpr int kKVBytes = kBN * kRowBytes;
 constexpr int kStageBytes = kQBytes + 2 * kKVBytes;
 constexpr int kSmemBytes = kStages * kStageBytes;
@@ -82,17 +72,10 @@ static_assert(kSmemBytes <= 232448, "shared memory over every arch limit");
 
 __device__ __forceinline__ float neg_inf() { return -__int_as_float(0x7f800000); }
 
-// Byte offset of 16-byte chunk c of row r in a K or V tile (XOR swizzle).
-__device__ __forceinline__ unsigned kv_off(int r, int c) {
+// Byte offset of 16-byte chunk c of row r in a Q, K or V tile (XOR swizzle:
+// ldmatrix and cp.async free of bank conflicts).
+__device__ __forceinline__ unsigned swz(int r, int c) {
   return (unsigned)(r * kRowBytes + ((c ^ (r & 7)) << 4));
-}
-// ... and in the Q tile (which also stages O).
-__device__ __forceinline__ unsigned q_off(int r, int c) {
-#if KF_BULK
-  return (unsigned)(r * kQRow + (c << 4));
-#else
-  return kv_off(r, c);
-#endif
 }
 
 __device__ __forceinline__ float lg2(float x) {
@@ -109,35 +92,6 @@ __device__ __forceinline__ float quad_sum(float v) {
   return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
-#if KF_BULK
-// 1-D bulk copies (sm_90+): global -> shared completing on an mbarrier, and
-// shared -> global in this thread's bulk group.
-__device__ __forceinline__ void bulk_load(unsigned dst, const void* src, unsigned bytes,
-                                          unsigned bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-      ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
-}
-__device__ __forceinline__ void bulk_store(void* dst, unsigned src, unsigned bytes) {
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n"
-               ::"l"(dst), "r"(src), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void bulk_commit() {
-  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-}
-// This thread's bulk stores have read their shared memory (it may be rewritten).
-__device__ __forceinline__ void bulk_wait_read() {
-  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-}
-__device__ __forceinline__ void bulk_wait_all() {
-  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-}
-__device__ __forceinline__ void expect_bytes(unsigned bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-               ::"r"(bar), "r"(bytes) : "memory");
-}
-#endif
-
 // Rows [0, kRows) of a K or V block whose row r is at base + r * stride
 // (elements), into swizzled shared memory; rows >= valid are zero-filled.
 template <int kRows>
@@ -148,7 +102,7 @@ __device__ __forceinline__ void copy_kv(unsigned dst, const unsigned short* base
     const int r = i / kChunks;
     const int c = i % kChunks;
     const bool ok = r < valid;
-    cp_async16(dst + kv_off(r, c), ok ? base + r * stride + c * 8 : base, ok);
+    cp_async16(dst + swz(r, c), ok ? base + r * stride + c * 8 : base, ok);
   }
 }
 
@@ -242,26 +196,16 @@ __device__ __forceinline__ void issue_kv(const KfAttnParams& p, const Geom& g, i
 // Starts every load of a tile into its stage: Q, and the first key block
 // it visits (the highest: the one that may need the tail or causal mask).
 __device__ __forceinline__ void issue_tile(const KfAttnParams& p, const Geom& g, StageAddr st,
-                                           unsigned bar, int tid) {
+                                           int tid) {
   const long long q_stride = (long long)p.heads * kD;
   const unsigned short* qg = (const unsigned short*)p.q + ((long long)g.q_row * p.heads + g.h) * kD;
-#if KF_BULK
-  if (tid < 32 && g.rows > 0) {
-    if (tid == 0) expect_bytes(bar, (unsigned)(g.rows * kRowBytes));
-    for (int r = tid; r < g.rows; r += 32) {
-      bulk_load(st.q + r * kQRow, qg + r * q_stride, kRowBytes, bar);
-    }
-  }
-#else
-  (void)bar;
 #pragma unroll
   for (int i = tid; i < kBM * kChunks; i += kThreads) {
     const int r = i / kChunks;
     const int c = i % kChunks;
     const bool ok = r < g.rows;
-    cp_async16(st.q + q_off(r, c), ok ? qg + r * q_stride + c * 8 : qg, ok);
+    cp_async16(st.q + swz(r, c), ok ? qg + r * q_stride + c * 8 : qg, ok);
   }
-#endif
   if (g.n_blocks > 0) issue_kv(p, g, g.n_blocks - 1, st, tid);
 }
 
@@ -288,11 +232,11 @@ __device__ __forceinline__ void attend_block(const KfAttnParams& p, const Geom& 
 #pragma unroll 4
   for (int kk = 0; kk < kD / 16; ++kk) {
     unsigned a[4];
-    ldsm_x4(st.q + q_off(warp * 16 + (lane & 15), 2 * kk + (lane >> 4)), a[0], a[1], a[2], a[3]);
+    ldsm_x4(st.q + swz(warp * 16 + (lane & 15), 2 * kk + (lane >> 4)), a[0], a[1], a[2], a[3]);
 #pragma unroll
     for (int j = 0; j < kBN / 8; j += 2) {
       unsigned b0, b1, b2, b3;
-      ldsm_x4(st.k + kv_off(j * 8 + (lane & 7) + ((lane >> 4) << 3), 2 * kk + ((lane >> 3) & 1)),
+      ldsm_x4(st.k + swz(j * 8 + (lane & 7) + ((lane >> 4) << 3), 2 * kk + ((lane >> 3) & 1)),
               b0, b1, b2, b3);
       mma(s[j], a, b0, b1);
       mma(s[j + 1], a, b2, b3);
@@ -352,7 +296,7 @@ __device__ __forceinline__ void attend_block(const KfAttnParams& p, const Geom& 
 #pragma unroll
     for (int j = 0; j < kD / 8; j += 2) {
       unsigned b0, b1, b2, b3;
-      ldsm_x4_t(st.v + kv_off(kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), j + (lane >> 4)),
+      ldsm_x4_t(st.v + swz(kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), j + (lane >> 4)),
                 b0, b1, b2, b3);
       mma(rs.acc[j], a, b0, b1);
       mma(rs.acc[j + 1], a, b2, b3);
@@ -387,32 +331,21 @@ __device__ __forceinline__ void store_rows(const KfAttnParams& p, const Geom& g,
   for (int j = 0; j < kD / 8; ++j) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      *(unsigned*)(sq + q_off(warp * 16 + gr + 8 * r, j) + tq * 4) =
+      *(unsigned*)(sq + swz(warp * 16 + gr + 8 * r, j) + tq * 4) =
           pack_bf16(rs.acc[j][2 * r] * inv[r], rs.acc[j][2 * r + 1] * inv[r]);
     }
   }
   const long long q_stride = (long long)p.heads * kD;
   unsigned short* og = (unsigned short*)p.o + ((long long)g.q_row * p.heads + g.h) * kD;
-#if KF_BULK
-  // The generic-proxy stores above, before the bulk copies (async proxy) read them.
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-  __syncwarp();
-  const int row = warp * 16 + lane;
-  if (lane < 16 && row < g.rows) {
-    bulk_store(og + row * q_stride, st.q + row * kQRow, kRowBytes);
-    bulk_commit();
-  }
-#else
   __syncwarp();
 #pragma unroll
   for (int i = lane; i < 16 * kChunks; i += 32) {
     const int row = warp * 16 + i / kChunks;
     const int c = i % kChunks;
     if (row < g.rows) {
-      *(uint4*)(og + row * q_stride + c * 8) = *(const uint4*)(sq + q_off(row, c));
+      *(uint4*)(og + row * q_stride + c * 8) = *(const uint4*)(sq + swz(row, c));
     }
   }
-#endif
 }
 
 // One tile, its first key block already in its stage: the rest of its key
@@ -450,27 +383,9 @@ extern "C" __global__ void __launch_bounds__(kfs::kThreads, KF_MIN_BLOCKS)
   // 0 when the stage's loads are issued, read after the barrier that precedes
   // the compute; rewritten only after the next top-of-loop barrier).
   __shared__ Geom stage_tile[kStages];
-#if KF_BULK
-  __shared__ __align__(8) unsigned long long q_full[kStages];  // Q bytes of the stage landed
-#endif
   const int tid = threadIdx.x;
   if ((int)blockIdx.x >= p.num_tiles) return;
   const unsigned base = smem_u32(smem);
-  auto bar = [&](int s) -> unsigned {
-#if KF_BULK
-    return smem_u32(&q_full[s]);
-#else
-    (void)s;
-    return 0u;
-#endif
-  };
-#if KF_BULK
-  if (tid == 0) {
-    for (int s = 0; s < kStages; ++s) kfh::mbar_init(bar(s), 1);
-    kfh::mbar_fence_init();
-  }
-  __syncthreads();
-#endif
 
   TileFeed feed;
   feed.start(p);
@@ -478,7 +393,7 @@ extern "C" __global__ void __launch_bounds__(kfs::kThreads, KF_MIN_BLOCKS)
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     const Geom g = feed.take(p);
-    if (g.valid) issue_tile(p, g, stage_addr(base, s), bar(s), tid);
+    if (g.valid) issue_tile(p, g, stage_addr(base, s), tid);
     if (tid == 0) stage_tile[s] = g;
     cp_commit();
   }
@@ -486,13 +401,10 @@ extern "C" __global__ void __launch_bounds__(kfs::kThreads, KF_MIN_BLOCKS)
   for (int i = 0;; ++i) {
     const int s = i % kStages;
     const int refill = (i + kStages - 1) % kStages;  // the stage tile i - 1 used
-#if KF_BULK
-    bulk_wait_read();  // this thread's O stores of tile i - 1 have left the stage
-#endif
     __syncthreads();  // every warp is done with stage `refill`
     {
       const Geom g = feed.take(p);
-      if (g.valid) issue_tile(p, g, stage_addr(base, refill), bar(refill), tid);
+      if (g.valid) issue_tile(p, g, stage_addr(base, refill), tid);
       if (tid == 0) stage_tile[refill] = g;
       cp_commit();  // empty past the last tile: the group count stays one per tile
     }
@@ -500,13 +412,7 @@ extern "C" __global__ void __launch_bounds__(kfs::kThreads, KF_MIN_BLOCKS)
     __syncthreads();         // ... and every thread's; stage_tile[s] is visible
     const Geom g = stage_tile[s];
     if (!g.valid) break;  // the same in every thread
-#if KF_BULK
-    kfh::mbar_wait(bar(s), (i / kStages) & 1);  // the k-th use of stage s waits on phase k
-#endif
     run_tile(p, g, stage_addr(base, s), smem, base, tid);
   }
   cp_wait<0>();
-#if KF_BULK
-  bulk_wait_all();
-#endif
 }
