@@ -3,7 +3,8 @@
 // of bench/search/sweep.sh (README.md there). No GPU: the tables answer.
 //
 //   kforge-search-replay --sweep sweep.json --lengths lengths.json [--only a,b]
-//       [--seeds 20] [--batch 4] [--check-restarts] [--json out.json]
+//       [--seeds 20] [--batch 4] [--max-evaluations N] [--explore P] [--check-restarts]
+//       [--json out.json]
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -43,6 +44,7 @@ int Main(int argc, char** argv) {
   std::string sweep_path, lengths_path, only, json_path;
   int seeds = 20, batch = 4, max_evaluations = 0;
   bool check_restarts = false;
+  double explore = agent::BuiltinOptions{}.explore;
   app.add_option("--sweep", sweep_path, "kforge-bench-attn --variants all output (sweep.json)")
       ->required();
   app.add_option("--lengths", lengths_path, "the lengths file the sweep ran on")->required();
@@ -55,6 +57,8 @@ int Main(int argc, char** argv) {
   app.add_flag("--check-restarts", check_restarts,
                "every round, check that a restarted proposer continues identically");
   app.add_option("--json", json_path, "write every run and the summaries here");
+  app.add_option("--explore", explore, "the builtin proposer's explore probability (BuiltinOptions)")
+      ->check(CLI::Range(0.0, 1.0));
   CLI11_PARSE(app, argc, argv);
 
   bool ok = false;
@@ -69,7 +73,7 @@ int Main(int argc, char** argv) {
   }
   CachedTemplateSource templates(agent::MakeCatalogTemplateSource());
   const ProposerMaker make = [&](uint64_t seed) -> absl::StatusOr<std::unique_ptr<agent::Proposer>> {
-    return agent::MakeBuiltinProposer(seed, {.templates = &templates});
+    return agent::MakeBuiltinProposer(seed, {.templates = &templates, .explore = explore});
   };
   ReplayOptions options;
   options.batch = batch;
