@@ -293,7 +293,7 @@ class BuiltinProposer final : public Proposer {
         points.push_back(ToKnobPoint(v, x.point));
         log_us.push_back(x.log_us);
       }
-      v.model = std::make_shared<KnobModel>(points, log_us, KnobsPerTemplate(v));
+      v.model = std::make_shared<KnobModel>(points, log_us, KnobsPerTemplate(v), options_.model);
     }
     return v;
   }
@@ -470,7 +470,7 @@ class BuiltinProposer final : public Proposer {
         if (results_.count(key)) continue;
         if (std::optional<Point> p = PointOfKey(v, key)) pending.push_back(ToKnobPoint(v, *p));
       }
-      KnobModel model = v.model ? *v.model : KnobModel({}, {}, KnobsPerTemplate(v));
+      KnobModel model = v.model ? *v.model : KnobModel({}, {}, KnobsPerTemplate(v), options_.model);
       model.SetPending(pending);
       std::vector<std::tuple<double, uint64_t, size_t>> scored;
       for (size_t i = 0; i < pool.size(); ++i) {

@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "agent/knob_model.h"
 #include "agent/proposer.h"
 #include "agent/template_source.h"
 
@@ -53,6 +54,9 @@ struct BuiltinOptions {
   // choice (only once something has been verified). The model explores by
   // itself (expected improvement values uncertainty), so 0 by default.
   double explore = 0;
+  // The model's priors and grids (knob_model.h); the defaults were fixed
+  // before any measured table was replayed (bench/search/README.md).
+  KnobModelOptions model;
 };
 
 std::unique_ptr<Proposer> MakeBuiltinProposer(uint64_t seed, BuiltinOptions options = {});

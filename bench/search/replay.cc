@@ -29,6 +29,23 @@ std::string Describe(const agent::Candidate& c) {
                      c.parent_id.empty() ? "-" : c.parent_id);
 }
 
+// A standard normal draw that is a function of (seed, key) only: SplitMix64
+// of the seed and an FNV-1a hash of the key, then Box-Muller.
+double NormalDraw(uint64_t seed, const std::string& key) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (unsigned char c : key) h = (h ^ c) * 0x100000001b3ULL;
+  uint64_t state = seed * 0x9e3779b97f4a7c15ULL ^ h;
+  auto next = [&] {
+    uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  };
+  const double u1 = (static_cast<double>(next() >> 11) + 0.5) * 0x1.0p-53;
+  const double u2 = static_cast<double>(next() >> 11) * 0x1.0p-53;
+  return std::sqrt(-2 * std::log(u1)) * std::cos(2 * M_PI * u2);
+}
+
 // The history as the engine would replay it after a restart: candidates and
 // results in the order they happened.
 using Event = std::variant<agent::Candidate, agent::Feedback>;
@@ -107,6 +124,10 @@ absl::StatusOr<ReplayRun> Replay(const ShapeTable& table, const ProposerMaker& m
       f.message = s->message;
       if (s->outcome == Outcome::kVerified) {
         f.median_us = s->median_us;
+        if (options.noise > 0 && s->q1_us > 0 && s->q3_us > s->q1_us) {
+          const double sigma = options.noise * std::log(s->q3_us / s->q1_us) / 1.349;
+          f.median_us *= std::exp(sigma * NormalDraw(seed, key));
+        }
         f.spread_us = s->q3_us - s->q1_us;
         if (best == 0 || s->median_us < best) best = s->median_us;
       }

@@ -3,8 +3,9 @@
 // of bench/search/sweep.sh (README.md there). No GPU: the tables answer.
 //
 //   kforge-search-replay --sweep sweep.json --lengths lengths.json [--only a,b]
-//       [--seeds 20] [--batch 4] [--max-evaluations N] [--explore P] [--check-restarts]
-//       [--json out.json]
+//       [--seeds 20] [--batch 4] [--max-evaluations N] [--noise F] [--check-restarts]
+//       [--json out.json] [--explore P] [--template-level X] [--across-templates X]
+//       [--theta-start X]
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -44,7 +45,8 @@ int Main(int argc, char** argv) {
   std::string sweep_path, lengths_path, only, json_path;
   int seeds = 20, batch = 4, max_evaluations = 0;
   bool check_restarts = false;
-  double explore = agent::BuiltinOptions{}.explore;
+  double explore = agent::BuiltinOptions{}.explore, noise = 0;
+  agent::KnobModelOptions model;
   app.add_option("--sweep", sweep_path, "kforge-bench-attn --variants all output (sweep.json)")
       ->required();
   app.add_option("--lengths", lengths_path, "the lengths file the sweep ran on")->required();
@@ -59,6 +61,13 @@ int Main(int argc, char** argv) {
   app.add_option("--json", json_path, "write every run and the summaries here");
   app.add_option("--explore", explore, "the builtin proposer's explore probability (BuiltinOptions)")
       ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--noise", noise,
+                 "redraw each verified time from its own spread, times this (0: the medians)")
+      ->check(CLI::Range(0.0, 100.0));
+  // The model's priors, for sensitivity checks (knob_model.h).
+  app.add_option("--template-level", model.template_level, "KnobModelOptions::template_level");
+  app.add_option("--across-templates", model.across_templates, "KnobModelOptions::across_templates");
+  app.add_option("--theta-start", model.theta_start, "KnobModelOptions::theta_start");
   CLI11_PARSE(app, argc, argv);
 
   bool ok = false;
@@ -73,12 +82,14 @@ int Main(int argc, char** argv) {
   }
   CachedTemplateSource templates(agent::MakeCatalogTemplateSource());
   const ProposerMaker make = [&](uint64_t seed) -> absl::StatusOr<std::unique_ptr<agent::Proposer>> {
-    return agent::MakeBuiltinProposer(seed, {.templates = &templates, .explore = explore});
+    return agent::MakeBuiltinProposer(
+        seed, {.templates = &templates, .explore = explore, .model = model});
   };
   ReplayOptions options;
   options.batch = batch;
   options.max_evaluations = max_evaluations;
   options.check_restarts = check_restarts;
+  options.noise = noise;
 
   nlohmann::json out = nlohmann::json::array();
   std::printf("| shape | space | best µs (setting) | within 2%% / 5%% | evals to 2%%: median, p90, worst "

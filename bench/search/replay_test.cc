@@ -123,6 +123,10 @@ TEST(Table, RefusesWhatItCannotUse) {
               HasSubstr("without a time"));
   EXPECT_THAT(std::string(LoadTables(GridSweep().dump(), "[]").status().message()),
               HasSubstr("not in the lengths file"));
+  json short_run = GridSweep();
+  short_run["shapes"][0]["space"] = {{"kept", 40}};
+  EXPECT_THAT(std::string(LoadTables(short_run.dump(), kLengths).status().message()),
+              HasSubstr("36 of the space's 40 settings"));
   json no_arch = GridSweep();
   no_arch.erase("arch");
   EXPECT_FALSE(LoadTables(no_arch.dump(), kLengths).ok());
@@ -199,6 +203,31 @@ TEST(Replay, CountsEvaluationsUntilEachTargetAndFeedsResultsBack) {
   ASSERT_TRUE(capped.ok());
   EXPECT_EQ(capped->evaluations, 3);
   EXPECT_EQ(capped->to_target, (std::vector<int>{2, -1}));
+}
+
+TEST(Replay, NoiseRedrawsWhatTheProposerSeesNotTheTargets) {
+  ShapeTable t = GridTable();
+  std::vector<agent::KnobValues> order = {{{"X", 1}, {"Y", 1}}, {{"X", 5}, {"Y", 4}}, {{"X", 5}, {"Y", 2}}};
+  auto observed = std::make_shared<std::vector<agent::Feedback>>();
+  ProposerMaker make = [&](uint64_t) -> absl::StatusOr<std::unique_ptr<agent::Proposer>> {
+    observed->clear();
+    return std::make_unique<ListProposer>(order, observed);
+  };
+  auto quiet = Replay(t, make, 7, {.batch = 4});
+  ASSERT_TRUE(quiet.ok());
+  std::vector<double> seen;
+  auto noisy = Replay(t, make, 7, {.batch = 4, .noise = 3});
+  ASSERT_TRUE(noisy.ok());
+  for (const auto& f : *observed) seen.push_back(f.median_us);
+  EXPECT_EQ(noisy->to_target, quiet->to_target);  // judged on the table's medians
+  EXPECT_EQ(noisy->best_so_far, quiet->best_so_far);
+  EXPECT_NE(seen[0], 117);
+  EXPECT_NEAR(seen[0], 117, 117 * 0.2);  // sigma = 3 * log(117.5 / 116.5) / 1.349: about 2%
+  // The same seed draws the same; another seed draws otherwise.
+  ASSERT_TRUE(Replay(t, make, 7, {.batch = 4, .noise = 3}).ok());
+  EXPECT_EQ((*observed)[0].median_us, seen[0]);
+  ASSERT_TRUE(Replay(t, make, 8, {.batch = 4, .noise = 3}).ok());
+  EXPECT_NE((*observed)[0].median_us, seen[0]);
 }
 
 TEST(Replay, RefusesSettingsOutsideTheTableAndDuplicates) {

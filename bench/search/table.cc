@@ -152,6 +152,14 @@ absl::StatusOr<std::vector<ShapeTable>> LoadTables(std::string_view sweep_json,
       }
       settings.push_back(std::move(st));
     }
+    // A run stopped by its cap leaves a shape's table short: its best would
+    // not be the space's best, and every figure against it would be wrong.
+    if (s.contains("space") && s["space"].is_object() && s["space"].contains("kept") &&
+        s["space"]["kept"].get<size_t>() != settings.size()) {
+      return Bad(fmt::format("{}: {} of the space's {} settings (a run cut short): not exhaustive; "
+                             "leave it out with --only",
+                             name, settings.size(), s["space"]["kept"].get<size_t>()));
+    }
     out.emplace_back(name, *std::move(key), std::move(settings));
   }
   return out;

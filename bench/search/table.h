@@ -68,7 +68,8 @@ class ShapeTable {
 // is empty), with its ShapeKey from the matching entry of `lengths_json` on
 // the sweep's arch. InvalidArgument naming what is missing or malformed
 // (a shape without lengths, a setting without knobs, an unknown outcome, a
-// key twice).
+// key twice, fewer settings than the shape's "space" block says it has: a
+// sweep stopped by its cap).
 absl::StatusOr<std::vector<ShapeTable>> LoadTables(std::string_view sweep_json,
                                                    std::string_view lengths_json,
                                                    const std::vector<std::string>& only = {});
