@@ -4,9 +4,12 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <thread>
 #include <vector>
 
 #include "gpu/compile.h"
+#include "gpu/usage.h"
 
 namespace kforge::gpu {
 namespace {
@@ -162,6 +165,55 @@ TEST_F(GpuRuntime, WrongArchitectureCubinFailsToLoadWithTheDriverError) {
   absl::StatusOr<Module> module = Module::Load(*driver_, compiled->cubin);
   ASSERT_FALSE(module.ok());
   EXPECT_NE(module.status().message().find("CUDA_ERROR"), std::string::npos) << module.status();
+}
+
+// The figures kforge-worker sends with its heartbeats (the dashboard's GPU
+// column) come from NVML for the device the driver opened: its memory total
+// matches the driver's, and a kernel that keeps the GPU busy shows as
+// utilisation while it runs.
+TEST_F(GpuRuntime, UsageMonitorReadsThisDeviceFromNvml) {
+  ASSERT_FALSE(info_.pci_bus_id.empty());
+  absl::StatusOr<std::unique_ptr<GpuUsageMonitor>> monitor = GpuUsageMonitor::Open(info_.pci_bus_id);
+  ASSERT_TRUE(monitor.ok()) << monitor.status();
+  absl::StatusOr<GpuUsage> idle = (*monitor)->Sample();
+  ASSERT_TRUE(idle.ok()) << idle.status();
+  EXPECT_GE(idle->utilization, 0.0);
+  EXPECT_LE(idle->utilization, 1.0);
+  // NVML's total may leave out memory the driver reserves; within 10%.
+  EXPECT_NEAR(double(idle->memory_total_bytes), double(info_.memory_bytes), 0.1 * info_.memory_bytes);
+  EXPECT_GT(idle->memory_used_bytes, 0) << "this process holds a context";
+  EXPECT_LE(idle->memory_used_bytes, idle->memory_total_bytes);
+
+  CompileRequest req;
+  req.arch = info_.arch;
+  req.source = R"(
+#include "kforge/attn_params.h"
+// Spins for total_q milliseconds (%globaltimer counts nanoseconds).
+extern "C" __global__ void kf_spin(const __grid_constant__ KfAttnParams p) {
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); }
+  while (t - t0 < 1000000ull * (unsigned long long)p.total_q);
+}
+)";
+  absl::StatusOr<CompileResult> compiled = Compile(req);
+  ASSERT_TRUE(compiled.ok() && compiled->ok) << compiled->log;
+  absl::StatusOr<Module> module = Module::Load(*driver_, compiled->cubin);
+  ASSERT_TRUE(module.ok()) << module.status();
+  absl::StatusOr<Kernel> spin = module->GetKernel("kf_spin");
+  ASSERT_TRUE(spin.ok()) << spin.status();
+  absl::StatusOr<Stream> stream = Stream::Create(*driver_);
+  ASSERT_TRUE(stream.ok());
+  KfAttnParams p{};
+  p.total_q = 2500;  // 2.5 s: longer than NVML's longest sample period (1 s)
+  ASSERT_TRUE(spin->Launch(p, {1}, {32}, 0, *stream).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  absl::StatusOr<GpuUsage> busy = (*monitor)->Sample();
+  ASSERT_TRUE(stream->Synchronize().ok());
+  ASSERT_TRUE(busy.ok()) << busy.status();
+  std::cout << "NVML: idle " << idle->utilization << ", busy " << busy->utilization << ", memory "
+            << busy->memory_used_bytes << " of " << busy->memory_total_bytes << " bytes\n";
+  EXPECT_GT(busy->utilization, 0.5) << "a kernel ran for the whole sample period";
 }
 
 }  // namespace

@@ -120,7 +120,8 @@ absl::StatusOr<std::vector<TileWork>> BuildTiles(std::span<const int32_t> cu_q,
 
 absl::StatusOr<KeyMajorTiles> BuildKeyTiles(std::span<const int32_t> cu_q,
                                             std::span<const int32_t> cu_k, int heads,
-                                            int kv_heads, int tile_m, int tile_n, bool causal) {
+                                            int kv_heads, int tile_m, int tile_n, bool causal,
+                                            TileOrder order) {
   if (auto s = CheckTileInputs(cu_q, cu_k, heads, tile_m, tile_n); !s.ok()) return s;
   if (kv_heads <= 0) kv_heads = heads;
   if (heads % kv_heads != 0) {
@@ -154,6 +155,25 @@ absl::StatusOr<KeyMajorTiles> BuildKeyTiles(std::span<const int32_t> cu_q,
       }
     }
   }
+  if (order == TileOrder::kGrouped) {
+    // Group = (sequence, kv head) of the key tiles; a group's weight is its
+    // total work. Zero-dQ tiles (m_block < 0) are one unit each: last.
+    std::map<std::pair<int32_t, int32_t>, int64_t> total;
+    for (const auto& t : out.tiles) {
+      if (t.m_block >= 0) total[{t.batch, t.head}] += t.work;
+    }
+    std::stable_sort(out.tiles.begin(), out.tiles.end(), [&](const TileWork& a, const TileWork& b) {
+      const bool za = a.m_block < 0, zb = b.m_block < 0;
+      if (za != zb) return zb;
+      if (za) return false;
+      const int64_t wa = total[{a.batch, a.head}], wb = total[{b.batch, b.head}];
+      if (wa != wb) return wa > wb;
+      if (a.batch != b.batch) return a.batch < b.batch;
+      if (a.head != b.head) return a.head < b.head;
+      return a.work > b.work;
+    });
+    return out;
+  }
   std::stable_sort(out.tiles.begin(), out.tiles.end(),
                    [](const TileWork& a, const TileWork& b) { return a.work > b.work; });
   return out;
@@ -178,7 +198,8 @@ absl::StatusOr<LaunchPlan> PlanLaunch(const Manifest& m, std::span<const int32_t
     if (m.grid != GridPolicy::kPersistent) {
       return absl::InvalidArgumentError("manifest: key_major needs the persistent grid");
     }
-    auto key_tiles = BuildKeyTiles(cu_q, cu_k, heads, kv_heads, m.tile_m, m.tile_n, causal);
+    auto key_tiles =
+        BuildKeyTiles(cu_q, cu_k, heads, kv_heads, m.tile_m, m.tile_n, causal, m.tile_order);
     if (!key_tiles.ok()) return key_tiles.status();
     counter_bytes = key_tiles->query_blocks * heads * int64_t{4};
     tiles = std::move(key_tiles->tiles);

@@ -63,14 +63,19 @@ absl::StatusOr<std::vector<TileWork>> BuildTiles(std::span<const int32_t> cu_seq
 // block m of sequence b, head h owns workspace int (qbase + m) * heads + h:
 // the count of key blocks that have added into its dq_accum rows. The CTA
 // that brings it to TileKeyBlocks(lq, lk, m, ...) converts the rows to dQ.
-// Work = (query blocks visited x heads of the group) + 1; longest first.
+// Work = (query blocks visited x heads of the group) + 1; longest first, or
+// with TileOrder::kGrouped the key blocks of one (sequence, kv head) adjacent
+// (descending work inside, groups by descending total work, the zero-dQ
+// tiles last): a persistent grid then runs a group's key blocks side by side,
+// so the Q, dO and dq_accum rows they all visit stay in L2.
 struct KeyMajorTiles {
   std::vector<TileWork> tiles;  // m_block holds n_block (or -1 - m_block), pack holds qbase
   int64_t query_blocks = 0;     // over the whole batch
 };
 absl::StatusOr<KeyMajorTiles> BuildKeyTiles(std::span<const int32_t> cu_seqlens_q,
                                             std::span<const int32_t> cu_seqlens_k, int heads,
-                                            int kv_heads, int tile_m, int tile_n, bool causal);
+                                            int kv_heads, int tile_m, int tile_n, bool causal,
+                                            TileOrder order = TileOrder::kLongestFirst);
 
 // Flattens tiles into the int4 {b, h, m_block, pack} array KfAttnParams::tiles points to.
 std::vector<int32_t> PackTiles(std::span<const TileWork> tiles);

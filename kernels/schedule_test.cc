@@ -200,8 +200,9 @@ TEST(KeyMajorTiles, EveryQueryBlockIsCompletedExactlyOnce) {
       {{0, 70, 70, 300, 305}, {0, 0, 90, 100, 400}, false},
   };
   const int heads = 4, kv_heads = 2, tm = 64, tn = 32;
+  for (const TileOrder order : {TileOrder::kLongestFirst, TileOrder::kGrouped})
   for (const auto& c : cases) {
-    auto kt = BuildKeyTiles(c.cu_q, c.cu_k, heads, kv_heads, tm, tn, c.causal);
+    auto kt = BuildKeyTiles(c.cu_q, c.cu_k, heads, kv_heads, tm, tn, c.causal, order);
     ASSERT_TRUE(kt.ok()) << kt.status();
     const std::vector<int32_t>& cu_k = c.cu_k.empty() ? c.cu_q : c.cu_k;
     std::map<std::pair<int64_t, int>, int> got;  // (query block, head) -> adds
@@ -243,6 +244,47 @@ TEST(KeyMajorTiles, EveryQueryBlockIsCompletedExactlyOnce) {
       qbase += (lq + tm - 1) / tm;
     }
     EXPECT_EQ(kt->query_blocks, qbase);
+  }
+}
+
+// Grouped: the key tiles of one (sequence, kv head) are adjacent, heaviest
+// first inside; heavier groups first; the zero-dQ tiles come last. The same
+// tiles as the longest-first list, in another order.
+TEST(KeyMajorTiles, GroupedOrderKeepsASequencesKeyBlocksTogether) {
+  const std::vector<int32_t> cu_q = {0, 300, 300, 1000, 1100}, cu_k = {0, 250, 340, 1040, 1040};
+  const int heads = 4, kv_heads = 2;
+  auto lpt = BuildKeyTiles(cu_q, cu_k, heads, kv_heads, 64, 128, true);
+  auto grouped = BuildKeyTiles(cu_q, cu_k, heads, kv_heads, 64, 128, true, TileOrder::kGrouped);
+  ASSERT_TRUE(lpt.ok() && grouped.ok());
+  auto key = [](const TileWork& t) { return std::make_tuple(t.batch, t.head, t.m_block, t.work, t.pack); };
+  std::multiset<std::tuple<int, int, int, int64_t, int>> a, b;
+  for (const auto& t : lpt->tiles) a.insert(key(t));
+  for (const auto& t : grouped->tiles) b.insert(key(t));
+  EXPECT_EQ(a, b);
+  std::set<std::pair<int, int>> closed;  // groups already left
+  std::pair<int, int> current = {-1, -1};
+  int64_t last_total = INT64_MAX, total = 0, last_work = INT64_MAX;
+  bool zeros = false;
+  std::map<std::pair<int, int>, int64_t> totals;
+  for (const auto& t : grouped->tiles) if (t.m_block >= 0) totals[{t.batch, t.head}] += t.work;
+  for (const auto& t : grouped->tiles) {
+    if (t.m_block < 0) {
+      zeros = true;
+      continue;
+    }
+    EXPECT_FALSE(zeros) << "a key tile after the zero-dQ tiles";
+    const std::pair<int, int> g = {t.batch, t.head};
+    if (g != current) {
+      EXPECT_FALSE(closed.count(g)) << "group (" << g.first << ", " << g.second << ") split";
+      if (current.first >= 0) closed.insert(current);
+      current = g;
+      total = totals[g];
+      EXPECT_LE(total, last_total);
+      last_total = total;
+      last_work = INT64_MAX;
+    }
+    EXPECT_LE(t.work, last_work);
+    last_work = t.work;
   }
 }
 

@@ -812,11 +812,11 @@ bool HasOp(const TemplateInfo& t, const std::string& op) {
   return std::find(t.ops.begin(), t.ops.end(), op) != t.ops.end();
 }
 
-std::vector<std::string> SplitList(const std::string& list) {
+std::vector<std::string> SplitList(const std::string& list, char sep = ',') {
   std::vector<std::string> out;
   size_t at = 0;
   while (at <= list.size()) {
-    size_t comma = std::min(list.find(',', at), list.size());
+    size_t comma = std::min(list.find(sep, at), list.size());
     if (comma > at) out.push_back(list.substr(at, comma - at));
     at = comma + 1;
   }
@@ -918,6 +918,47 @@ std::vector<Candidate> EverySetting(const Problem& pr, const std::string& arch, 
 }
 
 // Candidates for a head dim: the mma sweep plus every other template's defaults.
+// --settings "tmpl:K=V,K=V;tmpl:K=V": knob settings to time beside the mode's
+// candidates, each over its template's defaults for the shape. "" when the
+// text parses, else what is wrong (ParseArgs reports it before any GPU work).
+struct Setting {
+  std::string template_name;
+  std::map<std::string, int> knobs;
+};
+std::string ParseSettings(const std::string& text, std::vector<Setting>* out) {
+  for (const auto& entry : SplitList(text, ';')) {
+    const size_t colon = entry.find(':');
+    if (colon == std::string::npos) return fmt::format("--settings: {} has no 'template:'", entry);
+    Setting st;
+    st.template_name = entry.substr(0, colon);
+    for (const auto& kv : SplitList(entry.substr(colon + 1))) {
+      const size_t eq = kv.find('=');
+      int v = 0;
+      if (eq == std::string::npos ||
+          std::from_chars(kv.data() + eq + 1, kv.data() + kv.size(), v).ec != std::errc()) {
+        return fmt::format("--settings: {} is not KNOB=INTEGER", kv);
+      }
+      st.knobs[kv.substr(0, eq)] = v;
+    }
+    if (out) out->push_back(std::move(st));
+  }
+  return "";
+}
+std::vector<Setting> g_settings;  // --settings, parsed once by ParseArgs
+
+// The --settings entries of template t, over `defaults`.
+std::vector<std::map<std::string, int>> ExtraSettings(const std::string& t,
+                                                      const std::map<std::string, int>& defaults) {
+  std::vector<std::map<std::string, int>> out;
+  for (const auto& st : g_settings) {
+    if (st.template_name != t) continue;
+    auto k = defaults;
+    for (const auto& [name, v] : st.knobs) k[name] = v;
+    out.push_back(std::move(k));
+  }
+  return out;
+}
+
 std::vector<Candidate> MakeCandidates(const Problem& pr, const std::string& arch,
                                       const std::string& mode, const std::string& templates_arg,
                                       SpaceStats* space = nullptr) {
@@ -974,6 +1015,8 @@ std::vector<Candidate> MakeCandidates(const Problem& pr, const std::string& arch
     if (t.name == "fwd_mma") {
       for (const auto& k : MmaSweep(mode, pr.head_dim)) add(Instantiate(t.name, k, pr.head_dim));
     }
+    for (const auto& k : ExtraSettings(t.name, DefaultKnobs(t.name, key)))
+      add(Instantiate(t.name, k, pr.head_dim));
   }
   return out;
 }
@@ -1047,6 +1090,7 @@ std::vector<Candidate> MakeBwdCandidates(const Problem& pr, const std::string& a
     if (mode == "sweep") {
       for (const auto& k : KnobSweep(t, defaults)) add(Instantiate(t.name, k, pr.head_dim), false);
     }
+    for (const auto& k : ExtraSettings(t.name, defaults)) add(Instantiate(t.name, k, pr.head_dim), true);
   }
   return out;
 }
@@ -1083,7 +1127,7 @@ constexpr int kAllModeReps = 10;
 constexpr const char* kUsage =
     "usage: kforge-bench-attn [--lengths F] [--out F] [--op fwd|bwd|both] [--only a,b]\n"
     "                         [--reps N] [--variants default|sweep|all] [--templates a,b]\n"
-    "                         [--jobs N]\n"
+    "                         [--settings \"tmpl:K=V,K=V;...\"] [--jobs N]\n"
     "                         [--list-candidates [--arch sm_90a]] [--help]\n"
     "  --lengths F     shapes with their drawn lengths (lengths.py); default lengths.json\n"
     "  --out F         write every candidate's result as JSON (rows carry \"op\")\n"
@@ -1099,6 +1143,9 @@ constexpr const char* kUsage =
     "  --templates a,b only these catalog templates; applied per op, and an op none of whose\n"
     "                  templates is named keeps them all (--op both --templates fwd_sm90\n"
     "                  narrows the forward only)\n"
+    "  --settings S    also time these knob settings (each over its template's defaults for\n"
+    "                  the shape), e.g. \"bwd_sm90:DELTA=2,ORDER=1;bwd_sm90:STAGES=3\"\n"
+    "                  (with --variants all every setting is timed already)\n"
     "  --list-candidates  print each shape's candidates and exit (no GPU; --arch picks the\n"
     "                  target, default sm_90a); with --out, also as JSON (the run's layout,\n"
     "                  without results)\n";
@@ -1128,7 +1175,7 @@ std::string ParseArgs(int argc, char** argv, Options& o) {
     }
     static const std::set<std::string> kValued = {"--lengths", "--out", "--only", "--reps",
                                                   "--variants", "--templates", "--op", "--arch",
-                                                  "--jobs"};
+                                                  "--jobs", "--settings"};
     if (!kValued.count(a)) return fmt::format("unknown argument {}", a);
     if (i + 1 >= argc) return fmt::format("{} needs a value", a);
     const std::string v = argv[++i];
@@ -1137,6 +1184,9 @@ std::string ParseArgs(int argc, char** argv, Options& o) {
     else if (a == "--only") o.only = v;
     else if (a == "--arch") o.arch = v;
     else if (a == "--templates") o.templates = v;
+    else if (a == "--settings") {
+      if (auto why = ParseSettings(v, &g_settings); !why.empty()) return why;
+    }
     else if (a == "--op") {
       if (v != "fwd" && v != "bwd" && v != "both") return "--op must be fwd, bwd or both, not " + v;
       o.op = v;

@@ -42,6 +42,11 @@ TemplateDef BwdSm90Template() {
       // in p.delta (a claim bit and a ready bit in the query block's counter)
       // for the others to read.
       {"DELTA", {0, 1}, 0},
+      // 0 = tiles longest first, query blocks visited in order; 1 = a
+      // (sequence, kv head)'s key blocks adjacent in the tile list (run side
+      // by side: their Q, dO and dq_accum rows stay in L2), and without a
+      // causal mask each starts at its own diagonal query block.
+      {"ORDER", {0, 1}, 0},
   };
   def.info.description =
       "Hopper backward (FA3-style): a CTA per key block of 128 keys, 1 producer warpgroup "
@@ -65,6 +70,10 @@ TemplateDef BwdSm90Template() {
       return absl::InvalidArgumentError(
           "bwd_sm90: head_dim 64 with BLOCK_M=128 and OVERLAP=0 spills (4 B, ptxas 13.0); use "
           "OVERLAP=1");
+    }
+    if (Knob(k, "ORDER") == 1 && Knob(k, "DELTA") == 0) {
+      return absl::InvalidArgumentError(
+          "bwd_sm90: ORDER=1 with DELTA=0 spills in the producer (4 B, ptxas 13.0); use DELTA=1");
     }
     const int bytes = Layout(k, d).dynamic_bytes;
     if (bytes > 232448) {
@@ -93,6 +102,7 @@ TemplateDef BwdSm90Template() {
     m.ops = {"bwd"};
     m.causal = m.noncausal = m.gqa = true;
     m.ctas_per_sm = 1;
+    m.tile_order = Knob(k, "ORDER") ? TileOrder::kGrouped : TileOrder::kLongestFirst;
     return v;
   };
   // D=64: BLOCK_M=128 (dQ split by rows: one dq_accum reduction per element
@@ -100,10 +110,12 @@ TemplateDef BwdSm90Template() {
   // at both: 0.3-1% faster on every shape (notes/bwd.md, v2), and at D=64
   // with BLOCK_M=128 the only setting that does not spill. DELTA=1: 1.2-1.6x
   // faster on every public shape but powerlaw_short, DQ=1 slower on all but
-  // that one (notes/bwd.md, v3).
+  // that one (notes/bwd.md, v3). ORDER=1 without a causal mask: 1.28x on
+  // gdpa_self, 1.01-1.06x on gdpa_dense, pffn_cross_d64, powerlaw_short; with
+  // one, 0.88-0.90x on the causal shapes (notes/bwd.md, v4).
   def.default_knobs = [](const ShapeKey& s) -> std::map<std::string, int> {
     return {{"BLOCK_M", s.head_dim == 64 ? 128 : 64}, {"BLOCK_N", 128}, {"STAGES", 2},
-            {"OVERLAP", 1}, {"DQ", 0}, {"DELTA", 1}};
+            {"OVERLAP", 1}, {"DQ", 0}, {"DELTA", 1}, {"ORDER", s.causal ? 0 : 1}};
   };
   def.preference = [](const ShapeKey& s) {
     if (s.op != Op::kBackward || s.arch != "sm_90a") return 0;

@@ -42,7 +42,8 @@
 //     have tiles of their own (n_block < 0) that write dQ = 0.
 //
 // Knobs (prepended #defines): KF_HEAD_DIM (64|128), KF_BLOCK_M (64|128; 128
-// only with D = 64), KF_BLOCK_N (128), KF_STAGES (1|2). The shared-memory
+// only with D = 64), KF_BLOCK_N (128), KF_STAGES (1|2), KF_OVERLAP, KF_DQ,
+// KF_DELTA, KF_ORDER (below). The shared-memory
 // layout is kf_bwd_sm90_layout() (templates/bwd_sm90_layout.h, prepended).
 // Entry point: extern "C" __global__ kf_attn_bwd(const __grid_constant__ KfAttnParams p).
 #include "kforge/attn_params.h"
@@ -74,6 +75,17 @@
 #ifndef KF_DELTA
 #define KF_DELTA 0
 #endif
+// Tile order and visiting order (notes/bwd.md, v4): 0 = the tile list
+// longest first, each key block visits its query blocks in order; 1 = the
+// host groups the key blocks of a (sequence, kv head) together (manifest
+// tile_order "grouped") so that they run side by side and share Q, dO and
+// dq_accum rows in L2, and without a causal mask key block n starts at query
+// block n * BLOCK_N / BLOCK_M (its diagonal) and wraps around, so the key
+// blocks running together are at different query blocks (their first
+// visits, which compute delta, and their dq_accum adds do not collide).
+#ifndef KF_ORDER
+#define KF_ORDER 0
+#endif
 #ifndef KF_PRODUCER_REGS
 #define KF_PRODUCER_REGS 40
 #endif
@@ -99,6 +111,9 @@
 #endif
 #if (KF_DQ != 0) && (KF_DQ != 1)
 #error "bwd_sm90: KF_DQ must be 0 or 1"
+#endif
+#if (KF_ORDER != 0) && (KF_ORDER != 1)
+#error "bwd_sm90: KF_ORDER must be 0 or 1"
 #endif
 #if (KF_DELTA != 0) && (KF_DELTA != 1)
 #error "bwd_sm90: KF_DELTA must be 0 or 1"
@@ -261,6 +276,18 @@ __device__ __forceinline__ bool get_tile(const KfAttnParams& p, int t, Tile& T) 
   return true;
 }
 
+// The query block of step i of a tile (i counts query heads, then blocks).
+__device__ __forceinline__ int step_block(const KfAttnParams& p, const Tile& T, int i) {
+#if KF_ORDER
+  const int j = i % T.visited;
+  if (p.causal) return T.m_first + j;
+  const int r = j + T.block * (kBN / kBM) % T.visited;
+  return T.m_first + (r >= T.visited ? r - T.visited : r);
+#else
+  return T.m_first + i % T.visited;
+#endif
+}
+
 // dQ rows [m0, m0 + kBM) of head h (clamped to the sequence) from dq_accum
 // (already scaled), or zeros; by the 256 consumer threads.
 __device__ void write_dq(const KfAttnParams& p, int q0, int lq, int m0, int h, bool zero, int ct) {
@@ -415,7 +442,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
       }
       for (int i = 0; i < T.steps; ++i, ++it) {
         const int h = T.g * T.group + i / T.visited;
-        const int m0 = (T.m_first + i % T.visited) * kBM;
+        const int m0 = step_block(p, T, i) * kBM;
         const int s = it % kS;
         mbar_wait(bar_empty + 8 * s, ((it / kS) & 1) ^ 1);
         const u32 sQ = base + L.stage + s * L.stage_bytes;
@@ -537,7 +564,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
       mbar_wait(bar_kv_full, kt & 1);
       for (int i = 0; i < T.steps; ++i, ++it) {
         const int h = T.g * T.group + i / T.visited;
-        const int m = T.m_first + i % T.visited;
+        const int m = step_block(p, T, i);
         const int m0 = m * kBM;
         const int s = it % kS;
         const u32 sQ = base + L.stage + s * L.stage_bytes;
@@ -778,7 +805,11 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         add_dq(p, dq, T.q0, T.lq, m0, h, w, warp, lane, scale, sDq, sDq_ptr);
 #endif  // KF_OVERLAP
 
+#if KF_ORDER
+        if (i % T.visited == T.visited - 1) {  // the head's last step
+#else
         if (m == T.m_blocks - 1) {
+#endif
           // Head h is done: count this key block into each of its query
           // blocks behind one fence; the key block completing a count converts.
 #if KF_DQ

@@ -13,7 +13,7 @@ verified, the model calls and their outcomes, and the wall time. The
 database of each run is left in $OUT (default ./agent_gpu_out) for a
 closer look.
 
-usage: agent_gpu_compare.py <kforge-server> <repo root> <kforge-worker>
+usage: agent_gpu_compare.py <kforge-server> <repo root> <kforge-worker> <kforge>
        [MAX_VARIANTS=20] [HEAD_DIM=128] [ARCH=sm_90a]
 Environment: GATE=<compute-sanitizer> to gate promotions (otherwise the
 server runs with --allow-ungated-promotion; promotion does not change
@@ -22,6 +22,7 @@ what is compared here).
 import json
 import os
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -40,9 +41,11 @@ def has_gpu():
         return False
 
 
-def run(proposer, server_bin, worker_bin, repo, out, max_variants, head_dim, arch, base_url):
-    from kforge.v1 import kforge_pb2 as pb
-    from kforge.v1 import kforge_pb2_grpc as rpc
+def run(proposer, bins, repo, out, max_variants, head_dim, arch, base_url):
+    """One tuning job through the real binaries: kforge-server, one GPU
+    kforge-worker, and the kforge CLI to submit and watch it. Only the CLI
+    and the SQLite file are read: the GPU machine's Python has no gRPC."""
+    server_bin, worker_bin, cli_bin = bins
     work = kfe2e.tempdir()
     db = os.path.join(work, "kforge.db")
     flags = []
@@ -55,44 +58,49 @@ def run(proposer, server_bin, worker_bin, repo, out, max_variants, head_dim, arc
         flags += ["--config", config]
     if not os.environ.get("GATE"):
         flags.append("--allow-ungated-promotion")
-    server = kfe2e.ServerProcess(server_bin, db, kfe2e.free_port(), flags)
-    channel = server.start()
-    kernels = rpc.KernelServiceStub(channel)
-    env = dict(os.environ, KFORGE_WORKER_TOKEN=kfe2e.WORKER_TOKEN)
+    address = "127.0.0.1:%d" % kfe2e.free_port()
+    env = dict(os.environ, KFORGE_CLIENT_TOKEN=kfe2e.CLIENT_TOKEN, KFORGE_WORKER_TOKEN=kfe2e.WORKER_TOKEN,
+               KFORGE_TOKEN=kfe2e.CLIENT_TOKEN, KFORGE_SERVER=address)
+    slog = open(os.path.join(work, "server.log"), "ab")
+    server = subprocess.Popen([server_bin, "--listen", address, "--db", db, "--init"] + flags,
+                              stdout=slog, stderr=subprocess.STDOUT, env=env)
+    deadline = time.time() + 60
+    while subprocess.run([cli_bin, "health"], env=env, capture_output=True).returncode != 0:
+        if server.poll() is not None or time.time() > deadline:
+            server.kill()
+            raise RuntimeError("kforge-server did not come up; log:\n" +
+                               open(os.path.join(work, "server.log")).read())
+        time.sleep(0.5)
     wlog = open(os.path.join(work, "worker.log"), "ab")
     gate = ["--sanitizer-gate", os.environ["GATE"]] if os.environ.get("GATE") else []
-    worker = subprocess.Popen([worker_bin, "--server", server.address, "--gpu", "0", "--name", "gpu0",
+    worker = subprocess.Popen([worker_bin, "--server", address, "--gpu", "0", "--name", "gpu0",
                                "--cache-dir", os.path.join(work, "cache")] + gate,
                               stdout=wlog, stderr=subprocess.STDOUT, env=env)
     start = time.time()
     try:
-        shape = pb.Shape(op=pb.OP_FORWARD, dtype=pb.DTYPE_BF16, head_dim=head_dim, heads=16, kv_heads=16,
-                         causal=True, arch=arch, batch=16, max_len_q=4096, total_q=16 * 2048)
-        job = kernels.SubmitJob(pb.SubmitJobRequest(name="compare-" + proposer, shapes=[shape], proposer=proposer,
-                                                    seed=1, budget=pb.Budget(max_variants=max_variants)),
-                                metadata=kfe2e.client_md(), timeout=60)
-        final = (pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCELLED)
-        while True:
-            j = kernels.GetJob(pb.GetJobRequest(job_id=job.id), metadata=kfe2e.client_md(), timeout=30)
-            if j.state in final:
-                break
-            if time.time() - start > 3600:
-                raise RuntimeError("job did not finish within an hour")
-            time.sleep(1)
+        tune = subprocess.run([cli_bin, "--timeout", "60", "tune", "--op", "fwd", "--head-dim", str(head_dim),
+                               "--heads", "16", "--causal", "--arch", arch, "--batch", "16",
+                               "--max-len-q", "4096", "--total-q", str(16 * 2048), "--name", "compare-" + proposer,
+                               "--proposer", proposer, "--seed", "1", "--max-variants", str(max_variants)],
+                              env=env, capture_output=True, text=True, timeout=3600)
         wall = time.time() - start
+        with open(os.path.join(work, "tune.log"), "w") as f:
+            f.write(tune.stdout + tune.stderr)
     finally:
         worker.terminate()
         worker.wait(timeout=60)
-        server.terminate()
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=60)
     dest = os.path.join(out, proposer.replace(":", "_"))
     os.makedirs(dest, exist_ok=True)
-    shutil.copy(db, os.path.join(dest, "kforge.db"))
-    shutil.copy(server.log, os.path.join(dest, "server.log"))
-    shutil.copy(os.path.join(work, "worker.log"), os.path.join(dest, "worker.log"))
-    return summarize(os.path.join(dest, "kforge.db"), job.id, wall, j)
+    for name in ("kforge.db", "server.log", "worker.log", "tune.log"):
+        shutil.copy(os.path.join(work, name), os.path.join(dest, name))
+    con = sqlite3.connect(os.path.join(dest, "kforge.db"))
+    job_id, state, message = con.execute("SELECT id, state, message FROM jobs ORDER BY id DESC LIMIT 1").fetchone()
+    return summarize(os.path.join(dest, "kforge.db"), "j%d" % job_id, wall, state, message)
 
 
-def summarize(db, job_id, wall, job):
+def summarize(db, job_id, wall, state, message):
     con = sqlite3.connect(db)
     evals = con.execute(
         "SELECT e.outcome, e.median_us, v.kind FROM evaluations e JOIN variants v ON v.id = e.variant "
@@ -103,7 +111,7 @@ def summarize(db, job_id, wall, job):
     calls = dict(con.execute("SELECT outcome, count(*) FROM model_calls WHERE job = ? GROUP BY outcome",
                              (job_id,)).fetchall())
     return {
-        "state": job.state, "message": job.message,
+        "state": state, "message": message,
         "evaluated": len(evals), "verified": len(verified),
         "verified_rate": len(verified) / len(evals) if evals else 0.0,
         "best_us": min((e[1] for e in verified), default=None),
@@ -113,21 +121,20 @@ def summarize(db, job_id, wall, job):
 
 
 def main():
-    server_bin, repo, worker_bin = sys.argv[1:4]
-    max_variants = int(sys.argv[4]) if len(sys.argv) > 4 else 20
-    head_dim = int(sys.argv[5]) if len(sys.argv) > 5 else 128
-    arch = sys.argv[6] if len(sys.argv) > 6 else "sm_90a"
+    server_bin, repo, worker_bin, cli_bin = sys.argv[1:5]
+    max_variants = int(sys.argv[5]) if len(sys.argv) > 5 else 20
+    head_dim = int(sys.argv[6]) if len(sys.argv) > 6 else 128
+    arch = sys.argv[7] if len(sys.argv) > 7 else "sm_90a"
     if not has_gpu():
         print("agent_gpu_compare: no GPU here (nvidia-smi -L failed): skipped")
         return SKIP
     out = os.environ.get("OUT", os.path.join(os.getcwd(), "agent_gpu_out"))
     os.makedirs(out, exist_ok=True)
-    kfe2e.generate_stubs(repo, os.path.join(kfe2e.tempdir(), "gen"))
     model = ScriptedModel(refuse_max_tokens_first=False)
     base = model.start()
     try:
-        results = {"model": run("model", server_bin, worker_bin, repo, out, max_variants, head_dim, arch, base),
-                   "builtin": run("builtin", server_bin, worker_bin, repo, out, max_variants, head_dim, arch, None)}
+        results = {"model": run("model", (server_bin, worker_bin, cli_bin), repo, out, max_variants, head_dim, arch, base),
+                   "builtin": run("builtin", (server_bin, worker_bin, cli_bin), repo, out, max_variants, head_dim, arch, None)}
     finally:
         model.stop()
     print("\nsame budget: %d variants, head_dim %d, %s" % (max_variants, head_dim, arch))

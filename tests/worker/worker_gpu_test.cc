@@ -425,18 +425,20 @@ TEST_F(WorkerGpuSequence, BwdSm90PassesEveryGate) {
   gpu::CompilePool pool(2, nullptr);
   Sandbox sandbox(GpuSandboxOptions());
   LocalTaskRunner runner(&pool, &sandbox, GatedRunnerOptions());
-  struct S { int d, bm, overlap; bool causal; int dq = 0, delta = 0; };
+  struct S { int d, bm, overlap; bool causal; int dq = 0, delta = 0, order = 0; };
   uint64_t seed = 950;
   for (S s : {S{64, 128, 1, false}, S{128, 64, 0, true}, S{128, 64, 1, false},
-              S{128, 64, 1, true, 1, 1}, S{64, 128, 1, false, 1, 0}}) {
+              S{128, 64, 1, true, 1, 1}, S{64, 128, 1, false, 1, 0},
+              // v4's grouped tile order and rotated visits (ORDER=1)
+              S{128, 64, 1, false, 0, 1, 1}, S{128, 64, 1, true, 0, 1, 1}}) {
     absl::StatusOr<Variant> v = Instantiate(
         "bwd_sm90",
         {{"BLOCK_M", s.bm}, {"BLOCK_N", 128}, {"STAGES", 2}, {"OVERLAP", s.overlap},
-         {"DQ", s.dq}, {"DELTA", s.delta}},
+         {"DQ", s.dq}, {"DELTA", s.delta}, {"ORDER", s.order}},
         s.d);
     ASSERT_TRUE(v.ok()) << v.status();
-    const std::string label =
-        fmt::format("bwd_sm90 BM{} OVERLAP{} DQ{} DELTA{}", s.bm, s.overlap, s.dq, s.delta);
+    const std::string label = fmt::format("bwd_sm90 BM{} OVERLAP{} DQ{} DELTA{} ORDER{}", s.bm,
+                                          s.overlap, s.dq, s.delta, s.order);
     auto r = ConfirmThroughGates(runner, GateShape(Op::kBackward, s.d, s.causal), *v, label, ++seed);
     ASSERT_TRUE(r.has_value());
     EXPECT_EQ(r->outcome, Outcome::kVerified) << label << " d" << s.d << ": " << r->message;

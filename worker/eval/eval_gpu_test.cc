@@ -151,7 +151,7 @@ TEST_F(EvalGpu, BwdSm90Verifies) {
   bool listed = false;
   for (const auto& t : ListTemplates()) listed = listed || t.name == "bwd_sm90";
   if (!listed) GTEST_SKIP() << "bwd_sm90 is not in this build";
-  struct S { int d, h, kvh; bool causal, cross; int bm, stages, overlap = 0, dq = 0, delta = 0; };
+  struct S { int d, h, kvh; bool causal, cross; int bm, stages, overlap = 0, dq = 0, delta = 0, order = 0; };
   for (S s : {S{128, 4, 4, true, false, 64, 2}, S{128, 4, 2, false, true, 64, 2},
               S{128, 2, 1, true, true, 64, 1}, S{64, 4, 2, true, false, 64, 2},
               S{64, 2, 2, false, true, 64, 1},
@@ -165,19 +165,24 @@ TEST_F(EvalGpu, BwdSm90Verifies) {
               S{128, 4, 2, true, true, 64, 2, 1, 1, 0}, S{128, 4, 4, true, false, 64, 2, 1, 0, 1},
               S{128, 4, 4, true, false, 64, 2, 1, 1, 1}, S{128, 2, 1, false, true, 64, 1, 0, 1, 1},
               S{64, 4, 1, true, true, 128, 2, 1, 1, 0}, S{64, 2, 2, false, false, 128, 2, 1, 0, 1},
-              S{64, 4, 2, true, false, 64, 2, 1, 1, 1}, S{64, 2, 2, false, true, 64, 1, 0, 1, 1}}) {
-    SCOPED_TRACE(fmt::format("d{} h{}/{} causal {} cross {} BM{} STAGES{} OVERLAP{} DQ{} DELTA{}", s.d,
-                             s.h, s.kvh, s.causal, s.cross, s.bm, s.stages, s.overlap, s.dq,
-                             s.delta));
+              S{64, 4, 2, true, false, 64, 2, 1, 1, 1}, S{64, 2, 2, false, true, 64, 1, 0, 1, 1},
+              // v4: the grouped tile order and rotated visits (ORDER=1; the
+              // default without a causal mask), with and without one
+              S{128, 4, 2, false, true, 64, 2, 1, 0, 1, 1}, S{128, 4, 4, false, false, 64, 2, 1, 0, 1, 1},
+              S{128, 4, 4, true, false, 64, 2, 1, 0, 1, 1}, S{64, 4, 2, false, false, 128, 2, 1, 0, 1, 1},
+              S{64, 2, 1, true, true, 64, 1, 0, 1, 1, 1}}) {
+    SCOPED_TRACE(fmt::format("d{} h{}/{} causal {} cross {} BM{} STAGES{} OVERLAP{} DQ{} DELTA{} ORDER{}",
+                             s.d, s.h, s.kvh, s.causal, s.cross, s.bm, s.stages, s.overlap, s.dq,
+                             s.delta, s.order));
     absl::StatusOr<Variant> v = Instantiate(
         "bwd_sm90",
         {{"BLOCK_M", s.bm}, {"BLOCK_N", 128}, {"STAGES", s.stages}, {"OVERLAP", s.overlap},
-         {"DQ", s.dq}, {"DELTA", s.delta}},
+         {"DQ", s.dq}, {"DELTA", s.delta}, {"ORDER", s.order}},
         s.d);
     ASSERT_TRUE(v.ok()) << v.status();
     EvalRequest req;
     req.shape = Shape(Op::kBackward, s.d, s.h, s.kvh, s.causal, s.cross);
-    req.seed = 900 + s.d + s.bm + s.stages + 7 * s.overlap + 11 * s.dq + 13 * s.delta;
+    req.seed = 900 + s.d + s.bm + s.stages + 7 * s.overlap + 11 * s.dq + 13 * s.delta + 17 * s.order;
     req.candidate.source = v->source;
     req.candidate.manifest = v->manifest;
     req.options.iterations = 3;
