@@ -35,7 +35,9 @@ def main(replay):
             return 1
         print(r.stdout)
         failed = []
-        for shape in json.load(open(out)):
+        with open(out) as f:
+            shapes = json.load(f)
+        for shape in shapes:
             s5 = next(s for s in shape["summary"] if abs(s["target"] - 0.05) < 1e-9)
             if s5["never"] or s5["worst"] > 0.15 * shape["space"]:
                 failed.append(f"{shape['shape']}: worst {s5['worst']} evaluations"

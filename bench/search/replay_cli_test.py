@@ -35,18 +35,21 @@ class ReplayCliTest(unittest.TestCase):
         r = subprocess.run([BENCH, "--lengths", LENGTHS, "--list-candidates", "--variants", "all",
                             "--out", listed], capture_output=True, text=True, timeout=120)
         self.assertEqual(r.returncode, 0, r.stderr)
-        sweep = json.load(open(listed))
+        with open(listed) as f:
+            sweep = json.load(f)
         for shape in sweep["shapes"]:
             for v in shape["variants"]:
                 v.update(synthetic(v))
         path = os.path.join(self.tmp, "sweep.json")
-        json.dump(sweep, open(path, "w"))
+        with open(path, "w") as f:
+            json.dump(sweep, f)
         out = os.path.join(self.tmp, "replay.json")
         r = subprocess.run([REPLAY, "--sweep", path, "--lengths", LENGTHS, "--seeds", "2",
                             "--max-evaluations", "40", "--check-restarts", "--json", out],
                            capture_output=True, text=True, timeout=600)
         self.assertEqual(r.returncode, 0, r.stderr)
-        got = {s["shape"]: s for s in json.load(open(out))}
+        with open(out) as f:
+            got = {s["shape"]: s for s in json.load(f)}
         self.assertEqual(set(got), {s["shape"] for s in sweep["shapes"]})
         for shape in sweep["shapes"]:
             g = got[shape["shape"]]

@@ -32,7 +32,9 @@ def run(args, name, extra):
                         "--max-evaluations", str(args.max_evaluations), "--json", out, *extra],
                        check=True, stdout=subprocess.DEVNULL)
     worst = {}
-    for shape in json.load(open(out)):
+    with open(out) as f:
+        shapes = json.load(f)
+    for shape in shapes:
         s = next(x for x in shape["summary"] if abs(x["target"] - TARGET) < 1e-9)
         worst[shape["shape"]] = s["worst_fraction"] if not s["never"] else float("inf")
     return worst
