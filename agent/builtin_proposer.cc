@@ -85,7 +85,6 @@ struct Result {
   Outcome outcome = Outcome::kCompiled;
   double median_us = 0;
   std::string variant_id;
-  std::string parent_id;
 };
 
 // A knob setting of one applicable template: indices into each knob's values.
@@ -184,7 +183,7 @@ class BuiltinProposer final : public Proposer {
     Remember(f.candidate);
     std::optional<std::string> key = KeyOf(f.candidate);
     if (!key) return;
-    results_[*key] = Result{f.outcome, f.median_us, f.variant_id, f.candidate.parent_id};
+    results_[*key] = Result{f.outcome, f.median_us, f.variant_id};
   }
 
   void Remember(const Candidate& c) override {
