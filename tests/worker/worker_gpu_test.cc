@@ -430,7 +430,9 @@ TEST_F(WorkerGpuSequence, BwdSm90PassesEveryGate) {
   for (S s : {S{64, 128, 1, false}, S{128, 64, 0, true}, S{128, 64, 1, false},
               S{128, 64, 1, true, 1, 1}, S{64, 128, 1, false, 1, 0},
               // v4's grouped tile order and rotated visits (ORDER=1)
-              S{128, 64, 1, false, 0, 1, 1}, S{128, 64, 1, true, 0, 1, 1}}) {
+              S{128, 64, 1, false, 0, 1, 1}, S{128, 64, 1, true, 0, 1, 1},
+              // v4b's tagged delta words (DELTA=2)
+              S{128, 64, 1, true, 0, 2, 0}, S{64, 128, 1, false, 0, 2, 1}}) {
     absl::StatusOr<Variant> v = Instantiate(
         "bwd_sm90",
         {{"BLOCK_M", s.bm}, {"BLOCK_N", 128}, {"STAGES", 2}, {"OVERLAP", s.overlap},

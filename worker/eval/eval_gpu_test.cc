@@ -175,7 +175,11 @@ TEST_F(EvalGpu, BwdSm90Verifies) {
               // default without a causal mask), with and without one
               S{128, 4, 2, false, true, 64, 2, 1, 0, 1, 1}, S{128, 4, 4, false, false, 64, 2, 1, 0, 1, 1},
               S{128, 4, 4, true, false, 64, 2, 1, 0, 1, 1}, S{64, 4, 2, false, false, 128, 2, 1, 0, 1, 1},
-              S{64, 2, 1, true, true, 64, 1, 0, 1, 1, 1}}) {
+              S{64, 2, 1, true, true, 64, 1, 0, 1, 1, 1},
+              // v4b: the claim with tagged delta words (DELTA=2, the default)
+              S{128, 4, 4, true, false, 64, 2, 1, 0, 2, 0}, S{128, 4, 2, false, true, 64, 2, 1, 0, 2, 1},
+              S{128, 2, 1, true, true, 64, 1, 0, 0, 2, 0}, S{64, 4, 1, true, true, 128, 2, 1, 0, 2, 0},
+              S{64, 2, 2, false, false, 128, 2, 1, 0, 2, 1}, S{64, 4, 2, false, true, 64, 2, 1, 1, 2, 1}}) {
     SCOPED_TRACE(fmt::format("d{} h{}/{} causal {} cross {} BM{} STAGES{} OVERLAP{} DQ{} DELTA{} ORDER{}",
                              s.d, s.h, s.kvh, s.causal, s.cross, s.bm, s.stages, s.overlap, s.dq,
                              s.delta, s.order));
