@@ -2,18 +2,20 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 #include <cstdlib>
 #include <limits>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
+#include <tuple>
 #include <utility>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "agent/knob_model.h"
 #include "core/arch.h"
 #include "core/hash.h"
 #include "core/outcome.h"
@@ -73,14 +75,16 @@ std::optional<std::string> KeyOf(const Candidate& c) {
   return MakeKey(c.template_name, CanonicalKnobs(*knobs));
 }
 
-// Bonus (in log time) for a knob value nothing has been measured with yet.
-constexpr double kOptimism = 0.05;
+// A template whose knob product is at most this many settings is scored
+// whole at every pick; a larger one (a model-written template can declare
+// many knobs) only on a pool of neighbours and random settings.
+constexpr uint64_t kScoreWhole = 4096;
+constexpr int kRandomPool = 256;
 
 struct Result {
   Outcome outcome = Outcome::kCompiled;
   double median_us = 0;
   std::string variant_id;
-  std::string parent_id;
 };
 
 // A knob setting of one applicable template: indices into each knob's values.
@@ -94,19 +98,37 @@ struct Pick {
   std::string parent_id;
 };
 
+// The model's order of the pool, valid while `proposed` candidates have been
+// proposed (one Propose() call: results do not change within it).
+struct Ranking {
+  size_t proposed = static_cast<size_t>(-1);
+  std::vector<Point> order;
+  size_t next = 0;
+};
+
+// FNV-1a: a stable hash of a setting's key for tie-breaking (std::hash may
+// differ between standard libraries, and a stored seed must mean one search).
+uint64_t Fnv1a(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ULL;
+  return h;
+}
+
 // Everything a pick depends on, rebuilt at the start of each Propose().
 struct View {
   ShapeKey shape;
   std::vector<TemplateSpec> apps;  // applicable templates, by name
   std::vector<Point> defaults;
   std::vector<std::pair<Point, std::string>> parents;  // fastest verified first, with ids
-  std::vector<std::optional<Point>> momentum;  // per parent: parent + (parent - its own parent)
-  // A separable model of log(time) fitted to every verified point: effect of
-  // value i of knob d in template t, relative to the template's mean (0 when
-  // nothing with that value has been measured).
-  std::vector<std::vector<std::vector<double>>> effect;
+  struct Timed {
+    Point point;
+    double log_us = 0;
+    std::string id;
+  };
+  std::vector<Timed> timed;  // every verified point, fastest first
   std::vector<Point> failures;
   std::vector<Point> successes;  // observed and not failed (verified or compiled)
+  std::shared_ptr<KnobModel> model;  // fitted to `timed`; null when nothing is timed
 };
 
 class BuiltinProposer final : public Proposer {
@@ -125,8 +147,9 @@ class BuiltinProposer final : public Proposer {
           "builtin: no seed template serves op {} head_dim {} on {}", OpName(ctx.shape.op),
           ctx.shape.head_dim, ctx.shape.arch));
     }
+    Ranking ranking;
     while (static_cast<int>(out.size()) < n) {
-      std::optional<Pick> pick = NextPick(view);
+      std::optional<Pick> pick = NextPick(view, ranking);
       if (!pick) break;  // space exhausted
       const TemplateSpec& spec = view.apps[pick->point.t];
       KnobValues knobs = KnobsOf(spec, pick->point);
@@ -160,7 +183,7 @@ class BuiltinProposer final : public Proposer {
     Remember(f.candidate);
     std::optional<std::string> key = KeyOf(f.candidate);
     if (!key) return;
-    results_[*key] = Result{f.outcome, f.median_us, f.variant_id, f.candidate.parent_id};
+    results_[*key] = Result{f.outcome, f.median_us, f.variant_id};
   }
 
   void Remember(const Candidate& c) override {
@@ -255,57 +278,21 @@ class BuiltinProposer final : public Proposer {
     std::sort(verified.begin(), verified.end(), [](const auto& a, const auto& b) {
       return std::tie(std::get<0>(a), std::get<1>(a)) < std::tie(std::get<0>(b), std::get<1>(b));
     });
-    v.effect.resize(v.apps.size());
-    for (size_t t = 0; t < v.apps.size(); ++t) {
-      std::vector<double> logs;
-      for (const auto& [us, key, p, id] : verified)
-        if (p.t == static_cast<int>(t)) logs.push_back(std::log(std::max(us, 1e-3)));
-      double mean = logs.empty() ? 0 : std::accumulate(logs.begin(), logs.end(), 0.0) / logs.size();
-      for (size_t d = 0; d < v.apps[t].knobs.size(); ++d) {
-        std::vector<double> sum(v.apps[t].knobs[d].values.size(), 0.0), n(sum.size(), 0.0);
-        size_t j = 0;
-        for (const auto& [us, key, p, id] : verified) {
-          if (p.t != static_cast<int>(t)) continue;
-          sum[p.idx[d]] += logs[j++];
-          n[p.idx[d]] += 1;
-        }
-        std::vector<double> effect(sum.size(), 0.0);
-        for (size_t i = 0; i < sum.size(); ++i) {
-          // An unmeasured value borrows from its nearest measured one, a
-          // little optimistically, so the search keeps walking downhill.
-          int nearest = -1;
-          for (int k = 0; k < static_cast<int>(sum.size()); ++k)
-            if (n[k] > 0 && (nearest < 0 || std::abs(k - static_cast<int>(i)) < std::abs(nearest - static_cast<int>(i))))
-              nearest = k;
-          if (nearest < 0) continue;
-          effect[i] = sum[nearest] / n[nearest] - mean - (nearest == static_cast<int>(i) ? 0.0 : kOptimism);
-        }
-        v.effect[t].push_back(std::move(effect));
-      }
+    // Every verified point with its log time, for the model; the fastest
+    // `parents` with their ids, whose neighbourhoods feed the pool of a
+    // template too large to score whole.
+    for (const auto& [us, key, p, id] : verified) {
+      v.timed.push_back(View::Timed{p, std::log(std::max(us, 1e-3)), id});
+      if (static_cast<int>(v.parents.size()) < std::max(1, options_.parents)) v.parents.emplace_back(p, id);
     }
-    std::map<std::string, Point> by_id;  // verified points by variant id
-    for (const auto& [us, key, p, id] : verified)
-      if (!id.empty()) by_id.emplace(id, p);
-    for (auto& [us, key, p, id] : verified) {
-      if (static_cast<int>(v.parents.size()) >= std::max(1, options_.parents)) break;
-      // Keep going in the direction that made this one the best.
-      std::optional<Point> ahead;
-      auto grand = by_id.find(results_.at(key).parent_id);
-      if (grand != by_id.end() && grand->second.t == p.t) {
-        Point q = p;
-        bool moved = false, inside = true;
-        for (size_t d = 0; d < q.idx.size(); ++d) {
-          int delta = p.idx[d] - grand->second.idx[d];
-          q.idx[d] += delta;
-          moved = moved || delta != 0;
-          inside = inside && q.idx[d] >= 0 &&
-                   q.idx[d] < static_cast<int>(v.apps[p.t].knobs[d].values.size());
-        }
-        bool ok = moved && inside;
-        if (ok) ahead = std::move(q);
+    if (!v.timed.empty()) {
+      std::vector<KnobPoint> points;
+      std::vector<double> log_us;
+      for (const View::Timed& x : v.timed) {
+        points.push_back(ToKnobPoint(v, x.point));
+        log_us.push_back(x.log_us);
       }
-      v.momentum.push_back(std::move(ahead));
-      v.parents.emplace_back(std::move(p), std::move(id));
+      v.model = std::make_shared<KnobModel>(points, log_us, KnobsPerTemplate(v), options_.model);
     }
     return v;
   }
@@ -398,7 +385,124 @@ class BuiltinProposer final : public Proposer {
     return std::nullopt;
   }
 
-  std::optional<Pick> NextPick(const View& v) const {
+  static KnobPoint ToKnobPoint(const View& v, const Point& p) {
+    KnobPoint k{p.t, {}};
+    const std::vector<KnobRange>& knobs = v.apps[p.t].knobs;
+    for (size_t d = 0; d < knobs.size(); ++d) {
+      const size_t n = knobs[d].values.size();
+      k.x.push_back(n > 1 ? static_cast<double>(p.idx[d]) / static_cast<double>(n - 1) : 0.0);
+    }
+    return k;
+  }
+
+  static std::vector<int> KnobsPerTemplate(const View& v) {
+    std::vector<int> out;
+    for (const TemplateSpec& spec : v.apps) out.push_back(static_cast<int>(spec.knobs.size()));
+    return out;
+  }
+
+  static uint64_t SpaceSize(const TemplateSpec& spec) {
+    uint64_t size = 1;
+    for (const KnobRange& k : spec.knobs) size = std::min<uint64_t>(size * k.values.size(), uint64_t{1} << 40);
+    return size;
+  }
+
+  // The settings a pick chooses among: every setting of a template small
+  // enough to score whole; for a larger one, the one- and two-step
+  // neighbours of its fastest settings (its default before any) and random
+  // settings. Eligible ones only, and not next to mostly failures.
+  std::vector<Point> Pool(const View& v, Rng& rng) const {
+    std::vector<Point> pool;
+    std::set<std::string> seen;
+    auto add = [&](Point p) {
+      if (Eligible(v, p) && !NearFailure(v, p) && seen.insert(KeyOfPoint(v, p)).second) {
+        pool.push_back(std::move(p));
+      }
+    };
+    for (size_t t = 0; t < v.apps.size(); ++t) {
+      const std::vector<KnobRange>& knobs = v.apps[t].knobs;
+      if (SpaceSize(v.apps[t]) <= kScoreWhole) {
+        Point p{static_cast<int>(t), std::vector<int>(knobs.size(), 0)};
+        for (;;) {
+          add(p);
+          size_t d = knobs.size();
+          while (d-- > 0) {
+            if (++p.idx[d] < static_cast<int>(knobs[d].values.size())) break;
+            p.idx[d] = 0;
+          }
+          if (d == static_cast<size_t>(-1)) break;
+        }
+        continue;
+      }
+      std::vector<Point> around;
+      for (const auto& [p, id] : v.parents)
+        if (p.t == static_cast<int>(t)) around.push_back(p);
+      if (around.empty()) around.push_back(v.defaults[t]);
+      for (const Point& c : around)
+        for (int radius : {1, 2})
+          for (Point& m : Neighbours(v, c, radius)) add(std::move(m));
+      for (int i = 0; i < kRandomPool; ++i) {
+        Point p{static_cast<int>(t), {}};
+        for (const KnobRange& k : knobs) p.idx.push_back(static_cast<int>(rng.Below(k.values.size())));
+        add(std::move(p));
+      }
+    }
+    return pool;
+  }
+
+  // The setting of the pool with the largest expected improvement over the
+  // fastest measured time under the model (knob_model.h), the settings
+  // proposed and not yet measured counting as measured at their predicted
+  // time. Before anything is timed (compile-only jobs, or every result a
+  // failure so far): the one the model is least sure of, which spreads the
+  // picks over the space. Ties go to a hash of the seed, the number proposed
+  // and the setting, so the order does not depend on which illegal settings
+  // this proposer happens to know already (a restarted one knows none).
+  // The ranking is kept while nothing new is proposed: a pick that turns out
+  // illegal moves on to the next one without scoring the pool again.
+  std::optional<Pick> ModelPick(const View& v, Rng& rng, Ranking& ranking) const {
+    if (ranking.proposed != proposed_.size()) {
+      ranking = Ranking{proposed_.size(), {}, 0};
+      std::vector<Point> pool = Pool(v, rng);
+      std::vector<KnobPoint> pending;
+      for (const std::string& key : proposed_) {
+        if (results_.count(key)) continue;
+        if (std::optional<Point> p = PointOfKey(v, key)) pending.push_back(ToKnobPoint(v, *p));
+      }
+      KnobModel model = v.model ? *v.model : KnobModel({}, {}, KnobsPerTemplate(v), options_.model);
+      model.SetPending(pending);
+      std::vector<std::tuple<double, uint64_t, size_t>> scored;
+      for (size_t i = 0; i < pool.size(); ++i) {
+        const KnobPoint k = ToKnobPoint(v, pool[i]);
+        const double score = v.model ? model.ExpectedImprovement(k) : model.Predict(k).sd;
+        Rng tie(seed_ ^ Fnv1a(KeyOfPoint(v, pool[i])) ^ (0x9e3779b97f4a7c15ULL * proposed_.size()));
+        scored.emplace_back(score, tie.Next(), i);
+      }
+      std::sort(scored.begin(), scored.end(), std::greater<>());
+      for (const auto& [score, tie, i] : scored) ranking.order.push_back(std::move(pool[i]));
+    }
+    while (ranking.next < ranking.order.size()) {
+      const Point& p = ranking.order[ranking.next++];
+      if (Eligible(v, p)) return Pick{p, NearestVerified(v, p)};
+    }
+    return std::nullopt;
+  }
+
+  // The verified setting of the same template closest to `p` (fewest value
+  // steps; the faster on a tie): the one it is a step from, for lineage.
+  static std::string NearestVerified(const View& v, const Point& p) {
+    std::string id;
+    int best = std::numeric_limits<int>::max();
+    for (const View::Timed& x : v.timed) {  // fastest first: the first of equals wins
+      if (x.point.t != p.t || x.id.empty()) continue;
+      int dist = 0;
+      for (size_t d = 0; d < p.idx.size(); ++d) dist += std::abs(p.idx[d] - x.point.idx[d]);
+      if (dist < best) best = dist, id = x.id;
+    }
+    return id;
+  }
+
+  std::optional<Pick> NextPick(const View& v, Ranking& ranking) const {
     // A fresh generator per pick, seeded by what has been proposed so far, so
     // the draw does not depend on how many Propose() calls came before.
     Rng rng(seed_ ^ (0xd1b54a32d192ed03ULL * (proposed_.size() + 1)));
@@ -408,36 +512,7 @@ class BuiltinProposer final : public Proposer {
     if (!v.parents.empty() && rng.Unit() < options_.explore) {
       if (auto p = RandomPoint(v, rng, 32, /*avoid_failures=*/true)) return Pick{*p, ""};
     }
-    // Local moves around the best settings (around the defaults before
-    // anything is verified), ranked by the fitted model; a small bias keeps
-    // continuing a successful direction and short steps ahead of long ones.
-    std::vector<std::pair<Point, std::string>> parents = v.parents;
-    if (parents.empty())
-      for (const Point& d : v.defaults) parents.emplace_back(d, "");
-    struct Move {
-      Point point;
-      std::string parent_id;
-      double score;
-    };
-    std::vector<Move> pool;
-    std::set<std::string> seen;
-    auto add = [&](Point p, const std::string& parent_id, int radius) {
-      if (!Eligible(v, p) || NearFailure(v, p) || !seen.insert(KeyOfPoint(v, p)).second) return;
-      double score = 1e-3 * radius;
-      for (size_t d = 0; d < p.idx.size(); ++d) score += v.effect[p.t][d][p.idx[d]];
-      pool.push_back(Move{std::move(p), parent_id, score});
-    };
-    for (size_t i = 0; i < v.momentum.size(); ++i)
-      if (v.momentum[i]) add(*v.momentum[i], v.parents[i].second, 0);
-    for (int radius : {1, 2})
-      for (const auto& [parent, id] : parents)
-        for (Point& m : Neighbours(v, parent, radius)) add(std::move(m), id, radius);
-    if (!pool.empty()) {
-      rng.Shuffle(pool);  // ties are broken by the seed
-      auto best = std::min_element(pool.begin(), pool.end(),
-                                   [](const Move& a, const Move& b) { return a.score < b.score; });
-      return Pick{std::move(best->point), std::move(best->parent_id)};
-    }
+    if (std::optional<Pick> p = ModelPick(v, rng, ranking)) return p;
     if (auto p = RandomPoint(v, rng, 64, true)) return Pick{*p, ""};
     if (auto p = Sweep(v, rng, true)) return Pick{*p, ""};
     if (auto p = Sweep(v, rng, false)) return Pick{*p, ""};

@@ -7,8 +7,8 @@
 // once a kernel that declared some is verified (compiled, in a
 // compile-only job) it becomes a template "model:<variant id>" of a
 // ModelTemplateSource, searched by a builtin proposer (builtin_proposer.h)
-// exactly as the seed templates are: defaults first, then steps around
-// the fastest settings. Each Propose() takes up to half of its candidates
+// exactly as the seed templates are: defaults first, then the settings the
+// builtin's model expects the most of. Each Propose() takes up to half of its candidates
 // from the sweeps (at most `sweeps_per_template` per template), the rest
 // from the model.
 //

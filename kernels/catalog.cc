@@ -14,6 +14,7 @@ std::vector<TemplateDef> AllTemplates() {
   std::vector<TemplateDef> defs;
   defs.push_back(templates::FwdMmaTemplate());
   defs.push_back(templates::BwdMmaTemplate());
+  defs.push_back(templates::FwdStreamTemplate());
   defs.push_back(templates::FwdSm90Template());
   defs.push_back(templates::BwdSm90Template());
   return defs;

@@ -12,6 +12,8 @@
 //              (sm_80, sm_90a, sm_100a), head dims 64/128(/256).
 //   "fwd_sm90" Hopper wgmma/TMA forward (sm_90a), when built in (owned by
 //              the sm90 engineer; see kernels/template_def.h).
+//   "fwd_stream" query-streaming forward for long queries over short keys
+//              (mma.sync, sm_80+), head dims 64/128.
 //
 // Thread-safe: everything here is a pure function of its arguments.
 #pragma once

@@ -135,3 +135,58 @@ TEST(CatalogTest, TinySequenceBatchesGetThePackedPortableKernel) {
 }
 }  // namespace
 }  // namespace kforge
+
+namespace kforge {
+namespace {
+// bench/shapes_wide.json's longq_shortk_cross: 512 sequences of 1024-2048
+// queries over 1-16 keys.
+ShapeKey LongQueriesShortKeys(const std::string& arch, int64_t max_keys) {
+  ShapeKey s = Shape(128, arch, 2048);
+  s.cross = true;
+  s.batch = 512;
+  s.total_q = 512 * 1536;
+  s.max_len_k = max_keys;
+  s.total_k = 512 * (max_keys + 1) / 2;
+  return s;
+}
+
+TEST(CatalogTest, LongQueriesOverShortKeysGetTheStreamingKernel) {
+  for (const char* arch : {"sm_80", "sm_90a", "sm_100a"}) {
+    auto v = DefaultVariant(LongQueriesShortKeys(arch, 16));
+    ASSERT_TRUE(v.ok()) << v.status();
+    EXPECT_EQ(v->template_name, "fwd_stream") << arch;
+    EXPECT_EQ(v->knobs.at("BLOCK_N"), 16) << "one key block holds every sequence's keys";
+    EXPECT_EQ(v->manifest.grid, GridPolicy::kPersistent);
+    EXPECT_TRUE(CheckVariant(v->source, v->manifest, arch, LongQueriesShortKeys(arch, 16)).ok());
+  }
+  EXPECT_EQ(DefaultVariant(LongQueriesShortKeys("sm_90a", 32))->knobs.at("BLOCK_N"), 32);
+}
+
+TEST(CatalogTest, TheStreamingKernelIsNotServedWhereKeysFillBlocks) {
+  // Self-attention of long sequences, cross attention over a few hundred
+  // keys (pffn_cross_d64), tiny sequences (powerlaw_short): other templates.
+  ShapeKey self = Shape(128, "sm_90a", 2048);
+  EXPECT_NE(DefaultVariant(self)->template_name, "fwd_stream");
+  ShapeKey pffn = LongQueriesShortKeys("sm_90a", 256);
+  pffn.head_dim = 64;
+  pffn.total_k = 512 * 256;
+  EXPECT_NE(DefaultVariant(pffn)->template_name, "fwd_stream");
+  ShapeKey tiny = Shape(128, "sm_90a", 16);
+  EXPECT_NE(DefaultVariant(tiny)->template_name, "fwd_stream");
+  // Short keys but short query sequences too: packing (fwd_mma) wins there.
+  ShapeKey few_queries = LongQueriesShortKeys("sm_90a", 16);
+  few_queries.total_q = 512 * 40;
+  EXPECT_NE(DefaultVariant(few_queries)->template_name, "fwd_stream");
+}
+
+TEST(CatalogTest, StreamingSettingsThatCannotWorkAreRejectedWithReason) {
+  auto s = ValidateKnobs("fwd_stream", {{"BLOCK_M", 128}, {"BLOCK_N", 64}, {"STAGES", 4}}, 128);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("shared memory"), std::string::npos) << s.message();
+  s = ValidateKnobs("fwd_stream", {{"BLOCK_M", 128}, {"MIN_BLOCKS", 3}}, 128);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("MIN_BLOCKS=3"), std::string::npos) << s.message();
+  EXPECT_TRUE(ValidateKnobs("fwd_stream", {{"BLOCK_M", 64}, {"MIN_BLOCKS", 4}}, 128).ok());
+}
+}  // namespace
+}  // namespace kforge

@@ -4,6 +4,8 @@
 // kforge_embed) plus a TemplateDef factory. catalog.cc lists the factories:
 //   kernels/templates/fwd_mma.cc   -> templates::FwdMmaTemplate()   (always)
 //   kernels/templates/bwd_mma.cc   -> templates::BwdMmaTemplate()   (always)
+//   kernels/templates/fwd_stream.cc -> templates::FwdStreamTemplate() (always;
+//       mma_common.cuh + fwd_stream.cuh)
 // The two portable templates share their PTX helpers through
 // templates/mma_common.cuh, which their build() prepends to the source.
 //   kernels/templates/fwd_sm90.cc  -> templates::FwdSm90Template()  (embeds
@@ -45,6 +47,7 @@ struct TemplateDef {
 namespace templates {
 TemplateDef FwdMmaTemplate();
 TemplateDef BwdMmaTemplate();
+TemplateDef FwdStreamTemplate();
 TemplateDef FwdSm90Template();
 TemplateDef BwdSm90Template();
 }  // namespace templates

@@ -20,11 +20,12 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
-#include <future>
+#include <atomic>
 #include <map>
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -156,6 +157,13 @@ Problem MakeProblem(std::string name, int heads, int kv_heads, int d, bool causa
   return p;
 }
 
+// What the timing loop measured, in microseconds: the median (the reported
+// figure) and the quartiles (their distance is the spread the search's
+// tables use to tell a real difference from noise).
+struct Timed {
+  double median = 0, q1 = 0, q3 = 0;
+};
+
 struct Candidate {
   Variant variant;
   std::string label;
@@ -218,28 +226,37 @@ class Bench {
     return absl::OkStatus();
   }
 
-  // Compiles and loads every candidate (compiles in parallel); a candidate
-  // whose source and manifest an earlier shape's had reuses that compile.
-  void Prepare(std::vector<Candidate>& cands) {
+  // Compiles and loads every candidate, `jobs` compiles at a time; a
+  // candidate whose source and manifest an earlier shape's had reuses that
+  // compile. A bounded pool rather than a thread per candidate: `--variants
+  // all` has hundreds, and NVRTC's memory and the cores are what bound it.
+  void Prepare(std::vector<Candidate>& cands, int jobs) {
     auto key = [](const Candidate& c) { return c.variant.manifest_json + "\n" + c.variant.source; };
     std::vector<Candidate*> todo;
     std::set<std::string> queued;
     for (auto& c : cands) {
       if (!compiled_.count(key(c)) && queued.insert(key(c)).second) todo.push_back(&c);
     }
-    std::vector<std::future<absl::StatusOr<gpu::CompileResult>>> jobs;
-    for (Candidate* c : todo) {
-      jobs.push_back(std::async(std::launch::async, [c, this] {
-        gpu::CompileRequest req;
-        req.source = c->variant.source;
-        req.arch = info_.arch;
-        req.name = c->variant.template_name + ".cu";
-        return gpu::Compile(req);
-      }));
+    std::vector<absl::StatusOr<gpu::CompileResult>> results(todo.size(),
+                                                            absl::UnknownError("not compiled"));
+    std::atomic<size_t> next{0};
+    std::vector<std::thread> pool;
+    const size_t threads = std::clamp<size_t>(jobs, 1, std::max<size_t>(1, todo.size()));
+    for (size_t w = 0; w < threads && !todo.empty(); ++w) {
+      pool.emplace_back([&] {
+        for (size_t i; (i = next.fetch_add(1)) < todo.size();) {
+          gpu::CompileRequest req;
+          req.source = todo[i]->variant.source;
+          req.arch = info_.arch;
+          req.name = todo[i]->variant.template_name + ".cu";
+          results[i] = gpu::Compile(req);
+        }
+      });
     }
+    for (auto& t : pool) t.join();
     for (size_t i = 0; i < todo.size(); ++i) {
       Candidate& c = *todo[i];
-      Load(c, jobs[i].get());
+      Load(c, std::move(results[i]));
       compiled_[key(c)] = c;
     }
     for (auto& c : cands) {
@@ -451,7 +468,7 @@ class Bench {
   }
 
   // Median microseconds over `reps` runs, each after an L2 flush.
-  absl::StatusOr<double> Time(const Candidate& c, const Problem& pr, Data& d, int reps) {
+  absl::StatusOr<Timed> Time(const Candidate& c, const Problem& pr, Data& d, int reps) {
     auto l = Plan(c, pr, d);
     if (!l.ok()) return l.status();
     return TimeLoop(
@@ -464,8 +481,8 @@ class Bench {
   }
 
   // 3 warm-ups of (untimed, timed), then `reps` times: L2 flush, `untimed`,
-  // then `timed` between two events. The median in microseconds.
-  absl::StatusOr<double> TimeLoop(int reps, const std::function<absl::Status()>& untimed,
+  // then `timed` between two events. The median and quartiles in microseconds.
+  absl::StatusOr<Timed> TimeLoop(int reps, const std::function<absl::Status()>& untimed,
                                   const std::function<absl::Status()>& timed) {
     for (int i = 0; i < 3; ++i) {
       BENCH_TRY(untimed());
@@ -496,7 +513,7 @@ class Bench {
       us.push_back(*ms * 1000.0);
     }
     std::sort(us.begin(), us.end());
-    return us[us.size() / 2];
+    return Timed{us[us.size() / 2], us[us.size() / 4], us[(3 * us.size()) / 4]};
   }
 
   // ------------------------------------------------------------ backward ---
@@ -727,7 +744,7 @@ class Bench {
     return r;
   }
 
-  absl::StatusOr<double> TimeBwd(const Candidate& c, const Problem& pr, BwdData& d, int reps) {
+  absl::StatusOr<Timed> TimeBwd(const Candidate& c, const Problem& pr, BwdData& d, int reps) {
     auto l = PlanBwd(c, pr, d);
     if (!l.ok()) return l.status();
     return TimeLoop(
@@ -821,6 +838,85 @@ std::string FilterFor(const std::string& templates, const std::string& op) {
   return out;
 }
 
+// Every knob setting of a template: the product of its knobs' values, in
+// the catalog's knob order (the last knob varies fastest).
+std::vector<std::map<std::string, int>> AllSettings(const TemplateInfo& t) {
+  std::vector<std::map<std::string, int>> out = {{}};
+  for (const auto& k : t.knobs) {
+    std::vector<std::map<std::string, int>> next;
+    for (const auto& partial : out) {
+      for (int v : k.values) {
+        auto x = partial;
+        x[k.name] = v;
+        next.push_back(std::move(x));
+      }
+    }
+    out = std::move(next);
+  }
+  return out;
+}
+
+// What `--variants all` made of each template's knob space for one shape:
+// settings in the product, refused by the template's validate(), refused by
+// the static check (kernels/check.h), kept. The kept ones are the space the
+// builtin proposer searches for the bucket (agent/catalog_template_source.cc
+// refuses the same two ways).
+struct SpaceStats {
+  struct PerTemplate {
+    int product = 0, refused_validate = 0, refused_check = 0, kept = 0;
+  };
+  std::map<std::string, PerTemplate> templates;
+};
+
+json SpaceJson(const SpaceStats& s) {
+  json j = json::object();
+  int kept = 0;
+  for (const auto& [name, t] : s.templates) {
+    j["templates"][name] = {{"product", t.product}, {"refused_validate", t.refused_validate},
+                            {"refused_check", t.refused_check}, {"kept", t.kept}};
+    kept += t.kept;
+  }
+  j["kept"] = kept;
+  return j;
+}
+
+// `--variants all` for one op: every setting of every template of that op
+// serving the arch and head dim that the template's validate() accepts and
+// the static check passes for the shape, templates in catalog order. Only
+// knob settings: no "+grouped" manifest edits, which the search never makes.
+std::vector<Candidate> EverySetting(const Problem& pr, const std::string& arch, const std::string& op,
+                                    const std::string& templates, const ShapeKey& key,
+                                    SpaceStats* space) {
+  const auto names = SplitList(templates);
+  std::vector<Candidate> out;
+  for (const auto& t : ListTemplates()) {
+    if (!HasOp(t, op)) continue;
+    if (!names.empty() && std::find(names.begin(), names.end(), t.name) == names.end()) continue;
+    if (std::find(t.archs.begin(), t.archs.end(), arch) == t.archs.end()) continue;
+    if (std::find(t.head_dims.begin(), t.head_dims.end(), pr.head_dim) == t.head_dims.end()) continue;
+    SpaceStats::PerTemplate counts;
+    for (const auto& knobs : AllSettings(t)) {
+      ++counts.product;
+      absl::StatusOr<Variant> v = Instantiate(t.name, knobs, pr.head_dim);
+      if (!v.ok()) {
+        ++counts.refused_validate;
+        continue;
+      }
+      if (!CheckVariant(v->source, v->manifest, arch, key).ok()) {
+        ++counts.refused_check;
+        continue;
+      }
+      ++counts.kept;
+      Candidate c;
+      c.label = Label(*v);
+      c.variant = *std::move(v);
+      out.push_back(std::move(c));
+    }
+    if (space != nullptr) space->templates[t.name] = counts;
+  }
+  return out;
+}
+
 // Candidates for a head dim: the mma sweep plus every other template's defaults.
 // --settings "tmpl:K=V,K=V;tmpl:K=V": knob settings to time beside the mode's
 // candidates, each over its template's defaults for the shape. "" when the
@@ -864,8 +960,10 @@ std::vector<std::map<std::string, int>> ExtraSettings(const std::string& t,
 }
 
 std::vector<Candidate> MakeCandidates(const Problem& pr, const std::string& arch,
-                                      const std::string& mode, const std::string& templates_arg) {
+                                      const std::string& mode, const std::string& templates_arg,
+                                      SpaceStats* space = nullptr) {
   const std::string templates = FilterFor(templates_arg, "fwd");
+  if (mode == "all") return EverySetting(pr, arch, "fwd", templates, KeyOf(pr, arch), space);
   auto wanted = [&](const std::string& t) {
     return templates.empty() || ("," + templates + ",").find("," + t + ",") != std::string::npos;
   };
@@ -931,22 +1029,8 @@ std::vector<std::map<std::string, int>> KnobSweep(const TemplateInfo& t,
   constexpr size_t kMaxProduct = 24;
   size_t product = 1;
   for (const auto& k : t.knobs) product *= std::max<size_t>(1, k.values.size());
+  if (product <= kMaxProduct) return AllSettings(t);
   std::vector<std::map<std::string, int>> out;
-  if (product <= kMaxProduct) {
-    out.push_back({});
-    for (const auto& k : t.knobs) {
-      std::vector<std::map<std::string, int>> next;
-      for (const auto& partial : out) {
-        for (int v : k.values) {
-          auto x = partial;
-          x[k.name] = v;
-          next.push_back(std::move(x));
-        }
-      }
-      out = std::move(next);
-    }
-    return out;
-  }
   for (const auto& k : t.knobs) {
     for (int v : k.values) {
       auto x = defaults;
@@ -963,8 +1047,12 @@ std::vector<std::map<std::string, int>> KnobSweep(const TemplateInfo& t,
 // default first), and with `sweep` its KnobSweep. Settings the template
 // refuses (e.g. too much shared memory) are skipped quietly.
 std::vector<Candidate> MakeBwdCandidates(const Problem& pr, const std::string& arch,
-                                         const std::string& mode, const std::string& templates_arg) {
+                                         const std::string& mode, const std::string& templates_arg,
+                                         SpaceStats* space = nullptr) {
   const std::string templates = FilterFor(templates_arg, "bwd");
+  if (mode == "all") {
+    return EverySetting(pr, arch, "bwd", templates, KeyOf(pr, arch, Op::kBackward), space);
+  }
   const auto names = SplitList(templates);
   auto wanted = [&](const std::string& t) {
     return names.empty() || std::find(names.begin(), names.end(), t) != names.end();
@@ -1034,29 +1122,39 @@ std::vector<Problem> HostileProblems(int d) {
   return out;
 }
 
+constexpr int kAllModeReps = 10;
+
 constexpr const char* kUsage =
     "usage: kforge-bench-attn [--lengths F] [--out F] [--op fwd|bwd|both] [--only a,b]\n"
-    "                         [--reps N] [--variants default|sweep] [--templates a,b]\n"
-    "                         [--settings \"tmpl:K=V,K=V;...\"]\n"
+    "                         [--reps N] [--variants default|sweep|all] [--templates a,b]\n"
+    "                         [--settings \"tmpl:K=V,K=V;...\"] [--jobs N]\n"
     "                         [--list-candidates [--arch sm_90a]] [--help]\n"
     "  --lengths F     shapes with their drawn lengths (lengths.py); default lengths.json\n"
     "  --out F         write every candidate's result as JSON (rows carry \"op\")\n"
     "  --op            fwd (default), bwd, or both (per shape: forward, then backward)\n"
     "  --only a,b      only these shapes\n"
-    "  --reps N        timed runs per candidate, 1..10000 (default 20); median reported\n"
-    "  --variants      sweep (default): knob sweeps; default: each template's default knobs\n"
+    "  --reps N        timed runs per candidate, 1..10000 (default 20, 10 with --variants all);\n"
+    "                  median and quartiles reported\n"
+    "  --variants      sweep (default): knob sweeps; default: each template's default knobs;\n"
+    "                  all: every knob setting of every template serving the shape that the\n"
+    "                  template accepts and the static check passes (the builtin proposer's\n"
+    "                  whole space), each with its outcome, for search-efficiency tables\n"
+    "  --jobs N        parallel NVRTC compiles, 1..256 (default: the CPU count)\n"
     "  --templates a,b only these catalog templates; applied per op, and an op none of whose\n"
     "                  templates is named keeps them all (--op both --templates fwd_sm90\n"
     "                  narrows the forward only)\n"
     "  --settings S    also time these knob settings (each over its template's defaults for\n"
     "                  the shape), e.g. \"bwd_sm90:DELTA=2,ORDER=1;bwd_sm90:STAGES=3\"\n"
+    "                  (with --variants all every setting is timed already)\n"
     "  --list-candidates  print each shape's candidates and exit (no GPU; --arch picks the\n"
-    "                  target, default sm_90a)\n";
+    "                  target, default sm_90a); with --out, also as JSON (the run's layout,\n"
+    "                  without results)\n";
 
 struct Options {
   std::string lengths = "lengths.json", out, only, mode = "sweep", templates, op = "fwd";
   std::string arch = "sm_90a";  // --list-candidates only; a GPU run uses the GPU's
-  int reps = 20;
+  int reps = 0;  // 0: 20, or kAllModeReps with --variants all
+  int jobs = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   bool list = false, help = false;
   bool fwd() const { return op == "fwd" || op == "both"; }
   bool bwd() const { return op == "bwd" || op == "both"; }
@@ -1077,7 +1175,7 @@ std::string ParseArgs(int argc, char** argv, Options& o) {
     }
     static const std::set<std::string> kValued = {"--lengths", "--out", "--only", "--reps",
                                                   "--variants", "--templates", "--op", "--arch",
-                                                  "--settings"};
+                                                  "--jobs", "--settings"};
     if (!kValued.count(a)) return fmt::format("unknown argument {}", a);
     if (i + 1 >= argc) return fmt::format("{} needs a value", a);
     const std::string v = argv[++i];
@@ -1093,16 +1191,21 @@ std::string ParseArgs(int argc, char** argv, Options& o) {
       if (v != "fwd" && v != "bwd" && v != "both") return "--op must be fwd, bwd or both, not " + v;
       o.op = v;
     } else if (a == "--variants") {
-      if (v != "default" && v != "sweep") return "--variants must be default or sweep, not " + v;
+      if (v != "default" && v != "sweep" && v != "all")
+        return "--variants must be default, sweep or all, not " + v;
       o.mode = v;
-    } else if (a == "--reps") {
+    } else if (a == "--reps" || a == "--jobs") {
       int n = 0;
       auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
-      if (ec != std::errc() || end != v.data() + v.size() || n < 1 || n > 10000)
-        return "--reps must be an integer in 1..10000, not " + v;
-      o.reps = n;
+      const int most = a == "--reps" ? 10000 : 256;
+      if (ec != std::errc() || end != v.data() + v.size() || n < 1 || n > most)
+        return fmt::format("{} must be an integer in 1..{}, not {}", a, most, v);
+      (a == "--reps" ? o.reps : o.jobs) = n;
     }
   }
+  // Hundreds of settings a shape: fewer runs each keep the whole space inside
+  // one device call; the quartiles in the output say how noisy that is.
+  if (o.reps == 0) o.reps = o.mode == "all" ? kAllModeReps : 20;
   std::vector<std::string> known;
   for (const auto& t : ListTemplates()) known.push_back(t.name);
   for (const auto& t : SplitList(o.templates)) {
@@ -1128,23 +1231,60 @@ json VariantJson(const Candidate& c) {
           {"spill_stores", c.res.spill_stores_bytes}, {"compile_ms", c.compile_ms}};
 }
 
-// One shape's forward candidates: checked, timed. Fills `best`.
+// The evaluator's outcome names (core/outcome.h) for what happened to a
+// candidate here, so that a table of results reads as a worker's would: a
+// module that does not load is a compile error there too; a launch or
+// timing failure is a crash; a failed check (benchmark prefix or hostile
+// batches) is a wrong result.
+void SetOutcome(json& jv, const Candidate& c, bool check_pass, const std::string& launch_error,
+                bool timed) {
+  std::string outcome;
+  if (!c.error.empty()) outcome = "compile_error";
+  else if (!launch_error.empty() || !timed) outcome = "crashed";
+  else if (!check_pass || !c.hostile_ok) outcome = "wrong";
+  else outcome = "verified";
+  jv["outcome"] = outcome;
+}
+
+void SetTimes(json& jv, const Timed& t, double flops) {
+  jv["us"] = t.median;
+  jv["us_q1"] = t.q1;
+  jv["us_q3"] = t.q3;
+  jv["tflops"] = flops / (t.median * 1e-6) / 1e12;
+}
+
+// Calls `save` after every `every` variants of a shape, so that a run cut
+// short by its cap keeps what it measured of a long shape too.
+using Progress = std::function<void(const json& partial_shape)>;
+
+// One shape's forward candidates: checked, timed. Fills `best`. The hostile
+// batches are uploaded (with their reference answers) once per head dim and
+// shared by every candidate; each check poisons the outputs first, so a
+// candidate never sees another's results.
 json BenchForward(Bench& bench, const Problem& pr, const Options& o, Verdicts& hostile_verdict,
-                  Row& best) {
+                  std::map<int, std::vector<std::pair<Problem, absl::StatusOr<Bench::Data>>>>& hostile_data,
+                  Row& best, const Progress& progress) {
   const std::string& name = pr.name;
   const std::string arch = bench.info().arch;
-  std::vector<Candidate> cands = MakeCandidates(pr, arch, o.mode, o.templates);
-  bench.Prepare(cands);
+  SpaceStats space;
+  std::vector<Candidate> cands = MakeCandidates(pr, arch, o.mode, o.templates, &space);
+  bench.Prepare(cands, o.jobs);
 
   // Hostile correctness batches, once per (head dim, candidate).
   auto& verdicts = hostile_verdict[pr.head_dim];
+  auto& hostile = hostile_data[pr.head_dim];
   for (auto& c : cands) {
     if (!c.error.empty()) continue;
     auto it = verdicts.find(c.label);
     if (it == verdicts.end()) {
+      if (hostile.empty()) {
+        for (Problem& hp : HostileProblems(pr.head_dim)) {
+          auto d = bench.Upload(hp, 1 << 20);
+          hostile.emplace_back(std::move(hp), std::move(d));
+        }
+      }
       std::string why;
-      for (const Problem& hp : HostileProblems(pr.head_dim)) {
-        auto d = bench.Upload(hp, 1 << 20);
+      for (auto& [hp, d] : hostile) {
         if (!d.ok()) {
           why = fmt::format("{}: {}", hp.name, std::string(d.status().message()));
           break;
@@ -1169,13 +1309,17 @@ json BenchForward(Bench& bench, const Problem& pr, const Options& o, Verdicts& h
     std::printf("  upload failed: %s\n", std::string(data.status().message()).c_str());
     return nullptr;
   }
-  json jshape = {{"shape", name}, {"op", "fwd"}, {"tokens_q", pr.cu_q.back()},
-                 {"tokens_k", pr.cu_k.back()}, {"fwd_gflop", pr.flops / 1e9},
-                 {"checked_rows", data->ref_rows}, {"variants", json::array()}};
-  for (auto& c : cands) {
+  json jshape = {{"shape", name}, {"op", "fwd"}, {"head_dim", pr.head_dim},
+                 {"tokens_q", pr.cu_q.back()}, {"tokens_k", pr.cu_k.back()},
+                 {"fwd_gflop", pr.flops / 1e9}, {"checked_rows", data->ref_rows},
+                 {"mode", o.mode}, {"reps", o.reps}, {"variants", json::array()}};
+  if (o.mode == "all") jshape["space"] = SpaceJson(space);
+  for (size_t i = 0; i < cands.size(); ++i) {
+    Candidate& c = cands[i];
     json jv = VariantJson(c);
     if (!c.error.empty()) {
       jv["error"] = c.error;
+      SetOutcome(jv, c, false, "", false);
       std::printf("  %-70s ERROR %s\n", c.label.c_str(), c.error.substr(0, 300).c_str());
       jshape["variants"].push_back(jv);
       continue;
@@ -1186,16 +1330,18 @@ json BenchForward(Bench& bench, const Problem& pr, const Options& o, Verdicts& h
     jv["hostile_ok"] = c.hostile_ok;
     if (!c.hostile_ok) jv["hostile_detail"] = c.hostile_detail;
     auto us = chk.error.empty() ? bench.Time(c, pr, *data, o.reps)
-                                : absl::StatusOr<double>(absl::InternalError(chk.error));
+                                : absl::StatusOr<Timed>(absl::InternalError(chk.error));
     const bool verified = chk.pass && c.hostile_ok;
+    SetOutcome(jv, c, chk.pass, chk.error, us.ok());
     if (us.ok()) {
-      const double tf = pr.flops / (*us * 1e-6) / 1e12;
-      jv["us"] = *us;
-      jv["tflops"] = tf;
+      SetTimes(jv, *us, pr.flops);
+      const double tf = jv["tflops"];
       std::printf("  %-70s %s %9.1f us %7.1f TFLOP/s  regs=%d err=%.2g lse=%.2g%s\n",
-                  c.label.c_str(), verified ? "OK " : "BAD", *us, tf, c.regs, chk.max_abs,
+                  c.label.c_str(), verified ? "OK " : "BAD", us->median, tf, c.regs, chk.max_abs,
                   chk.lse_abs, c.hostile_ok ? "" : ("  hostile: " + c.hostile_detail).c_str());
-      if (verified && (best.us == 0 || *us < best.us)) best = {"fwd", name, c.label, *us, tf};
+      if (verified && (best.us == 0 || us->median < best.us)) {
+        best = {"fwd", name, c.label, us->median, tf};
+      }
     } else {
       jv["error"] = std::string(us.status().message());
       std::printf("  %-70s FAILED %s\n", c.label.c_str(),
@@ -1203,6 +1349,7 @@ json BenchForward(Bench& bench, const Problem& pr, const Options& o, Verdicts& h
     }
     std::fflush(stdout);
     jshape["variants"].push_back(jv);
+    if (progress && (i + 1) % 32 == 0) progress(jshape);
   }
   jshape["best"] = {{"variant", best.best}, {"us", best.us}, {"tflops", best.tflops}};
   return jshape;
@@ -1221,14 +1368,15 @@ json CheckJson(const Bench::BwdCheck& chk) {
 // One shape's backward candidates: checked (hostile batches, then the
 // benchmark batch's prefix), timed. Fills `best`.
 json BenchBackward(Bench& bench, const Problem& pr, const Options& o, Verdicts& hostile_verdict,
-                   Row& best) {
+                   Row& best, const Progress& progress) {
   const std::string& name = pr.name;
   const std::string arch = bench.info().arch;
   const double flops = 2.5 * pr.flops;
   best = {"bwd", name, "", 0, 0};
-  std::vector<Candidate> cands = MakeBwdCandidates(pr, arch, o.mode, o.templates);
+  SpaceStats space;
+  std::vector<Candidate> cands = MakeBwdCandidates(pr, arch, o.mode, o.templates, &space);
   if (cands.empty()) std::printf("  no backward candidate for this shape on %s\n", arch.c_str());
-  bench.Prepare(cands);
+  bench.Prepare(cands, o.jobs);
 
   // Hostile batches (made once here, with their reference gradients),
   // checked once per (head dim, candidate).
@@ -1271,13 +1419,17 @@ json BenchBackward(Bench& bench, const Problem& pr, const Options& o, Verdicts& 
   json jshape = {{"shape", name}, {"op", "bwd"}, {"tokens_q", pr.cu_q.back()},
                  {"tokens_k", pr.cu_k.back()}, {"fwd_gflop", pr.flops / 1e9},
                  {"bwd_gflop", flops / 1e9}, {"checked_rows", data->ref_rows},
+                 {"head_dim", pr.head_dim}, {"mode", o.mode}, {"reps", o.reps},
                  {"variants", json::array()}};
+  if (o.mode == "all") jshape["space"] = SpaceJson(space);
   if (auto v = DefaultVariant(KeyOf(pr, arch, Op::kBackward)); v.ok())
     jshape["default_variant"] = Label(*v);
-  for (auto& c : cands) {
+  for (size_t i = 0; i < cands.size(); ++i) {
+    Candidate& c = cands[i];
     json jv = VariantJson(c);
     if (!c.error.empty()) {
       jv["error"] = c.error;
+      SetOutcome(jv, c, false, "", false);
       std::printf("  %-70s ERROR %s\n", c.label.c_str(), c.error.substr(0, 300).c_str());
       jshape["variants"].push_back(jv);
       continue;
@@ -1287,19 +1439,21 @@ json BenchBackward(Bench& bench, const Problem& pr, const Options& o, Verdicts& 
     jv["hostile_ok"] = c.hostile_ok;
     if (!c.hostile_ok) jv["hostile_detail"] = c.hostile_detail;
     auto us = chk.error.empty() ? bench.TimeBwd(c, pr, *data, o.reps)
-                                : absl::StatusOr<double>(absl::InternalError(chk.error));
+                                : absl::StatusOr<Timed>(absl::InternalError(chk.error));
     const bool verified = chk.pass && c.hostile_ok;
+    SetOutcome(jv, c, chk.pass, chk.error, us.ok());
     if (us.ok()) {
-      const double tf = flops / (*us * 1e-6) / 1e12;
-      jv["us"] = *us;
-      jv["tflops"] = tf;
+      SetTimes(jv, *us, flops);
+      const double tf = jv["tflops"];
       std::string errs;
       for (const auto& oc : chk.outputs) errs += fmt::format(" {}={:.2g}", oc.output, oc.rel_l2);
       std::printf("  %-70s %s %9.1f us %7.1f TFLOP/s  regs=%d rel_l2%s%s%s\n", c.label.c_str(),
-                  verified ? "OK " : "BAD", *us, tf, c.regs, errs.c_str(),
+                  verified ? "OK " : "BAD", us->median, tf, c.regs, errs.c_str(),
                   chk.pass ? "" : ("  " + chk.detail).c_str(),
                   c.hostile_ok ? "" : ("  hostile: " + c.hostile_detail).c_str());
-      if (verified && (best.us == 0 || *us < best.us)) best = {"bwd", name, c.label, *us, tf};
+      if (verified && (best.us == 0 || us->median < best.us)) {
+        best = {"bwd", name, c.label, us->median, tf};
+      }
     } else {
       jv["error"] = std::string(us.status().message());
       std::printf("  %-70s FAILED %s\n", c.label.c_str(),
@@ -1307,6 +1461,7 @@ json BenchBackward(Bench& bench, const Problem& pr, const Options& o, Verdicts& 
     }
     std::fflush(stdout);
     jshape["variants"].push_back(jv);
+    if (progress && (i + 1) % 32 == 0) progress(jshape);
   }
   jshape["best"] = {{"variant", best.best}, {"us", best.us}, {"tflops", best.tflops}};
   return jshape;
@@ -1351,14 +1506,26 @@ int Main(int argc, char** argv) {
   }
 
   if (o.list) {  // what would run, without a GPU
+    json listed = json::array();
     for (const Problem& pr : problems) {
       for (const std::string op : {"fwd", "bwd"}) {
         if ((op == "fwd" && !o.fwd()) || (op == "bwd" && !o.bwd())) continue;
-        const auto cands = op == "fwd" ? MakeCandidates(pr, o.arch, o.mode, o.templates)
-                                       : MakeBwdCandidates(pr, o.arch, o.mode, o.templates);
+        SpaceStats space;
+        const auto cands = op == "fwd" ? MakeCandidates(pr, o.arch, o.mode, o.templates, &space)
+                                       : MakeBwdCandidates(pr, o.arch, o.mode, o.templates, &space);
         std::printf("%s %s: %zu candidates\n", op.c_str(), pr.name.c_str(), cands.size());
-        for (const auto& c : cands) std::printf("  %s\n", c.label.c_str());
+        json jshape = {{"shape", pr.name}, {"op", op}, {"head_dim", pr.head_dim},
+                       {"mode", o.mode}, {"variants", json::array()}};
+        if (o.mode == "all") jshape["space"] = SpaceJson(space);
+        for (const auto& c : cands) {
+          std::printf("  %s\n", c.label.c_str());
+          jshape["variants"].push_back(VariantJson(c));
+        }
+        listed.push_back(std::move(jshape));
       }
+    }
+    if (!o.out.empty()) {
+      std::ofstream(o.out) << json{{"arch", o.arch}, {"op", o.op}, {"shapes", listed}}.dump(1);
     }
     return 0;
   }
@@ -1385,15 +1552,21 @@ int Main(int argc, char** argv) {
   json results = json::array();
   std::vector<Row> rows;
   Verdicts fwd_verdicts, bwd_verdicts;
+  std::map<int, std::vector<std::pair<Problem, absl::StatusOr<Bench::Data>>>> fwd_hostile;
   // Rewritten after every (shape, op): run.sh caps this process, and a run
   // cut short should still leave what it measured for report.py.
-  auto save = [&] {
+  // `partial`: the shape being measured, so far (--variants all saves every
+  // 32 variants; a shape of several hundred takes a while).
+  auto save = [&](const json& partial = nullptr) {
     if (o.out.empty()) return;
+    json shapes = results;
+    if (!partial.is_null()) shapes.push_back(partial);
     const std::string tmp = o.out + ".tmp";
     std::ofstream(tmp) << json{{"gpu", info->name}, {"arch", info->arch}, {"op", o.op},
-                               {"shapes", results}}.dump(1);
+                               {"shapes", shapes}}.dump(1);
     std::rename(tmp.c_str(), o.out.c_str());
   };
+  const Progress progress = [&](const json& partial) { save(partial); };
   for (const Problem& pr : problems) {
     std::printf("\n== %s: B=%zu H=%d D=%d causal=%d tokens_q=%d max_q=%d GFLOP=%.1f\n",
                 pr.name.c_str(), pr.cu_q.size() - 1, pr.heads, pr.head_dim, pr.causal,
@@ -1402,7 +1575,7 @@ int Main(int argc, char** argv) {
     if (o.fwd()) {
       if (o.bwd()) std::printf("-- fwd\n");
       Row best;
-      json j = BenchForward(bench, pr, o, fwd_verdicts, best);
+      json j = BenchForward(bench, pr, o, fwd_verdicts, fwd_hostile, best, progress);
       if (!j.is_null()) {
         results.push_back(j);
         rows.push_back(best);
@@ -1413,7 +1586,7 @@ int Main(int argc, char** argv) {
       std::printf("-- bwd (GFLOP=%.1f)\n", 2.5 * pr.flops / 1e9);
       std::fflush(stdout);
       Row best;
-      json j = BenchBackward(bench, pr, o, bwd_verdicts, best);
+      json j = BenchBackward(bench, pr, o, bwd_verdicts, best, progress);
       if (!j.is_null()) {
         results.push_back(j);
         rows.push_back(best);

@@ -2,7 +2,7 @@
 # (before any GPU work) and --list-candidates, which builds each shape's
 # candidates from the catalog without a GPU.
 #   python3 cli_test.py path/to/kforge-bench-attn
-import os, subprocess, sys, unittest
+import json, os, shutil, subprocess, sys, tempfile, unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LENGTHS = os.path.join(HERE, "testdata", "lengths.json")
@@ -29,6 +29,12 @@ def listing(*args):
 
 
 class CliTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp()
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp)
+
     def test_help(self):
         r = run("--help")
         self.assertEqual(r.returncode, 0)
@@ -39,7 +45,8 @@ class CliTest(unittest.TestCase):
         for args, why in [(["--op", "backward"], "--op must be fwd, bwd or both"),
                           (["--reps", "0"], "--reps must be an integer"),
                           (["--reps", "20x"], "--reps must be an integer"),
-                          (["--variants", "all"], "--variants must be default or sweep"),
+                          (["--variants", "every"], "--variants must be default, sweep or all"),
+                          (["--jobs", "0"], "--jobs must be an integer in 1..256"),
                           (["--templates", "fwd_mma,bwd_nope"], "bwd_nope is not in this build's catalog"),
                           (["--lengths"], "--lengths needs a value"),
                           (["--frobnicate"], "unknown argument --frobnicate")]:
@@ -72,18 +79,18 @@ class CliTest(unittest.TestCase):
         # The served backward default first: on sm_90a bwd_sm90 where sequences
         # average 64 keys or more (both tiny shapes do), then bwd_mma's.
         self.assertEqual(got[("bwd", "tiny_causal")],
-                         ["bwd_sm90 BLOCK_M=64 BLOCK_N=128 DELTA=1 DQ=0 ORDER=0 OVERLAP=1 STAGES=2", "bwd_mma BLOCK_M=32 BLOCK_N=64 MIN_BLOCKS=1"])
+                         ["bwd_sm90 BLOCK_M=64 BLOCK_N=128 DELTA=2 DQ=0 ORDER=0 OVERLAP=1 STAGES=2", "bwd_mma BLOCK_M=32 BLOCK_N=64 MIN_BLOCKS=1"])
         # (no causal mask: the grouped tile order, ORDER=1)
-        self.assertEqual(got[("bwd", "tiny_d64_cross")][0], "bwd_sm90 BLOCK_M=128 BLOCK_N=128 DELTA=1 DQ=0 ORDER=1 OVERLAP=1 STAGES=2")
+        self.assertEqual(got[("bwd", "tiny_d64_cross")][0], "bwd_sm90 BLOCK_M=128 BLOCK_N=128 DELTA=2 DQ=0 ORDER=1 OVERLAP=1 STAGES=2")
         self.assertTrue(got[("bwd", "tiny_d64_cross")][1].startswith("bwd_mma "))
 
     def test_settings_add_candidates_over_the_defaults(self):
         got = listing("--op", "bwd", "--variants", "default", "--templates", "bwd_sm90", "--only", "tiny_causal",
                       "--settings", "bwd_sm90:ORDER=1;bwd_sm90:STAGES=1,OVERLAP=0")
         self.assertEqual(got[("bwd", "tiny_causal")],
-                         ["bwd_sm90 BLOCK_M=64 BLOCK_N=128 DELTA=1 DQ=0 ORDER=0 OVERLAP=1 STAGES=2",
-                          "bwd_sm90 BLOCK_M=64 BLOCK_N=128 DELTA=1 DQ=0 ORDER=1 OVERLAP=1 STAGES=2",
-                          "bwd_sm90 BLOCK_M=64 BLOCK_N=128 DELTA=1 DQ=0 ORDER=0 OVERLAP=0 STAGES=1"])
+                         ["bwd_sm90 BLOCK_M=64 BLOCK_N=128 DELTA=2 DQ=0 ORDER=0 OVERLAP=1 STAGES=2",
+                          "bwd_sm90 BLOCK_M=64 BLOCK_N=128 DELTA=2 DQ=0 ORDER=1 OVERLAP=1 STAGES=2",
+                          "bwd_sm90 BLOCK_M=64 BLOCK_N=128 DELTA=2 DQ=0 ORDER=0 OVERLAP=0 STAGES=1"])
         for bad, why in (("bwd_sm90", "has no 'template:'"), ("bwd_sm90:ORDER", "is not KNOB=INTEGER"),
                          ("bwd_sm90:ORDER=x", "is not KNOB=INTEGER")):
             r = run("--list-candidates", "--settings", bad)
@@ -98,6 +105,47 @@ class CliTest(unittest.TestCase):
         self.assertTrue(got[("bwd", "tiny_causal")])
         got = listing("--op", "both", "--templates", "bwd_mma,fwd_mma", "--variants", "default")
         self.assertTrue(all(l.startswith("bwd_mma ") for (op, _), ls in got.items() if op == "bwd" for l in ls))
+
+    def test_all_is_every_setting_the_templates_accept(self):
+        out = os.path.join(self.tmp, "list.json")
+        got = listing("--variants", "all", "--out", out)
+        with open(out) as f:
+            listed = {(s["op"], s["shape"]): s for s in json.load(f)["shapes"]}
+        self.assertEqual(set(listed), set(got))
+        for key, labels in got.items():
+            self.assertEqual(len(labels), len(set(labels)), key)
+            shape = listed[key]
+            # The JSON is the run's layout: every setting with its template and knobs.
+            self.assertEqual([v["variant"] for v in shape["variants"]], labels)
+            space = shape["space"]
+            self.assertEqual(space["kept"], len(labels))
+            for name, t in space["templates"].items():
+                self.assertEqual(t["product"], t["kept"] + t["refused_validate"] + t["refused_check"])
+                self.assertEqual(t["kept"], sum(v["template"] == name for v in shape["variants"]))
+            mma = [v["knobs"] for v in shape["variants"] if v["template"] == "fwd_mma"]
+            # fwd_mma: 2 x 3 x 2 x 2 x 2 x 4 x 2 x 2 settings, half of them with
+            # BLOCK_M != 16 * WARPS (refused); every other one fits at D <= 128.
+            self.assertEqual(space["templates"]["fwd_mma"]["product"], 768)
+            self.assertEqual(len(mma), 384)
+            self.assertTrue(all(k["BLOCK_M"] == 16 * k["WARPS"] for k in mma))
+            sm90 = [v["knobs"] for v in shape["variants"] if v["template"] == "fwd_sm90"]
+            self.assertEqual(space["templates"]["fwd_sm90"]["product"], 30)
+            if shape["head_dim"] == 128:  # BLOCK_N > 176 spills at D = 128, and smem caps the rest
+                self.assertTrue(all(k["BLOCK_N"] <= 176 for k in sm90))
+                self.assertLess(len(sm90), 24)
+            else:
+                self.assertEqual(len(sm90), 30)
+        # The served default is one of the settings: the search starts inside the table.
+        defaults = listing("--variants", "default")
+        for key, labels in defaults.items():
+            self.assertIn(labels[0], got[key])
+        # No "+grouped" manifest edits: knob settings only.
+        self.assertFalse(any("+grouped" in l for ls in got.values() for l in ls))
+
+    def test_all_for_backward(self):
+        got = listing("--op", "bwd", "--variants", "all")
+        for labels in got.values():
+            self.assertGreaterEqual(len([l for l in labels if l.startswith("bwd_mma ")]), 12)
 
     def test_arch_without_a_template(self):
         # No template compiles for this target: no candidates, not an error.

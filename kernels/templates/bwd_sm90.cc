@@ -40,8 +40,9 @@ TemplateDef BwdSm90Template() {
       // delta = rowsum(dO * O): 0 = recomputed by every key block that visits
       // a query block; 1 = computed by the first visitor, which publishes it
       // in p.delta (a claim bit and a ready bit in the query block's counter)
-      // for the others to read.
-      {"DELTA", {0, 1}, 0},
+      // for the others to read; 2 = the same claim, the rows published as
+      // tagged words (no ready bit): read beside the claim, one round trip.
+      {"DELTA", {0, 1, 2}, 0},
       // 0 = tiles longest first, query blocks visited in order; 1 = a
       // (sequence, kv head)'s key blocks adjacent in the tile list (run side
       // by side: their Q, dO and dq_accum rows stay in L2), and without a
@@ -71,7 +72,7 @@ TemplateDef BwdSm90Template() {
           "bwd_sm90: head_dim 64 with BLOCK_M=128 and OVERLAP=0 spills (4 B, ptxas 13.0); use "
           "OVERLAP=1");
     }
-    if (Knob(k, "ORDER") == 1 && Knob(k, "DELTA") == 0) {
+    if (Knob(k, "ORDER") == 1 && Knob(k, "DELTA") == 0) {  // (DELTA 1 and 2 do not)
       return absl::InvalidArgumentError(
           "bwd_sm90: ORDER=1 with DELTA=0 spills in the producer (4 B, ptxas 13.0); use DELTA=1");
     }
@@ -112,10 +113,12 @@ TemplateDef BwdSm90Template() {
   // faster on every public shape but powerlaw_short, DQ=1 slower on all but
   // that one (notes/bwd.md, v3). ORDER=1 without a causal mask: 1.28x on
   // gdpa_self, 1.01-1.06x on gdpa_dense, pffn_cross_d64, powerlaw_short; with
-  // one, 0.88-0.90x on the causal shapes (notes/bwd.md, v4).
+  // one, 0.88-0.90x on the causal shapes (notes/bwd.md, v4). DELTA=2: 1.01-1.07x
+  // DELTA=1 on every public shape, its 28-32 B of producer spills included
+  // (notes/bwd.md, v4b).
   def.default_knobs = [](const ShapeKey& s) -> std::map<std::string, int> {
     return {{"BLOCK_M", s.head_dim == 64 ? 128 : 64}, {"BLOCK_N", 128}, {"STAGES", 2},
-            {"OVERLAP", 1}, {"DQ", 0}, {"DELTA", 1}, {"ORDER", s.causal ? 0 : 1}};
+            {"OVERLAP", 1}, {"DQ", 0}, {"DELTA", 2}, {"ORDER", s.causal ? 0 : 1}};
   };
   def.preference = [](const ShapeKey& s) {
     if (s.op != Op::kBackward || s.arch != "sm_90a") return 0;

@@ -115,8 +115,8 @@
 #if (KF_ORDER != 0) && (KF_ORDER != 1)
 #error "bwd_sm90: KF_ORDER must be 0 or 1"
 #endif
-#if (KF_DELTA != 0) && (KF_DELTA != 1)
-#error "bwd_sm90: KF_DELTA must be 0 or 1"
+#if (KF_DELTA < 0) || (KF_DELTA > 2)
+#error "bwd_sm90: KF_DELTA must be 0, 1 or 2"
 #endif
 
 
@@ -137,6 +137,12 @@ constexpr int kDqSplitN = kBM == 64 && kD == 128;    // head dims 64w.., all key
 constexpr int kDeltaClaim = 1 << 30;
 constexpr int kDeltaReady = 1 << 29;
 constexpr int kCountMask = kDeltaReady - 1;
+// KF_DELTA == 2: p.delta holds each published row's delta as its bits XOR
+// kDeltaTag, with -0 stored as +0 (the sign of a zero delta changes
+// nothing), so the zero the host leaves there reads as "not published" and
+// any other word is the row's delta: a 32-bit word is never seen
+// half-written, so no ready bit and no fence order it.
+constexpr unsigned kDeltaTag = 0x80000000u;
 
 // The PTX primitives are the Hopper parts' (sm90/ptx.cuh, sm90/wgmma_ops.cuh,
 // prepended by build()); what only the backward needs is here.
@@ -168,6 +174,17 @@ __device__ __forceinline__ void consumer_sync() {  // the 256 consumer threads, 
 // the producer (0 is __syncthreads, 1 consumer_sync).
 __device__ __forceinline__ void wg_sync(int id) {
   asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory");
+}
+// wg_sync that also returns whether `v` holds in every one of the 128 threads.
+__device__ __forceinline__ bool wg_sync_and(int id, bool v) {
+  u32 r;
+  asm volatile(
+      "{\n.reg .pred p, q;\nsetp.ne.u32 q, %2, 0;\nbar.red.and.pred p, %1, 128, q;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(r)
+      : "r"(id), "r"((u32)v)
+      : "memory");
+  return r != 0u;
 }
 __device__ __forceinline__ void bulk_reduce_add(float* dst, u32 src, u32 bytes) {
   asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
@@ -450,6 +467,61 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         load_tile<kBM>(sQ, (const bf16*)p.q + row0, KF9_LDQ, T.lq - m0, t, (const bf16*)p.q);
         load_tile<kBM>(sQ + L.tile_q_bytes, (const bf16*)p.dout + row0, KF9_LDQ, T.lq - m0, t,
                        (const bf16*)p.dout);
+#if KF_DELTA == 2
+        // v4b: DELTA=1's claim, without its ready bit: the first visitor
+        // publishes each row as a tagged word (kDeltaTag), so the words can be
+        // loaded beside the claim and the LSE (one round trip, not two) and a
+        // word that is not 0 is the row's delta whatever the claim says. One
+        // barrier, which also tells whether every row was there. The claim's
+        // slot alternates between two ints: thread 0 rewrites one only after
+        // every thread has passed the next step's barrier.
+        if (t == 0) {
+          flags[256 + (it & 1)] = atomicOr((int*)p.workspace + (long long)(T.qbase + m0 / kBM) * p.heads + h,
+                            kDeltaClaim);
+        }
+        unsigned word = kDeltaTag;  // rows past the end: delta 0
+        if (t < kBM) {
+          float l2 = pos_inf();
+          if (m0 + t < T.lq) {
+            const long long row = (long long)h * p.total_q + T.q0 + m0 + t;
+            const float l = p.lse[row];
+            if (l > neg_inf()) l2 = l * log2e;
+            word = __ldcg((const unsigned*)p.delta + row);
+          }
+          lse_s[s * kBM + t] = l2;
+        }
+        if (wg_sync_and(4, word != 0u)) {
+          if (t < kBM) delta_s[s * kBM + t] = __uint_as_float(word ^ kDeltaTag);
+        } else {
+          // A row is missing: compute them all (as DELTA=1 does), and publish
+          // them if this key block made the claim.
+          constexpr int kCpr = kD / 8;
+          constexpr int kRpp = 128 / kCpr;
+          const int c = t % kCpr;
+#pragma unroll 1
+          for (int r = t / kCpr; r < kBM; r += kRpp) {
+            float v = 0.f;
+            if (m0 + r < T.lq) {
+              const long long at = row0 + r * KF9_LDQ + c * 8;
+              const uint4 a = __ldg((const uint4*)((const bf16*)p.o + at));
+              const uint4 b = __ldg((const uint4*)((const bf16*)p.dout + at));
+              v = bf16_lo(a.x) * bf16_lo(b.x) + bf16_hi(a.x) * bf16_hi(b.x) +
+                  bf16_lo(a.y) * bf16_lo(b.y) + bf16_hi(a.y) * bf16_hi(b.y) +
+                  bf16_lo(a.z) * bf16_lo(b.z) + bf16_hi(a.z) * bf16_hi(b.z) +
+                  bf16_lo(a.w) * bf16_lo(b.w) + bf16_hi(a.w) * bf16_hi(b.w);
+            }
+#pragma unroll
+            for (int o = kCpr / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+            if (c == 0) {
+              delta_s[s * kBM + r] = v;
+              if (!(flags[256 + (it & 1)] & kDeltaClaim) && m0 + r < T.lq) {
+                ((unsigned*)p.delta)[(long long)h * p.total_q + T.q0 + m0 + r] =
+                    __float_as_uint(v == 0.f ? 0.f : v) ^ kDeltaTag;
+              }
+            }
+          }
+        }
+#else
 #if KF_DELTA
         // delta once per query block and head: thread 0 claims it in the
         // block's counter and leaves what it found in smem (the round trip
@@ -519,6 +591,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
           atomicOr((int*)p.workspace + (long long)(T.qbase + m0 / kBM) * p.heads + h, kDeltaReady);
         }
 #endif
+#endif  // KF_DELTA == 2
         cp_async_wait_all();
         fence_proxy_async();
         mbar_arrive(bar_full + 8 * s);

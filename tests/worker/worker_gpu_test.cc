@@ -430,7 +430,9 @@ TEST_F(WorkerGpuSequence, BwdSm90PassesEveryGate) {
   for (S s : {S{64, 128, 1, false}, S{128, 64, 0, true}, S{128, 64, 1, false},
               S{128, 64, 1, true, 1, 1}, S{64, 128, 1, false, 1, 0},
               // v4's grouped tile order and rotated visits (ORDER=1)
-              S{128, 64, 1, false, 0, 1, 1}, S{128, 64, 1, true, 0, 1, 1}}) {
+              S{128, 64, 1, false, 0, 1, 1}, S{128, 64, 1, true, 0, 1, 1},
+              // v4b's tagged delta words (DELTA=2)
+              S{128, 64, 1, true, 0, 2, 0}, S{64, 128, 1, false, 0, 2, 1}}) {
     absl::StatusOr<Variant> v = Instantiate(
         "bwd_sm90",
         {{"BLOCK_M", s.bm}, {"BLOCK_N", 128}, {"STAGES", 2}, {"OVERLAP", s.overlap},
@@ -440,6 +442,31 @@ TEST_F(WorkerGpuSequence, BwdSm90PassesEveryGate) {
     const std::string label = fmt::format("bwd_sm90 BM{} OVERLAP{} DQ{} DELTA{} ORDER{}", s.bm,
                                           s.overlap, s.dq, s.delta, s.order);
     auto r = ConfirmThroughGates(runner, GateShape(Op::kBackward, s.d, s.causal), *v, label, ++seed);
+    ASSERT_TRUE(r.has_value());
+    EXPECT_EQ(r->outcome, Outcome::kVerified) << label << " d" << s.d << ": " << r->message;
+  }
+}
+
+// fwd_stream through every gate, on the short-key cross batches it is served
+// for: its served setting at both head dims (causal at D=64: rows that see no
+// key); its stages are refilled by cp.async while other warps still compute.
+TEST_F(WorkerGpuSequence, FwdStreamPassesEveryGate) {
+  if (WorkingGates().empty()) GTEST_SKIP() << "no compute-sanitizer tool runs here";
+  gpu::CompilePool pool(2, nullptr);
+  Sandbox sandbox(GpuSandboxOptions());
+  LocalTaskRunner runner(&pool, &sandbox, GatedRunnerOptions());
+  struct S { int d; bool causal; };
+  uint64_t seed = 970;
+  for (S s : {S{128, false}, S{64, true}}) {
+    ShapeKey k = GateShape(Op::kForward, s.d, s.causal);
+    k.cross = true;
+    k.max_len_k = 16;
+    k.total_k = 24 * 8;
+    absl::StatusOr<Variant> v = DefaultVariant(k);
+    ASSERT_TRUE(v.ok()) << v.status();
+    ASSERT_EQ(v->template_name, "fwd_stream");
+    const std::string label = fmt::format("fwd_stream{}", s.causal ? " causal" : "");
+    auto r = ConfirmThroughGates(runner, k, *v, label, ++seed);
     ASSERT_TRUE(r.has_value());
     EXPECT_EQ(r->outcome, Outcome::kVerified) << label << " d" << s.d << ": " << r->message;
   }
