@@ -190,11 +190,18 @@ std::vector<TargetSummary> Summarize(const ShapeTable& table, const std::vector<
   return out;
 }
 
-CachedTemplateSource::CachedTemplateSource(std::unique_ptr<agent::TemplateSource> inner)
-    : inner_(std::move(inner)) {}
+CachedTemplateSource::CachedTemplateSource(std::unique_ptr<agent::TemplateSource> inner,
+                                           std::set<std::string> only)
+    : inner_(std::move(inner)), only_(std::move(only)) {}
 
 std::vector<agent::TemplateSpec> CachedTemplateSource::Templates() const {
-  return inner_->Templates();
+  std::vector<agent::TemplateSpec> all = inner_->Templates();
+  if (only_.empty()) return all;
+  std::vector<agent::TemplateSpec> out;
+  for (auto& t : all) {
+    if (only_.count(t.name)) out.push_back(std::move(t));
+  }
+  return out;
 }
 
 bool CachedTemplateSource::Supports(const agent::TemplateSpec& spec, const ShapeKey& shape) const {

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -90,7 +91,11 @@ double RandomSearchExpectation(int space, int marked);
 // (template_source.h), so remembering them changes nothing.
 class CachedTemplateSource final : public agent::TemplateSource {
  public:
-  explicit CachedTemplateSource(std::unique_ptr<agent::TemplateSource> inner);
+  // `only`: the templates the proposer sees (empty: all of inner's), so a
+  // study of a given space can leave out templates added to the catalog
+  // after its tables were measured.
+  explicit CachedTemplateSource(std::unique_ptr<agent::TemplateSource> inner,
+                                std::set<std::string> only = {});
 
   std::vector<agent::TemplateSpec> Templates() const override;
   bool Supports(const agent::TemplateSpec& spec, const ShapeKey& shape) const override;
@@ -102,6 +107,7 @@ class CachedTemplateSource final : public agent::TemplateSource {
 
  private:
   std::unique_ptr<agent::TemplateSource> inner_;
+  std::set<std::string> only_;
   mutable std::mutex mu_;
   mutable std::map<std::string, absl::StatusOr<agent::TemplateVariant>> variants_;  // guarded by mu_
 };

@@ -8,6 +8,7 @@
 //       [--theta-start X]
 #include <cstdio>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -42,7 +43,7 @@ std::vector<std::string> Split(const std::string& list) {
 
 int Main(int argc, char** argv) {
   CLI::App app{"Replays the builtin proposer against exhaustive sweep tables"};
-  std::string sweep_path, lengths_path, only, json_path;
+  std::string sweep_path, lengths_path, only, json_path, templates_arg;
   int seeds = 20, batch = 4, max_evaluations = 0;
   bool check_restarts = false;
   double explore = agent::BuiltinOptions{}.explore, noise = 0;
@@ -51,6 +52,9 @@ int Main(int argc, char** argv) {
       ->required();
   app.add_option("--lengths", lengths_path, "the lengths file the sweep ran on")->required();
   app.add_option("--only", only, "only these shapes (comma-separated)");
+  app.add_option("--templates", templates_arg,
+                 "the proposer sees only these catalog templates (comma-separated; default all): "
+                 "the space the tables measured, when the catalog has grown since");
   app.add_option("--seeds", seeds, "seeds 1..N per shape")->check(CLI::Range(1, 10000));
   app.add_option("--batch", batch, "candidates per round (the engine's candidates_per_round)")
       ->check(CLI::Range(1, 1024));
@@ -80,7 +84,9 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", std::string(tables.status().message()).c_str());
     return 1;
   }
-  CachedTemplateSource templates(agent::MakeCatalogTemplateSource());
+  std::set<std::string> only_templates;
+  for (const auto& t : Split(templates_arg)) only_templates.insert(t);
+  CachedTemplateSource templates(agent::MakeCatalogTemplateSource(), only_templates);
   const ProposerMaker make = [&](uint64_t seed) -> absl::StatusOr<std::unique_ptr<agent::Proposer>> {
     return agent::MakeBuiltinProposer(
         seed, {.templates = &templates, .explore = explore, .model = model});
