@@ -494,7 +494,9 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
           if (t < kBM) delta_s[s * kBM + t] = __uint_as_float(word ^ kDeltaTag);
         } else {
           // A row is missing: compute them all (as DELTA=1 does), and publish
-          // them if this key block made the claim.
+          // them if this key block made the claim. (DELTA=1's loop, repeated:
+          // one function for both compiled every setting's cubin differently,
+          // and these are the cubins measured and pinned.)
           constexpr int kCpr = kD / 8;
           constexpr int kRpp = 128 / kCpr;
           const int c = t % kCpr;

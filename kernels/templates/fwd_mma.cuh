@@ -88,20 +88,6 @@ __device__ __forceinline__ unsigned swz(int r, int c) {
   return (unsigned)(r * (kD * 2) + ((c ^ (r & 7)) << 4));
 }
 
-__device__ __forceinline__ float lg2(float x) {
-  float r;
-  asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
-  return r;
-}
-
-__device__ __forceinline__ float warp_max4(float v) {
-  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-}
-__device__ __forceinline__ float warp_sum4(float v) {
-  v += __shfl_xor_sync(0xffffffffu, v, 1);
-  return v + __shfl_xor_sync(0xffffffffu, v, 2);
-}
 
 // Copies rows [0, kRows) of a tile whose row r lives at base + r * stride
 // (elements) into swizzled shared memory; rows >= valid are zero-filled.
@@ -303,7 +289,7 @@ __device__ __forceinline__ void run_tile(const KfAttnParams& p, Tile t, unsigned
       float mx = row_max[r];
 #pragma unroll
       for (int j = 0; j < kBN / 8; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
-      mx = warp_max4(mx);
+      mx = quad_max(mx);
       const float m_scaled = mx == -__int_as_float(0x7f800000) ? 0.f : mx * sl2;
       const float corr = ex2(row_max[r] * sl2 - m_scaled);
       row_max[r] = mx;
@@ -360,7 +346,7 @@ __device__ __forceinline__ void run_tile(const KfAttnParams& p, Tile t, unsigned
   float inv[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const float l = warp_sum4(row_sum[r]);
+    const float l = quad_sum(row_sum[r]);
     inv[r] = l > 0.f ? 1.f / l : 0.f;
     const int row = row0 + 8 * r;
     if (tq == 0 && row < lq) {

@@ -78,19 +78,6 @@ __device__ __forceinline__ unsigned swz(int r, int c) {
   return (unsigned)(r * kRowBytes + ((c ^ (r & 7)) << 4));
 }
 
-__device__ __forceinline__ float lg2(float x) {
-  float r;
-  asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
-  return r;
-}
-__device__ __forceinline__ float quad_max(float v) {
-  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-}
-__device__ __forceinline__ float quad_sum(float v) {
-  v += __shfl_xor_sync(0xffffffffu, v, 1);
-  return v + __shfl_xor_sync(0xffffffffu, v, 2);
-}
 
 // Rows [0, kRows) of a K or V block whose row r is at base + r * stride
 // (elements), into swizzled shared memory; rows >= valid are zero-filled.
