@@ -27,36 +27,7 @@ echo "ncu rc=$?" | tee -a "$O/ncu.log"
 "$NCU" -i "$O/bwd.ncu-rep" --page details --csv > "$O/details.csv" 2>&1
 "$NCU" -i "$O/bwd.ncu-rep" --page source --csv --print-source sass > "$O/sass.csv" 2>&1
 python3 kernels/dev/sass_dump.py "$O/sass.csv" > "$O/sass.txt"
-python3 - "$O/sass.csv" > "$O/stalls.txt" <<'EOF'
-# The source page's CSV: a row per SASS instruction with a column per
-# metric; the stall-sampling columns are summed per reason and the
-# instructions ranked by their samples.
-import csv, sys
-rows = list(csv.reader(open(sys.argv[1], errors="replace")))
-head_i = next((i for i, r in enumerate(rows) if any("Source" == c or "Address" in c for c in r)), None)
-if head_i is None:
-    print("no source table in", sys.argv[1]); print("".join(",".join(r)[:200] + "\n" for r in rows[:20])); sys.exit()
-head, body = rows[head_i], rows[head_i + 1:]
-def num(x):
-    try: return float(x.replace(",", ""))
-    except ValueError: return 0.0
-samp = [i for i, c in enumerate(head) if "Sampling" in c and "Not" not in c]
-src = next((i for i, c in enumerate(head) if c == "Source"), 1)
-stall_cols = [i for i, c in enumerate(head) if c.startswith("stall_") or "Stall" in c]
-print("columns:", " | ".join(head))
-tot = {}
-for r in body:
-    for i in stall_cols:
-        if i < len(r): tot[head[i]] = tot.get(head[i], 0) + num(r[i])
-print("\ntotals by column:")
-for k, v in sorted(tot.items(), key=lambda kv: -kv[1])[:30]: print(f"  {v:12.0f}  {k}")
-key = samp[0] if samp else (stall_cols[0] if stall_cols else None)
-if key is not None:
-    print(f"\ntop instructions by {head[key]}:")
-    ranked = sorted(body, key=lambda r: -num(r[key]) if key < len(r) else 0)
-    for r in ranked[:60]:
-        print(f"  {num(r[key]):10.0f}  {r[0][:8]:8}  {r[src][:110] if src < len(r) else ''}")
-EOF
+python3 kernels/dev/sass_dump.py --summary "$O/sass.csv" > "$O/stalls.txt"
 head -n 120 "$O/stalls.txt"
 grep -E '"(Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Issue Slots Busy|Eligible Warps Per Scheduler|No Eligible|Registers Per Thread|L2 Hit Rate|Achieved Occupancy)"' \
   "$O/details.csv" | cut -d, -f12- | head -n 20
