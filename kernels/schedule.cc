@@ -43,6 +43,26 @@ absl::Status CheckTileInputs(std::span<const int32_t> cu_q, std::span<const int3
   return absl::OkStatus();
 }
 
+// TileOrder::kGrouped: the tiles of one (sequence, head) adjacent, heaviest
+// first inside, groups by descending total work; tiles with m_block < 0 (the
+// key-major zero-dQ tiles, one unit of work each) last, in their order.
+void SortGrouped(std::vector<TileWork>& tiles) {
+  std::map<std::pair<int32_t, int32_t>, int64_t> total;
+  for (const auto& t : tiles) {
+    if (t.m_block >= 0) total[{t.batch, t.head}] += t.work;
+  }
+  std::stable_sort(tiles.begin(), tiles.end(), [&](const TileWork& a, const TileWork& b) {
+    const bool za = a.m_block < 0, zb = b.m_block < 0;
+    if (za != zb) return zb;
+    if (za) return false;
+    const int64_t wa = total[{a.batch, a.head}], wb = total[{b.batch, b.head}];
+    if (wa != wb) return wa > wb;
+    if (a.batch != b.batch) return a.batch < b.batch;
+    if (a.head != b.head) return a.head < b.head;
+    return a.work > b.work;
+  });
+}
+
 }  // namespace
 
 int64_t TileKeyBlocks(int64_t lq, int64_t lk, int64_t m_block, int tile_m, int tile_n,
@@ -101,16 +121,7 @@ absl::StatusOr<std::vector<TileWork>> BuildTiles(std::span<const int32_t> cu_q,
     }
   }
   if (order == TileOrder::kGrouped) {
-    // Group = (sequence, head); a group's weight is its total work.
-    std::map<std::pair<int32_t, int32_t>, int64_t> total;
-    for (const auto& t : tiles) total[{t.batch, t.head}] += t.work;
-    std::stable_sort(tiles.begin(), tiles.end(), [&](const TileWork& a, const TileWork& b) {
-      const int64_t wa = total[{a.batch, a.head}], wb = total[{b.batch, b.head}];
-      if (wa != wb) return wa > wb;
-      if (a.batch != b.batch) return a.batch < b.batch;
-      if (a.head != b.head) return a.head < b.head;
-      return a.work > b.work;
-    });
+    SortGrouped(tiles);
     return tiles;
   }
   std::stable_sort(tiles.begin(), tiles.end(),
@@ -156,22 +167,7 @@ absl::StatusOr<KeyMajorTiles> BuildKeyTiles(std::span<const int32_t> cu_q,
     }
   }
   if (order == TileOrder::kGrouped) {
-    // Group = (sequence, kv head) of the key tiles; a group's weight is its
-    // total work. Zero-dQ tiles (m_block < 0) are one unit each: last.
-    std::map<std::pair<int32_t, int32_t>, int64_t> total;
-    for (const auto& t : out.tiles) {
-      if (t.m_block >= 0) total[{t.batch, t.head}] += t.work;
-    }
-    std::stable_sort(out.tiles.begin(), out.tiles.end(), [&](const TileWork& a, const TileWork& b) {
-      const bool za = a.m_block < 0, zb = b.m_block < 0;
-      if (za != zb) return zb;
-      if (za) return false;
-      const int64_t wa = total[{a.batch, a.head}], wb = total[{b.batch, b.head}];
-      if (wa != wb) return wa > wb;
-      if (a.batch != b.batch) return a.batch < b.batch;
-      if (a.head != b.head) return a.head < b.head;
-      return a.work > b.work;
-    });
+    SortGrouped(out.tiles);
     return out;
   }
   std::stable_sort(out.tiles.begin(), out.tiles.end(),
