@@ -1144,7 +1144,7 @@ constexpr const char* kUsage =
     "                  templates is named keeps them all (--op both --templates fwd_sm90\n"
     "                  narrows the forward only)\n"
     "  --settings S    also time these knob settings (each over its template's defaults for\n"
-    "                  the shape), e.g. \"bwd_sm90:DELTA=2,ORDER=1;bwd_sm90:STAGES=3\"\n"
+    "                  the shape), e.g. \"bwd_sm90:ORDER=0;fwd_sm90:BLOCK_N=64,STAGES=3\"\n"
     "                  (with --variants all every setting is timed already)\n"
     "  --list-candidates  print each shape's candidates and exit (no GPU; --arch picks the\n"
     "                  target, default sm_90a); with --out, also as JSON (the run's layout,\n"

@@ -1,22 +1,26 @@
 // kforge "bwd_sm90": Hopper (sm_90a) jagged flash-attention backward, one launch.
 //
-// Notes, versions and measurements: kernels/notes/bwd.md ("bwd_sm90 v1").
+// Notes, versions and measurements: kernels/notes/bwd.md (v1 .. v5).
 // The backward contract (key-major tile list, dq_accum, delta, the dq
 // counters in the workspace) is bwd_mma's: kernels/CONTRACT.md "Backward".
 //
 // Structure (FA3-style warp specialisation, cp.async instead of TMA):
 //   * 384 threads = 3 warpgroups. A CTA takes key-major tiles
-//     {b, kv head g, n_block, qbase} from p.tiles with a static stride
-//     (tile blockIdx.x + t * gridDim.x; p.tile_counter is not used), so every
-//     warpgroup knows the tile sequence without communication.
-//   * WG0, the producer (setmaxnreg.dec): per tile it loads the key block's K
-//     and V (BLOCK_N = 128 rows) once into 128B-swizzled smem (kv_full /
-//     kv_empty mbarriers), then per step (one query head of the group x one
-//     query block of BLOCK_M rows that sees a key of the block) fills a stage
-//     of a KF_STAGES ring (full / empty mbarriers) with Q and dO (cp.async,
-//     rows past the sequence zero-filled), LSE * log2(e) (+inf where P must
-//     be 0) and delta = rowsum(dO * O), recomputed from global memory by
-//     every key block that visits the query block (as bwd_mma does).
+//     {b, kv head g, n_block, qbase} from p.tiles: its first is blockIdx.x,
+//     then the producer's thread 0 takes the next from p.tile_counter and
+//     passes each index to the consumers through two smem slots (tile_full /
+//     tile_empty mbarriers), so a CTA that drew light tiles takes more.
+//   * WG0, the producer (setmaxnreg.dec): per step (one query head of the
+//     group x one query block of BLOCK_M rows that sees a key of the block)
+//     it fills a stage of a KF_STAGES ring (full / empty mbarriers) with Q
+//     and dO (cp.async, rows past the sequence zero-filled), LSE * log2(e)
+//     (+inf where P must be 0) and delta = rowsum(dO * O): the first key
+//     block to visit a query block claims it in the block's workspace
+//     counter, computes delta and publishes it in p.delta; the others read
+//     it. Per tile it loads the key block's K and V (BLOCK_N = 128 rows)
+//     once into 128B-swizzled smem (kv_full / kv_empty), after the tile's
+//     first stage is issued, so those loads fly while it waits for the
+//     consumers to finish the previous tile.
 //   * WG1 / WG2, the consumers (setmaxnreg.inc): consumer w owns keys
 //     64w .. 64w+63 of the block and keeps their dK and dV (64 x D fp32) in
 //     registers over the whole tile. Per step, with wgmma:
@@ -30,8 +34,8 @@
 //        dS^T is also stored (bf16, 16-bit stores) as dS = [query][key] in a
 //        K-major 128B-swizzled tile (double-buffered), fence.proxy.async,
 //        consumer barrier; then a 64 x 64 slice of dQ = dS K per consumer
-//        (SS, K the MN-major B operand) is added into dq_accum (scaled) with
-//        red.global.add.v4.f32:
+//        (SS, K the MN-major B operand), staged in smem and added into
+//        dq_accum by one bulk reduce-add (cp.reduce.async.bulk) per slice:
 //          BLOCK_M = 128 (D = 64): consumer w takes query rows 64w.., all keys;
 //          BLOCK_M = 64, D = 128:  consumer w takes head dims 64w.., all keys;
 //          BLOCK_M = 64, D = 64:   consumer w adds its own 64 keys' share.
@@ -42,9 +46,9 @@
 //     have tiles of their own (n_block < 0) that write dQ = 0.
 //
 // Knobs (prepended #defines): KF_HEAD_DIM (64|128), KF_BLOCK_M (64|128; 128
-// only with D = 64), KF_BLOCK_N (128), KF_STAGES (1|2), KF_OVERLAP, KF_DQ,
-// KF_DELTA, KF_ORDER (below). The shared-memory
-// layout is kf_bwd_sm90_layout() (templates/bwd_sm90_layout.h, prepended).
+// only with D = 64), KF_BLOCK_N (128), KF_STAGES (1|2), KF_ORDER (below).
+// The shared-memory layout is kf_bwd_sm90_layout()
+// (templates/bwd_sm90_layout.h, prepended).
 // Entry point: extern "C" __global__ kf_attn_bwd(const __grid_constant__ KfAttnParams p).
 #include "kforge/attn_params.h"
 
@@ -66,16 +70,7 @@
 // LSE/delta reads unordered before the producer's refill. racecheck on the
 // H200 flagged exactly that form (v1, notes/bwd.md) and passes this one.
 #define KF9_EMPTY_ARRIVALS 256
-#ifndef KF_OVERLAP
-#define KF_OVERLAP 0
-#endif
-#ifndef KF_DQ
-#define KF_DQ 0
-#endif
-#ifndef KF_DELTA
-#define KF_DELTA 0
-#endif
-// Tile order and visiting order (notes/bwd.md, v4): 0 = the tile list
+// Tile order and visiting order (notes/bwd.md, v4, v5): 0 = the tile list
 // longest first, each key block visits its query blocks in order; 1 = the
 // host groups the key blocks of a (sequence, kv head) together (manifest
 // tile_order "grouped") so that they run side by side and share Q, dO and
@@ -84,7 +79,7 @@
 // blocks running together are at different query blocks (their first
 // visits, which compute delta, and their dq_accum adds do not collide).
 #ifndef KF_ORDER
-#define KF_ORDER 0
+#define KF_ORDER 1
 #endif
 #ifndef KF_PRODUCER_REGS
 #define KF_PRODUCER_REGS 40
@@ -106,17 +101,8 @@
 #if (KF_STAGES < 1) || (KF_STAGES > 2)
 #error "bwd_sm90: KF_STAGES must be 1 or 2"
 #endif
-#if (KF_OVERLAP != 0) && (KF_OVERLAP != 1)
-#error "bwd_sm90: KF_OVERLAP must be 0 or 1"
-#endif
-#if (KF_DQ != 0) && (KF_DQ != 1)
-#error "bwd_sm90: KF_DQ must be 0 or 1"
-#endif
 #if (KF_ORDER != 0) && (KF_ORDER != 1)
 #error "bwd_sm90: KF_ORDER must be 0 or 1"
-#endif
-#if (KF_DELTA < 0) || (KF_DELTA > 2)
-#error "bwd_sm90: KF_DELTA must be 0, 1 or 2"
 #endif
 
 
@@ -131,14 +117,13 @@ constexpr int kDqSplitM = kBM == 128;                // rows 64w.., all keys
 constexpr int kDqSplitN = kBM == 64 && kD == 128;    // head dims 64w.., all keys
 // otherwise (kBM == 64, kD == 64): own keys, all rows and head dims
 // The workspace int of a query block and head counts the key blocks that have
-// added into its dq_accum rows (low bits); with KF_DELTA the first key block
-// to visit it sets kDeltaClaim, computes delta into p.delta, then sets
-// kDeltaReady. Counts stay far below 2^29.
+// added into its dq_accum rows (low bits); the first key block to visit it
+// sets kDeltaClaim, computes delta and publishes it in p.delta. Counts stay
+// far below 2^30.
 constexpr int kDeltaClaim = 1 << 30;
-constexpr int kDeltaReady = 1 << 29;
-constexpr int kCountMask = kDeltaReady - 1;
-// KF_DELTA == 2: p.delta holds each published row's delta as its bits XOR
-// kDeltaTag, with -0 stored as +0 (the sign of a zero delta changes
+constexpr int kCountMask = kDeltaClaim - 1;
+// p.delta holds each published row's delta as its bits XOR kDeltaTag, with
+// -0 stored as +0 (the sign of a zero delta changes
 // nothing), so the zero the host leaves there reads as "not published" and
 // any other word is the row's delta: a 32-bit word is never seen
 // half-written, so no ready bit and no fence order it.
@@ -194,14 +179,12 @@ __device__ __forceinline__ void bulk_reduce_add(float* dst, u32 src, u32 bytes) 
 __device__ __forceinline__ void bulk_commit() {
   asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }
-#if KF_OVERLAP
 // Like reg_fence, for packed A fragments: keeps them live (unreused) up to a wait.
 template <int N>
 __device__ __forceinline__ void reg_fence_u(u32* r) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
 }
-#endif
 __device__ __forceinline__ float bf16_lo(u32 w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf16_hi(u32 w) { return __uint_as_float(w & 0xffff0000u); }
 // The low half of w to shared address a_lo, the high half to a_hi.
@@ -224,9 +207,9 @@ __device__ __forceinline__ void wgmma_rs_t1(float* d, const u32* a, u64 b) {
 // ROWS x kD bf16 (global rows `stride` elements apart) into a 128B-swizzled
 // tile of kD/64 panels of ROWS rows x 128 B (panel p at + p * ROWS * 128), by
 // the 128 producer threads; rows >= valid are zero-filled (src not read).
-// The same copy as sm90/ptx.cuh's load_tile<kD, ROWS, 128, 1>, kept in this
-// form because that one compiles to other instructions here (the cubins of
-// the GPU-validated kernel are pinned: kernels/notes/parts.md).
+// The K/V copy (once a tile); the per-step Q/dO copy is the parts'
+// load_tile, unrolled (notes/bwd.md, v5: 1.02-1.05x on every shape). This
+// loop, rolled, keeps the producer's registers for the step.
 template <int ROWS>
 __device__ __forceinline__ void load_tile(u32 dst, const bf16* src, long long stride, int valid,
                                           int t, const bf16* safe) {
@@ -264,8 +247,7 @@ struct Tile {
   int q0, lq, k0, lk, shift;
   int group, m_first, m_blocks, visited, steps;
 };
-__device__ __forceinline__ bool get_tile(const KfAttnParams& p, int t, Tile& T) {
-  const int idx = blockIdx.x + t * gridDim.x;
+__device__ __forceinline__ bool get_tile(const KfAttnParams& p, int idx, Tile& T) {
   if (idx >= p.num_tiles) return false;
   const int* e = p.tiles + 4 * idx;
   T.b = e[0];
@@ -305,87 +287,100 @@ __device__ __forceinline__ int step_block(const KfAttnParams& p, const Tile& T, 
 #endif
 }
 
-// dQ rows [m0, m0 + kBM) of head h (clamped to the sequence) from dq_accum
-// (already scaled), or zeros; by the 256 consumer threads.
+// dq_accum (the variant's own scratch) is kept in a layout of its own, so
+// that a consumer's 64 x 64 slice of a step is one contiguous range and one
+// bulk reduce-add: 64-column panels (h, column / 64), each total_q rows of 64
+// floats, and within a row the 16-byte chunk k of columns 4k..4k+3 stored at
+// chunk k ^ ((row & 7) << 1) (row counted from the sequence's first query),
+// so that the staging stores of a half-warp (4 rows x 4 column pairs) hit 32
+// distinct banks. The sums are unscaled (write_dq scales). dq2_row: where
+// the row's 64 floats of column c's panel start; dq2_offset: the 4-column
+// chunk holding column c (c % 4 == 0).
+__device__ __forceinline__ long long dq2_row(const KfAttnParams& p, int q0, int row, int h, int c) {
+  return ((long long)(h * (kD / 64) + (c >> 6)) * p.total_q + q0 + row) * 64;
+}
+__device__ __forceinline__ long long dq2_offset(const KfAttnParams& p, int q0, int row, int h,
+                                                int c) {
+  return dq2_row(p, q0, row, h, c) + 4 * (((c & 63) >> 2) ^ ((row & 7) << 1));
+}
+
+// dQ rows [m0, m0 + kBM) of head h (clamped to the sequence), converted from
+// dq_accum (scaled here) or zeros; by the 256 consumer threads. Every load is
+// issued before the first store: the compiler cannot tell that dq and
+// dq_accum do not overlap, so a load-convert-store loop would wait for each
+// load in turn (four round trips a query block).
 __device__ void write_dq(const KfAttnParams& p, int q0, int lq, int m0, int h, bool zero, int ct) {
+  constexpr int kChunks = kD / 8;  // 8-column chunks per row
+  constexpr int kIters = kBM * kChunks / 256;
+  static_assert(kBM * kChunks % 256 == 0, "write_dq: the chunks must divide among 256 threads");
   const int rows = lq - m0 < kBM ? lq - m0 : kBM;
-  for (int i = ct; i < rows * (kD / 8); i += 256) {
-    const int r = i / (kD / 8);
-    const int c = (i % (kD / 8)) * 8;
-    const long long off = ((long long)(q0 + m0 + r) * p.heads + h) * kD + c;
-    uint4 out = make_uint4(0u, 0u, 0u, 0u);
-    if (!zero) {
-      const float4 a = __ldcg((const float4*)(p.dq_accum + off));
-      const float4 b = __ldcg((const float4*)(p.dq_accum + off + 4));
-      out = make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y),
-                       pack_bf16(b.z, b.w));
+  float4 a[kIters], b[kIters];
+#pragma unroll
+  for (int k = 0; k < kIters; ++k) {
+    const int i = ct + 256 * k;
+    const int r = i / kChunks;
+    a[k] = b[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (!zero && r < rows) {
+      const float* src = p.dq_accum + dq2_offset(p, q0, m0 + r, h, (i % kChunks) * 8);
+      a[k] = __ldcg((const float4*)src);
+      b[k] = __ldcg((const float4*)(src + 4));
     }
-    *(uint4*)((bf16*)p.dq + off) = out;
+  }
+  const float sc = p.softmax_scale;
+#pragma unroll
+  for (int k = 0; k < kIters; ++k) {
+    const int i = ct + 256 * k;
+    const int r = i / kChunks;
+    if (r < rows) {
+      const long long off = ((long long)(q0 + m0 + r) * p.heads + h) * kD + (i % kChunks) * 8;
+      *(uint4*)((bf16*)p.dq + off) =
+          make_uint4(pack_bf16(a[k].x * sc, a[k].y * sc), pack_bf16(a[k].z * sc, a[k].w * sc),
+                     pack_bf16(b[k].x * sc, b[k].y * sc), pack_bf16(b[k].z * sc, b[k].w * sc));
+    }
   }
 }
 
 // This consumer's 64 x 64 slice of dQ (the unscaled accumulators: row
 // r0 = 16 * warp + lane / 4 holds dq[4j], dq[4j+1] at columns 8j + cq, +1 and
-// row r0 + 8 dq[4j+2], dq[4j+3]) added, scaled, into dq_accum rows m0.. of
-// head h (rows past the sequence skipped). By the 128 threads of consumer w.
+// row r0 + 8 dq[4j+2], dq[4j+3]) added into dq_accum rows m0.. of head h
+// (rows past the sequence left out), by the 128 threads of consumer w: into
+// the warpgroup's staging buffer `sdq` in dq_accum's layout (dq2_offset),
+// then one bulk reduce-add of rows x 256 B by one thread. The buffer is
+// free: its previous bulk read was waited for before this step's consumer
+// barrier (kf_attn_bwd).
 __device__ __forceinline__ void add_dq(const KfAttnParams& p, const float* dq, int q0, int lq,
-                                       int m0, int h, int w, int warp, int lane, float scale,
-                                       u32 sdq, float* sdq_ptr) {
+                                       int m0, int h, int w, int warp, int lane, u32 sdq) {
   const int row0 = m0 + (kDqSplitM ? 64 * w : 0);  // first row of the slice
   const int col0 = kDqSplitN ? 64 * w : 0;         // first head dim of the slice
-#if KF_DQ == 0
-  // v1: one red.global.add.v4 per 4 columns; lanes l and l^1 swap halves so
-  // each holds 4 consecutive columns of one row.
-  const int qr = row0 + 16 * warp + (lane >> 2) + ((lane & 1) ? 8 : 0);
-  const bool odd = lane & 1;
-  float* dst = p.dq_accum + ((long long)(q0 + qr) * p.heads + h) * kD + col0 + 2 * ((lane & 3) & ~1);
+  {
+    // Row rl = 16 warp + lane / 4 gets dq[4j], dq[4j + 1] (columns 8j + 2 (lane % 4), +1),
+    // row rl + 8 (2048 B on, same permutation) dq[4j + 2], dq[4j + 3]. Chunk 2j + x
+    // (x = (lane % 4) / 2) goes to chunk (2j + x) ^ 2 (rl % 8), i.e. byte
+    // 32 (j ^ (rl % 8)) + 16 x: the thread's address for j = 0 XOR 32 j. (The
+    // base goes through an opaque move each step, so that ptxas does not keep
+    // eight loop-invariant addresses live over the tile.)
+    const int rl = 16 * warp + (lane >> 2);
+    u32 a = sdq + rl * 256 + ((rl & 7) << 5) + ((lane & 2) << 3) + ((lane & 1) << 3);
+    asm volatile("mov.b32 %0, %0;\n" : "+r"(a));
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {  // (shuffles by all lanes)
-    const float send0 = odd ? dq[4 * j] : dq[4 * j + 2];
-    const float send1 = odd ? dq[4 * j + 1] : dq[4 * j + 3];
-    const float got0 = __shfl_xor_sync(0xffffffffu, send0, 1);
-    const float got1 = __shfl_xor_sync(0xffffffffu, send1, 1);
-    const float v0 = odd ? got0 : dq[4 * j];
-    const float v1 = odd ? got1 : dq[4 * j + 1];
-    const float v2 = odd ? dq[4 * j + 2] : got0;
-    const float v3 = odd ? dq[4 * j + 3] : got1;
-    if (qr < lq) {
-      asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst + 8 * j),
-                   "f"(v0 * scale), "f"(v1 * scale), "f"(v2 * scale), "f"(v3 * scale)
+    for (int j = 0; j < 8; ++j) {
+      asm volatile("st.shared.v2.f32 [%0], {%1, %2};\nst.shared.v2.f32 [%0+2048], {%3, %4};\n" ::"r"(
+                       a ^ (u32)(j << 5)),
+                   "f"(dq[4 * j]), "f"(dq[4 * j + 1]), "f"(dq[4 * j + 2]), "f"(dq[4 * j + 3])
                    : "memory");
     }
   }
-#else
-  // v3: the slice goes to this warpgroup's staging buffer (rows padded to
-  // 288 B, so the 64-bit stores of a half-warp hit distinct banks), then one
-  // thread issues a 256-byte bulk reduce-add per row (rows of one head are
-  // kD * heads floats apart in dq_accum, so a slice is not one contiguous
-  // range) and the warpgroup moves on; the adds complete in L2 while the next
-  // step runs. The buffer is rewritten only after the bulk reads of the
-  // previous step's slice are done (wait_group.read by the issuer, then the
-  // warpgroup barrier).
-  constexpr int kRow = 256 + 32;
-  const bool issuer = (threadIdx.x & 127) == 0;
-  if (issuer) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+  fence_proxy_async();  // the generic-proxy stores, before the bulk (async proxy) read
+  // (every thread waits: with the others only arriving, ptxas 13.0 spilled
+  // 128-144 B in this kernel)
   wg_sync(2 + w);
-  // (through a pointer into the shared array, so the 16 stores take
-  // immediate offsets from one base)
-  float* const a = sdq_ptr + (16 * warp + (lane >> 2)) * (kRow / 4) + 2 * (lane & 3);
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    *(float2*)(a + 8 * j) = make_float2(dq[4 * j] * scale, dq[4 * j + 1] * scale);
-    *(float2*)(a + 8 * (kRow / 4) + 8 * j) = make_float2(dq[4 * j + 2] * scale, dq[4 * j + 3] * scale);
-  }
-  fence_proxy_async();  // the generic-proxy stores, before the bulk (async proxy) reads
-  wg_sync(2 + w);
-  if (issuer) {
+  if (warp == 0 && lane == 0) {
     const int rows = lq - row0 < 64 ? lq - row0 : 64;
-    float* dst = p.dq_accum + ((long long)(q0 + row0) * p.heads + h) * kD + col0;
-    const long long ld = (long long)p.heads * kD;
-    for (int r = 0; r < rows; ++r) bulk_reduce_add(dst + r * ld, sdq + r * kRow, 256);
-    bulk_commit();
+    if (rows > 0) {
+      bulk_reduce_add(p.dq_accum + dq2_row(p, q0, row0, h, col0), sdq, (u32)rows * 256u);
+      bulk_commit();
+    }
   }
-#endif
 }
 
 }  // namespace kf9
@@ -394,12 +389,13 @@ __device__ __forceinline__ void add_dq(const KfAttnParams& p, const float* dq, i
 #define KF_LAUNCH_BOUNDS __launch_bounds__(384, 1)
 extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ KfAttnParams p) {
   using namespace kf9;
-  constexpr KfBwdSm90Layout L = kf_bwd_sm90_layout(kD, kBM, kBN, kS, KF_DQ);
+  constexpr KfBwdSm90Layout L = kf_bwd_sm90_layout(kD, kBM, kBN, kS);
   static_assert(L.dynamic_bytes <= 232448, "bwd_sm90: shared memory over sm_90a's limit");
   static_assert(L.k % 1024 == 0 && L.v % 1024 == 0 && L.stage % 1024 == 0 &&
                     L.stage_bytes % 1024 == 0 && L.tile_q_bytes % 1024 == 0 &&
-                    L.ds % 1024 == 0 && L.ds_bytes % 1024 == 0 && L.bars % 8 == 0,
-                "bwd_sm90: swizzled tiles must be 1024-byte aligned");
+                    L.ds % 1024 == 0 && L.ds_bytes % 1024 == 0 && L.dq % 1024 == 0 &&
+                    L.bars % 8 == 0,
+                "bwd_sm90: swizzled tiles (and the dQ staging rows) must be 1024-byte aligned");
   extern __shared__ __align__(1024) unsigned char kf_smem_raw[];
   // Addresses are recomputed inside each role (after setmaxnreg), so no value
   // has to stay live across the register reallocation.
@@ -412,11 +408,14 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
   const u32 bar_empty = bar_full + 8 * kS;                                          \
   const u32 bar_kv_full = bar_empty + 8 * kS;                                       \
   const u32 bar_kv_empty = bar_kv_full + 8;                                         \
+  const u32 bar_tile_full = bar_kv_empty + 8;                                       \
+  const u32 bar_tile_empty = bar_tile_full + 16;                                    \
   float* const lse_s = (float*)(base_ptr + L.lse);                                  \
   float* const delta_s = (float*)(base_ptr + L.delta);                              \
   int* const flags = (int*)(base_ptr + L.flags);                                    \
   (void)sK; (void)sV; (void)bar_full; (void)bar_empty; (void)bar_kv_full;           \
-  (void)bar_kv_empty; (void)lse_s; (void)delta_s; (void)flags
+  (void)bar_kv_empty; (void)bar_tile_full; (void)bar_tile_empty; (void)lse_s;    \
+  (void)delta_s; (void)flags
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
@@ -430,6 +429,10 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
     }
     mbar_init(bar_kv_full, 128);
     mbar_init(bar_kv_empty, KF9_EMPTY_ARRIVALS);
+    for (int s = 0; s < 2; ++s) {
+      mbar_init(bar_tile_full + 8 * s, 1);  // the producer's thread 0
+      mbar_init(bar_tile_empty + 8 * s, 256);  // every consumer thread
+    }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
@@ -445,18 +448,21 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
 #define KF9_LDK ((long long)p.kv_heads * kD)
     int it = 0, kt = 0;
     Tile T;
-    for (int ti = 0; get_tile(p, ti, T); ++ti) {
-      if (T.block < 0 || T.steps == 0) continue;
-      const int n0 = T.block * kBN;
-      mbar_wait(bar_kv_empty, (kt & 1) ^ 1);
-      {
-        const long long off = ((long long)(T.k0 + n0) * p.kv_heads + T.g) * kD;
-        load_tile<kBN>(sK, (const bf16*)p.k + off, KF9_LDK, T.lk - n0, t, (const bf16*)p.k);
-        load_tile<kBN>(sV, (const bf16*)p.v + off, KF9_LDK, T.lk - n0, t, (const bf16*)p.v);
-        cp_async_wait_all();
-        fence_proxy_async();
-        mbar_arrive(bar_kv_full);
+    // Tile ti's index goes to the consumers through slot ti & 1; the next
+    // index is fetched after this tile's loads are issued (the producer runs
+    // up to KF_STAGES steps ahead, which hides the round trip) and passed to
+    // the other producer threads through flags[260 + (ti & 1)].
+    int idx = blockIdx.x;
+    for (int ti = 0;; ++ti) {
+      if (t == 0) {
+        mbar_wait(bar_tile_empty + 8 * (ti & 1), ((ti >> 1) & 1) ^ 1);
+        flags[258 + (ti & 1)] = idx;
+        mbar_arrive(bar_tile_full + 8 * (ti & 1));
       }
+      if (!get_tile(p, idx, T)) break;
+      // (zero-dQ tiles and key blocks no query sees have no steps: they are
+      // the consumers' alone)
+      const int n0 = T.block * kBN;
       for (int i = 0; i < T.steps; ++i, ++it) {
         const int h = T.g * T.group + i / T.visited;
         const int m0 = step_block(p, T, i) * kBM;
@@ -464,17 +470,19 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         mbar_wait(bar_empty + 8 * s, ((it / kS) & 1) ^ 1);
         const u32 sQ = base + L.stage + s * L.stage_bytes;
         const long long row0 = ((long long)(T.q0 + m0) * p.heads + h) * kD;
-        load_tile<kBM>(sQ, (const bf16*)p.q + row0, KF9_LDQ, T.lq - m0, t, (const bf16*)p.q);
-        load_tile<kBM>(sQ + L.tile_q_bytes, (const bf16*)p.dout + row0, KF9_LDQ, T.lq - m0, t,
-                       (const bf16*)p.dout);
-#if KF_DELTA == 2
-        // v4b: DELTA=1's claim, without its ready bit: the first visitor
-        // publishes each row as a tagged word (kDeltaTag), so the words can be
-        // loaded beside the claim and the LSE (one round trip, not two) and a
-        // word that is not 0 is the row's delta whatever the claim says. One
-        // barrier, which also tells whether every row was there. The claim's
-        // slot alternates between two ints: thread 0 rewrites one only after
-        // every thread has passed the next step's barrier.
+        kfh::load_tile<kD, kBM, 128, kBM * kD / 1024>(sQ, (const bf16*)p.q + row0, KF9_LDQ,
+                                                      T.lq - m0, t, (const bf16*)p.q);
+        kfh::load_tile<kD, kBM, 128, kBM * kD / 1024>(sQ + L.tile_q_bytes,
+                                                      (const bf16*)p.dout + row0, KF9_LDQ,
+                                                      T.lq - m0, t, (const bf16*)p.dout);
+        // delta (notes/bwd.md, v3, v4b): thread 0 claims the query block in
+        // its workspace counter; the first visitor publishes each row as a
+        // tagged word (kDeltaTag), so the words are loaded beside the claim
+        // and the LSE (one round trip) and a word that is not 0 is the row's
+        // delta whatever the claim says. One barrier, which also tells
+        // whether every row was there. The claim's slot alternates between
+        // two ints: thread 0 rewrites one only after every thread has passed
+        // the next step's barrier.
         if (t == 0) {
           flags[256 + (it & 1)] = atomicOr((int*)p.workspace + (long long)(T.qbase + m0 / kBM) * p.heads + h,
                             kDeltaClaim);
@@ -493,10 +501,10 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         if (wg_sync_and(4, word != 0u)) {
           if (t < kBM) delta_s[s * kBM + t] = __uint_as_float(word ^ kDeltaTag);
         } else {
-          // A row is missing: compute them all (as DELTA=1 does), and publish
-          // them if this key block made the claim. (DELTA=1's loop, repeated:
-          // one function for both compiled every setting's cubin differently,
-          // and these are the cubins measured and pinned.)
+          // A row is missing: compute them all from O and dO, and publish
+          // them if this key block made the claim (a visitor that finds the
+          // block claimed but a row not yet there computes it too: nobody
+          // waits for another CTA, so a persistent grid cannot deadlock).
           constexpr int kCpr = kD / 8;
           constexpr int kRpp = 128 / kCpr;
           const int c = t % kCpr;
@@ -523,82 +531,26 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
             }
           }
         }
-#else
-#if KF_DELTA
-        // delta once per query block and head: thread 0 claims it in the
-        // block's counter and leaves what it found in smem (the round trip
-        // overlaps the other threads' LSE loads).
-        if (t == 0) {
-          int* const dcount = (int*)p.workspace + (long long)(T.qbase + m0 / kBM) * p.heads + h;
-          const int c = atomicOr(dcount, kDeltaClaim);
-          if (c & kDeltaReady) __threadfence();  // acquire: the publisher's delta
-          flags[256] = c;
+        // The tile's K and V go after its first stage (which waits only for a
+        // free stage; K/V wait for the consumers to finish the previous
+        // tile), so the stage's loads are in flight during that wait.
+        if (i == 0) {
+          mbar_wait(bar_kv_empty, (kt & 1) ^ 1);
+          const long long off = ((long long)(T.k0 + n0) * p.kv_heads + T.g) * kD;
+          load_tile<kBN>(sK, (const bf16*)p.k + off, KF9_LDK, T.lk - n0, t, (const bf16*)p.k);
+          load_tile<kBN>(sV, (const bf16*)p.v + off, KF9_LDK, T.lk - n0, t, (const bf16*)p.v);
+          cp_async_wait_all();
+          fence_proxy_async();
+          mbar_arrive(bar_kv_full);
         }
-#endif
-        // LSE in base 2 (+inf where P must be 0: rows past the end, rows
-        // that see no key) and delta = rowsum(dO * O).
-        if (t < kBM) {
-          float l2 = pos_inf();
-          if (m0 + t < T.lq) {
-            const float l = p.lse[(long long)h * p.total_q + T.q0 + m0 + t];
-            if (l > neg_inf()) l2 = l * log2e;
-          }
-          lse_s[s * kBM + t] = l2;
-        }
-#if KF_DELTA
-        wg_sync(4);
-        // (the slot is re-read where needed rather than held: the producer
-        // runs on KF_PRODUCER_REGS registers)
-        if (flags[256] & kDeltaReady) {
-          if (t < kBM) {
-            delta_s[s * kBM + t] =
-                m0 + t < T.lq ? __ldcg(p.delta + (long long)h * p.total_q + T.q0 + m0 + t) : 0.f;
-          }
-        } else
-#endif
-        {
-          constexpr int kCpr = kD / 8;
-          constexpr int kRpp = 128 / kCpr;
-          const int c = t % kCpr;
-#pragma unroll 1
-          for (int r = t / kCpr; r < kBM; r += kRpp) {
-            float v = 0.f;
-            if (m0 + r < T.lq) {
-              const long long at = row0 + r * KF9_LDQ + c * 8;
-              const uint4 a = __ldg((const uint4*)((const bf16*)p.o + at));
-              const uint4 b = __ldg((const uint4*)((const bf16*)p.dout + at));
-              v = bf16_lo(a.x) * bf16_lo(b.x) + bf16_hi(a.x) * bf16_hi(b.x) +
-                  bf16_lo(a.y) * bf16_lo(b.y) + bf16_hi(a.y) * bf16_hi(b.y) +
-                  bf16_lo(a.z) * bf16_lo(b.z) + bf16_hi(a.z) * bf16_hi(b.z) +
-                  bf16_lo(a.w) * bf16_lo(b.w) + bf16_hi(a.w) * bf16_hi(b.w);
-            }
-#pragma unroll
-            for (int o = kCpr / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-            if (c == 0) {
-              delta_s[s * kBM + r] = v;
-#if KF_DELTA
-              if (!(flags[256] & kDeltaClaim) && m0 + r < T.lq)  // this key block publishes
-                p.delta[(long long)h * p.total_q + T.q0 + m0 + r] = v;
-#endif
-            }
-          }
-        }
-#if KF_DELTA
-        // Every thread has read the slot (and, publishing, stored its rows)
-        // before thread 0 goes on: the ready bit releases the rows.
-        const bool publish = !(flags[256] & kDeltaClaim);
-        wg_sync(4);
-        if (t == 0 && publish) {
-          __threadfence();
-          atomicOr((int*)p.workspace + (long long)(T.qbase + m0 / kBM) * p.heads + h, kDeltaReady);
-        }
-#endif
-#endif  // KF_DELTA == 2
         cp_async_wait_all();
         fence_proxy_async();
         mbar_arrive(bar_full + 8 * s);
       }
-      ++kt;
+      if (T.steps > 0) ++kt;
+      if (t == 0) flags[260 + (ti & 1)] = atomicAdd(p.tile_counter, 1) + (int)gridDim.x;
+      wg_sync(4);
+      idx = flags[260 + (ti & 1)];
     }
 #undef KF9_LDQ
 #undef KF9_LDK
@@ -619,12 +571,15 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
   // K-major descriptors of this consumer's 64 rows of K and V (A of S^T, dP^T).
   const u64 descKw = make_desc(sK + w * 64 * 128, 16, 1024);
   const u64 descVw = make_desc(sV + w * 64 * 128, 16, 1024);
-  const u32 sDq = base + L.dq + w * 64 * L.dq_row_bytes;  // DQ=1: this consumer's dQ slice
-  float* const sDq_ptr = (float*)(base_ptr + L.dq + w * 64 * L.dq_row_bytes);
+  const u32 sDq = base + L.dq + w * L.dq_bytes;  // this consumer's dQ staging buffer
 
   int it = 0, kt = 0;
   Tile T;
-  for (int ti = 0; get_tile(p, ti, T); ++ti) {
+  for (int ti = 0;; ++ti) {
+    mbar_wait(bar_tile_full + 8 * (ti & 1), (ti >> 1) & 1);
+    const int idx = flags[258 + (ti & 1)];
+    mbar_arrive(bar_tile_empty + 8 * (ti & 1));
+    if (!get_tile(p, idx, T)) break;
     if (T.block < 0) {  // a query block that sees no key: dQ = 0
       const int m0 = (-1 - T.block) * kBM;
       write_dq(p, T.q0, T.lq, m0, T.g, true, ct);
@@ -671,119 +626,23 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
           reg_fence<kBM / 2>(dpacc);
         }
 
-#if KF_OVERLAP == 0  // ---- v1, unchanged
-        // P^T and dS^T in place. Register i: key row r0 + 8*((i>>1)&1) of
-        // this consumer's 64, query column 8*(i>>2) + cq + (i&1).
-        {
-          const float* lse2 = lse_s + s * kBM;
-          const float* dl = delta_s + s * kBM;
-          const bool need_mask = n0 + kBN > T.lk || m0 + kBM > T.lq ||
-                                 (p.causal && n0 + kBN - 1 > m0 + T.shift);
-          const int key_lo = n0 + 64 * w + r0;  // key of the rows with (i>>1)&1 == 0
-#pragma unroll
-          for (int j = 0; j < kBM / 8; ++j) {
-            const int c = 8 * j + cq;
-            const float2 lv = *(const float2*)(lse2 + c);
-            const float2 dd = *(const float2*)(dl + c);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int i = 4 * j + e;
-              const float l = (e & 1) ? lv.y : lv.x;
-              const float d = (e & 1) ? dd.y : dd.x;
-              float prob = ex2(sacc[i] * sl2 - l);
-              if (need_mask) {
-                const int key = key_lo + 8 * (e >> 1);
-                const int q = m0 + c + (e & 1);
-                const bool ok = key < T.lk && q < T.lq && (!p.causal || key <= q + T.shift);
-                prob = ok ? prob : 0.f;
-              }
-              sacc[i] = prob;
-              dpacc[i] = prob * (dpacc[i] - d);
-            }
-          }
-        }
-        u32 pa[kBM / 4], da[kBM / 4];
-#pragma unroll
-        for (int k = 0; k < kBM / 4; ++k) {
-          pa[k] = pack_bf16(sacc[2 * k], sacc[2 * k + 1]);
-          da[k] = pack_bf16(dpacc[2 * k], dpacc[2 * k + 1]);
-        }
-        // dS = (dS^T)^T into the K-major [query][key] tile: key panel w, row
-        // = query, byte ((key%64 / 8) ^ (q & 7)) * 16 + (key % 8) * 2.
-        {
-          const u32 panel = sdS + w * (kBM * 128);
-#pragma unroll
-          for (int k = 0; k < kBM / 4; ++k) {
-            const int kin = r0 + 8 * (k & 1);  // key within the consumer's 64
-            const int q = 8 * (k >> 1) + cq;   // query (tile row) of the low half
-            const u32 a_lo = panel + q * 128 + ((((kin >> 3) ^ (q & 7))) << 4) + (kin & 7) * 2;
-            const u32 a_hi =
-                panel + (q + 1) * 128 + ((((kin >> 3) ^ ((q + 1) & 7))) << 4) + (kin & 7) * 2;
-            st_shared_b16x2(a_lo, a_hi, da[k]);
-          }
-        }
-        fence_proxy_async();
-        consumer_sync();  // both halves of dS are in place (and the other buffer is free)
-
-        // dV += P^T dO, dK += dS^T Q (RS; dO and Q are the MN-major B operand:
-        // D panels kBM * 128 B apart, 16 query rows = 2048 B per k-step).
-        wgmma_fence();
-        {
-          const u64 bdO = make_desc(sdO, kBM * 128, 1024);
-          const u64 bQ = make_desc(sQ, kBM * 128, 1024);
-#pragma unroll
-          for (int kk = 0; kk < kBM / 16; ++kk)
-            wgmma_rs_t1<kD>(dv, pa + 4 * kk, bdO + (u64)(kk * (16 * 128 / 16)));
-#pragma unroll
-          for (int kk = 0; kk < kBM / 16; ++kk)
-            wgmma_rs_t1<kD>(dk, da + 4 * kk, bQ + (u64)(kk * (16 * 128 / 16)));
-        }
-        wgmma_commit();
-        // dV and dK done before dQ starts (P^T and dS^T registers free: the
-        // register budget), and Q, dO, LSE and delta of this stage are free.
-        wgmma_wait<0>();
-        mbar_arrive(bar_empty + 8 * s);
-        // A 64 x 64 slice of dQ = dS K: A = dS (K-major, key panels kBM * 128 B
-        // apart), B = K (MN-major: head-dim panels kBN * 128 B apart, 16 key
-        // rows = 2048 B per k-step).
-        float dq[32];
-        {
-          const u32 a_off = kDqSplitM ? w * 64 * 128 : 0;
-          const u32 b_off = kDqSplitN ? w * kBN * 128 : 0;
-          const int ks0 = (kDqSplitM || kDqSplitN) ? 0 : 4 * w;
-          const int nks = (kDqSplitM || kDqSplitN) ? kBN / 16 : 4;
-          const u64 aS = make_desc(sdS + a_off, 16, 1024);
-          const u64 bK = make_desc(sK + b_off, kBN * 128, 1024);
-#pragma unroll
-          for (int x = 0; x < kBN / 16; ++x) {
-            if (x < nks) {
-              const int ks = ks0 + x;
-              kfh::wgmma_ss<64, 1>(dq, aS + (u64)((ks >> 2) * (kBM * 128 / 16) + 2 * (ks & 3)),
-                            bK + (u64)(ks * (16 * 128 / 16)), x > 0 ? 1 : 0);
-            }
-          }
-        }
-        wgmma_commit();
-        wgmma_wait<0>();
-        reg_fence<32>(dq);
-
-        add_dq(p, dq, T.q0, T.lq, m0, h, w, warp, lane, scale, sDq, sDq_ptr);
-#else
-        // ---- v2 (KF_OVERLAP = 1): the same step with the waits moved.
-        // wgmma groups per step: S^T + dP^T (wait 0, as v1) | dV (issued
-        // before the dS store) | dK (issued before the consumer barrier;
-        // wait 1 there retires dV) | dQ (wait 1 retires dK and frees the
-        // stage, wait 0 before the dq_accum reduction). A-fragment registers (pa, da) are not touched between the
-        // wgmma that reads them and the wait_group that completes it, and are
-        // kept live (reg_fence_u) until then; accumulators are read only after
-        // the wait that completes their group.
+        // wgmma groups per step (notes/bwd.md, v2): S^T + dP^T (wait 0) | dV
+        // (issued before the dS store) | dK (issued before the consumer
+        // barrier; wait 1 there retires dV) | dQ (wait 1 retires dK and frees
+        // the stage, wait 0 before the dq_accum reduction). A-fragment
+        // registers (pa, da) are not touched between the wgmma that reads
+        // them and the wait_group that completes it, and are kept live
+        // (reg_fence_u) until then; accumulators are read only after the wait
+        // that completes their group.
         const float* lse2 = lse_s + s * kBM;
         const float* dl = delta_s + s * kBM;
         const bool need_mask = n0 + kBN > T.lk || m0 + kBM > T.lq ||
                                (p.causal && n0 + kBN - 1 > m0 + T.shift);
         const int key_lo = n0 + 64 * w + r0;  // key of the rows with (i>>1)&1 == 0
-        // P^T and dS^T in place (as v1: S^T and dP^T completed together;
-        // computing P^T while dP^T runs made ptxas spill at D = 128).
+        // P^T and dS^T in place (S^T and dP^T completed together: computing
+        // P^T while dP^T runs made ptxas spill at D = 128). Register i: key
+        // row r0 + 8*((i>>1)&1) of this consumer's 64, query column
+        // 8*(i>>2) + cq + (i&1).
 #pragma unroll
         for (int j = 0; j < kBM / 8; ++j) {
           const int c = 8 * j + cq;
@@ -820,8 +679,11 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
             wgmma_rs_t1<kD>(dv, pa + 4 * kk, bdO + (u64)(kk * (16 * 128 / 16)));
         }
         wgmma_commit();  // group: dV
-        // dS into the K-major [query][key] tile (as v1), from da before the
-        // dK wgmma that reads da is issued.
+        // dS = (dS^T)^T into the K-major [query][key] tile, from da before
+        // the dK wgmma that reads da is issued: key panel w, row = query,
+        // byte ((key%64 / 8) ^ (q & 7)) * 16 + (key % 8) * 2. (stmatrix
+        // .trans would take 4 instructions instead of 32 stores, but the
+        // registers it needs made ptxas serialise the wgmmas, C7512: v5.)
         {
           const u32 panel = sdS + w * (kBM * 128);
 #pragma unroll
@@ -849,8 +711,13 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         wgmma_wait<1>();
         reg_fence_u<kBM / 4>(pa);
         fence_proxy_async();
+        // The previous step's bulk read of the dQ staging buffer is done
+        // before the barrier, so every thread may rewrite it after.
+        if ((tid & 127) == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
         consumer_sync();  // both halves of dS are in place (and the other buffer is free)
-        // The dQ slice (SS from dS and K, as v1).
+        // A 64 x 64 slice of dQ = dS K: A = dS (K-major, key panels kBM * 128 B
+        // apart), B = K (MN-major: head-dim panels kBN * 128 B apart, 16 key
+        // rows = 2048 B per k-step).
         float dq[32];
         wgmma_fence();
         {
@@ -877,8 +744,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         mbar_arrive(bar_empty + 8 * s);
         wgmma_wait<0>();
         reg_fence<32>(dq);
-        add_dq(p, dq, T.q0, T.lq, m0, h, w, warp, lane, scale, sDq, sDq_ptr);
-#endif  // KF_OVERLAP
+        add_dq(p, dq, T.q0, T.lq, m0, h, w, warp, lane, sDq);
 
 #if KF_ORDER
         if (i % T.visited == T.visited - 1) {  // the head's last step
@@ -887,14 +753,12 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
 #endif
           // Head h is done: count this key block into each of its query
           // blocks behind one fence; the key block completing a count converts.
-#if KF_DQ
           // (the bulk reduce-adds of this warpgroup complete first, and are
           // ordered, async proxy to generic, before the fence)
           if ((tid & 127) == 0) {
             asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
             asm volatile("fence.proxy.async.global;\n" ::: "memory");
           }
-#endif
           __threadfence();
           consumer_sync();
           for (int b0 = T.m_first; b0 < T.m_blocks; b0 += 256) {

@@ -18,19 +18,20 @@ struct KfBwdSm90Layout {
   int tile_q_bytes; // one BLOCK_M x D tile (dO = Q + tile_q_bytes)
   int ds;           // two dS buffers, BLOCK_M rows x BLOCK_N keys bf16, K-major
   int ds_bytes;     //   (BLOCK_N/64 panels of BLOCK_M rows x 128 B); buffer b at ds + b * ds_bytes
+  int dq;           // per consumer warpgroup a 64 x 64 fp32 dQ staging buffer (rows of
+  int dq_bytes;     //   256 B, in dq_accum's layout); consumer w at dq + w * dq_bytes
   int lse;          // per stage: BLOCK_M floats LSE*log2(e) (+inf where P = 0) ...
   int delta;        // ... and BLOCK_M floats delta; stage s at + s * 4 * BLOCK_M
   int flags;        // 256 ints (dq completion flags of the consumer warpgroups), then
-                    //   4 ints for the producer (the delta claim it broadcasts)
-  int dq;           // DQ=1: per consumer warpgroup a 64 x 64 fp32 dQ slice, rows
-  int dq_row_bytes; //   dq_row_bytes apart (256 + 32 pad); consumer w at dq + w * 64 * dq_row_bytes
-  int bars;         // mbarriers (8 B each): full[S], empty[S], kv_full, kv_empty
+                    //   8 ints for the producer: 256-257 the delta claim it broadcasts,
+                    //   258-259 the tile index it passes on, 260-261 the next one
+  int bars;         // mbarriers (8 B each): full[S], empty[S], kv_full, kv_empty,
+                    //   tile_full[2], tile_empty[2]
   int total;        // bytes used from the aligned base
   int dynamic_bytes;// dynamic shared memory to request
 };
 
-constexpr KfBwdSm90Layout kf_bwd_sm90_layout(int d, int block_m, int block_n, int stages,
-                                             int dq_bulk) {
+constexpr KfBwdSm90Layout kf_bwd_sm90_layout(int d, int block_m, int block_n, int stages) {
   KfBwdSm90Layout l{};
   const int kv_bytes = block_n * d * 2;
   l.tile_q_bytes = block_m * d * 2;
@@ -40,13 +41,15 @@ constexpr KfBwdSm90Layout kf_bwd_sm90_layout(int d, int block_m, int block_n, in
   l.stage_bytes = 2 * l.tile_q_bytes;
   l.ds = l.stage + stages * l.stage_bytes;
   l.ds_bytes = block_m * block_n * 2;
-  l.lse = l.ds + 2 * l.ds_bytes;
+  // (1024-aligned, like every tile before it: the staging addresses permute
+  // bits 5-7 by XOR, which needs each 256-byte row on a 256-byte boundary)
+  l.dq = l.ds + 2 * l.ds_bytes;
+  l.dq_bytes = 64 * 256;
+  l.lse = l.dq + 2 * l.dq_bytes;
   l.delta = l.lse + stages * block_m * 4;
   l.flags = l.delta + stages * block_m * 4;
-  l.dq = (l.flags + 260 * 4 + 127) / 128 * 128;
-  l.dq_row_bytes = dq_bulk ? 256 + 32 : 0;
-  l.bars = l.dq + 2 * 64 * l.dq_row_bytes;
-  l.total = l.bars + (2 * stages + 2) * 8;
+  l.bars = l.flags + 264 * 4;
+  l.total = l.bars + (2 * stages + 6) * 8;
   l.dynamic_bytes = l.total + 1024;
   return l;
 }
