@@ -112,9 +112,10 @@ constexpr int kD = KF_HEAD_DIM;
 constexpr int kBM = KF_BLOCK_M;
 constexpr int kBN = KF_BLOCK_N;
 constexpr int kS = KF_STAGES;
-// dQ work split between the two consumers (see the header comment).
-constexpr int kDqSplitM = kBM == 128;                // rows 64w.., all keys
-constexpr int kDqSplitN = kBM == 64 && kD == 128;    // head dims 64w.., all keys
+// dQ work split between the two consumers: the dQ part's rule
+// (sm90/bwd_dq.cuh, dq_split_rows / dq_split_cols), which add_dq follows.
+constexpr int kDqSplitM = kfh::dq_split_rows<kD, kBM>();  // rows 64w.., all keys
+constexpr int kDqSplitN = kfh::dq_split_cols<kD, kBM>();  // head dims 64w.., all keys
 // otherwise (kBM == 64, kD == 64): own keys, all rows and head dims
 // The workspace int of a query block and head counts the key blocks that have
 // added into its dq_accum rows (low bits); the first key block to visit it
@@ -129,8 +130,9 @@ constexpr int kCountMask = kDeltaClaim - 1;
 // half-written, so no ready bit and no fence order it.
 constexpr unsigned kDeltaTag = 0x80000000u;
 
-// The PTX primitives are the Hopper parts' (sm90/ptx.cuh, sm90/wgmma_ops.cuh,
-// prepended by build()); what only the backward needs is here.
+// The PTX primitives are the Hopper parts' (sm90/ptx.cuh, sm90/wgmma_ops.cuh),
+// and so are the backward's tiles (sm90/bwd_tiles.cuh) and dQ path
+// (sm90/bwd_dq.cuh), all prepended by build(); the rest is here.
 using kfh::u32;
 using kfh::u64;
 using kfh::bf16;
@@ -149,6 +151,9 @@ using kfh::reg_fence;
 using kfh::ex2;
 using kfh::pack_bf16;
 using kfh::make_desc;
+using kfh::KeyTile;
+using kfh::bulk_wait_read;
+using kfh::bulk_wait_all;
 
 __device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000); }
 
@@ -170,14 +175,6 @@ __device__ __forceinline__ bool wg_sync_and(int id, bool v) {
       : "r"(id), "r"((u32)v)
       : "memory");
   return r != 0u;
-}
-__device__ __forceinline__ void bulk_reduce_add(float* dst, u32 src, u32 bytes) {
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
-               "r"(src), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void bulk_commit() {
-  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }
 // Like reg_fence, for packed A fragments: keeps them live (unreused) up to a wait.
 template <int N>
@@ -229,158 +226,11 @@ __device__ __forceinline__ void load_tile(u32 dst, const bf16* src, long long st
   }
 }
 
-// Key blocks that add into query block m (bwd_mma's rule; the host's
-// TileKeyBlocks gives the same count).
-__device__ __forceinline__ int contributors(int lq, int lk, int m, bool causal) {
-  int n_end = lk;
-  if (causal) {
-    const int last = (lq < (m + 1) * kBM ? lq : (m + 1) * kBM) - 1;
-    n_end = last + 1 + (lk - lq);
-    n_end = n_end < 0 ? 0 : (n_end > lk ? lk : n_end);
-  }
-  return (n_end + kBN - 1) / kBN;
-}
-
-// One key-major tile as both sides see it.
-struct Tile {
-  int b, g, block, qbase;
-  int q0, lq, k0, lk, shift;
-  int group, m_first, m_blocks, visited, steps;
-};
-__device__ __forceinline__ bool get_tile(const KfAttnParams& p, int idx, Tile& T) {
-  if (idx >= p.num_tiles) return false;
-  const int* e = p.tiles + 4 * idx;
-  T.b = e[0];
-  T.g = e[1];
-  T.block = e[2];
-  T.qbase = e[3];
-  T.q0 = p.cu_seqlens_q[T.b];
-  T.lq = p.cu_seqlens_q[T.b + 1] - T.q0;
-  T.k0 = p.cu_seqlens_k[T.b];
-  T.lk = p.cu_seqlens_k[T.b + 1] - T.k0;
-  T.shift = T.lk - T.lq;
-  T.group = p.heads / p.kv_heads;
-  T.m_blocks = (T.lq + kBM - 1) / kBM;
-  T.m_first = T.m_blocks;
-  T.visited = 0;
-  T.steps = 0;
-  if (T.block >= 0) {
-    // Query rows i see key n0 when i >= n0 - shift (causal); all otherwise.
-    const int n0 = T.block * kBN;
-    const int first_row = p.causal ? (n0 - T.shift > 0 ? n0 - T.shift : 0) : 0;
-    T.m_first = first_row >= T.lq ? T.m_blocks : first_row / kBM;
-    T.visited = T.m_blocks - T.m_first;
-    T.steps = T.group * T.visited;
-  }
-  return true;
-}
-
-// The query block of step i of a tile (i counts query heads, then blocks).
-__device__ __forceinline__ int step_block(const KfAttnParams& p, const Tile& T, int i) {
-#if KF_ORDER
-  const int j = i % T.visited;
-  if (p.causal) return T.m_first + j;
-  const int r = j + T.block * (kBN / kBM) % T.visited;
-  return T.m_first + (r >= T.visited ? r - T.visited : r);
-#else
-  return T.m_first + i % T.visited;
-#endif
-}
-
-// dq_accum (the variant's own scratch) is kept in a layout of its own, so
-// that a consumer's 64 x 64 slice of a step is one contiguous range and one
-// bulk reduce-add: 64-column panels (h, column / 64), each total_q rows of 64
-// floats, and within a row the 16-byte chunk k of columns 4k..4k+3 stored at
-// chunk k ^ ((row & 7) << 1) (row counted from the sequence's first query),
-// so that the staging stores of a half-warp (4 rows x 4 column pairs) hit 32
-// distinct banks. The sums are unscaled (write_dq scales). dq2_row: where
-// the row's 64 floats of column c's panel start; dq2_offset: the 4-column
-// chunk holding column c (c % 4 == 0).
-__device__ __forceinline__ long long dq2_row(const KfAttnParams& p, int q0, int row, int h, int c) {
-  return ((long long)(h * (kD / 64) + (c >> 6)) * p.total_q + q0 + row) * 64;
-}
-__device__ __forceinline__ long long dq2_offset(const KfAttnParams& p, int q0, int row, int h,
-                                                int c) {
-  return dq2_row(p, q0, row, h, c) + 4 * (((c & 63) >> 2) ^ ((row & 7) << 1));
-}
-
-// dQ rows [m0, m0 + kBM) of head h (clamped to the sequence), converted from
-// dq_accum (scaled here) or zeros; by the 256 consumer threads. Every load is
-// issued before the first store: the compiler cannot tell that dq and
-// dq_accum do not overlap, so a load-convert-store loop would wait for each
-// load in turn (four round trips a query block).
+// (a plain function around the part's template, as write_dq was before the
+// dQ path became a part: the template alone is implicitly inline, and NVVM
+// then compiled this kernel to other cubins than the pinned, GPU-tested ones)
 __device__ void write_dq(const KfAttnParams& p, int q0, int lq, int m0, int h, bool zero, int ct) {
-  constexpr int kChunks = kD / 8;  // 8-column chunks per row
-  constexpr int kIters = kBM * kChunks / 256;
-  static_assert(kBM * kChunks % 256 == 0, "write_dq: the chunks must divide among 256 threads");
-  const int rows = lq - m0 < kBM ? lq - m0 : kBM;
-  float4 a[kIters], b[kIters];
-#pragma unroll
-  for (int k = 0; k < kIters; ++k) {
-    const int i = ct + 256 * k;
-    const int r = i / kChunks;
-    a[k] = b[k] = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (!zero && r < rows) {
-      const float* src = p.dq_accum + dq2_offset(p, q0, m0 + r, h, (i % kChunks) * 8);
-      a[k] = __ldcg((const float4*)src);
-      b[k] = __ldcg((const float4*)(src + 4));
-    }
-  }
-  const float sc = p.softmax_scale;
-#pragma unroll
-  for (int k = 0; k < kIters; ++k) {
-    const int i = ct + 256 * k;
-    const int r = i / kChunks;
-    if (r < rows) {
-      const long long off = ((long long)(q0 + m0 + r) * p.heads + h) * kD + (i % kChunks) * 8;
-      *(uint4*)((bf16*)p.dq + off) =
-          make_uint4(pack_bf16(a[k].x * sc, a[k].y * sc), pack_bf16(a[k].z * sc, a[k].w * sc),
-                     pack_bf16(b[k].x * sc, b[k].y * sc), pack_bf16(b[k].z * sc, b[k].w * sc));
-    }
-  }
-}
-
-// This consumer's 64 x 64 slice of dQ (the unscaled accumulators: row
-// r0 = 16 * warp + lane / 4 holds dq[4j], dq[4j+1] at columns 8j + cq, +1 and
-// row r0 + 8 dq[4j+2], dq[4j+3]) added into dq_accum rows m0.. of head h
-// (rows past the sequence left out), by the 128 threads of consumer w: into
-// the warpgroup's staging buffer `sdq` in dq_accum's layout (dq2_offset),
-// then one bulk reduce-add of rows x 256 B by one thread. The buffer is
-// free: its previous bulk read was waited for before this step's consumer
-// barrier (kf_attn_bwd).
-__device__ __forceinline__ void add_dq(const KfAttnParams& p, const float* dq, int q0, int lq,
-                                       int m0, int h, int w, int warp, int lane, u32 sdq) {
-  const int row0 = m0 + (kDqSplitM ? 64 * w : 0);  // first row of the slice
-  const int col0 = kDqSplitN ? 64 * w : 0;         // first head dim of the slice
-  {
-    // Row rl = 16 warp + lane / 4 gets dq[4j], dq[4j + 1] (columns 8j + 2 (lane % 4), +1),
-    // row rl + 8 (2048 B on, same permutation) dq[4j + 2], dq[4j + 3]. Chunk 2j + x
-    // (x = (lane % 4) / 2) goes to chunk (2j + x) ^ 2 (rl % 8), i.e. byte
-    // 32 (j ^ (rl % 8)) + 16 x: the thread's address for j = 0 XOR 32 j. (The
-    // base goes through an opaque move each step, so that ptxas does not keep
-    // eight loop-invariant addresses live over the tile.)
-    const int rl = 16 * warp + (lane >> 2);
-    u32 a = sdq + rl * 256 + ((rl & 7) << 5) + ((lane & 2) << 3) + ((lane & 1) << 3);
-    asm volatile("mov.b32 %0, %0;\n" : "+r"(a));
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      asm volatile("st.shared.v2.f32 [%0], {%1, %2};\nst.shared.v2.f32 [%0+2048], {%3, %4};\n" ::"r"(
-                       a ^ (u32)(j << 5)),
-                   "f"(dq[4 * j]), "f"(dq[4 * j + 1]), "f"(dq[4 * j + 2]), "f"(dq[4 * j + 3])
-                   : "memory");
-    }
-  }
-  fence_proxy_async();  // the generic-proxy stores, before the bulk (async proxy) read
-  // (every thread waits: with the others only arriving, ptxas 13.0 spilled
-  // 128-144 B in this kernel)
-  wg_sync(2 + w);
-  if (warp == 0 && lane == 0) {
-    const int rows = lq - row0 < 64 ? lq - row0 : 64;
-    if (rows > 0) {
-      bulk_reduce_add(p.dq_accum + dq2_row(p, q0, row0, h, col0), sdq, (u32)rows * 256u);
-      bulk_commit();
-    }
-  }
+  kfh::write_dq<kD, kBM>(p, q0, lq, m0, h, zero, ct);
 }
 
 }  // namespace kf9
@@ -447,7 +297,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
 #define KF9_LDQ ((long long)p.heads * kD)
 #define KF9_LDK ((long long)p.kv_heads * kD)
     int it = 0, kt = 0;
-    Tile T;
+    KeyTile T;
     // Tile ti's index goes to the consumers through slot ti & 1; the next
     // index is fetched after this tile's loads are issued (the producer runs
     // up to KF_STAGES steps ahead, which hides the round trip) and passed to
@@ -459,13 +309,13 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         flags[258 + (ti & 1)] = idx;
         mbar_arrive(bar_tile_full + 8 * (ti & 1));
       }
-      if (!get_tile(p, idx, T)) break;
+      if (!kfh::key_tile<kBM, kBN>(p, idx, T)) break;
       // (zero-dQ tiles and key blocks no query sees have no steps: they are
       // the consumers' alone)
       const int n0 = T.block * kBN;
       for (int i = 0; i < T.steps; ++i, ++it) {
         const int h = T.g * T.group + i / T.visited;
-        const int m0 = step_block(p, T, i) * kBM;
+        const int m0 = kfh::key_tile_block<kBM, kBN, KF_ORDER == 1>(p, T, i) * kBM;
         const int s = it % kS;
         mbar_wait(bar_empty + 8 * s, ((it / kS) & 1) ^ 1);
         const u32 sQ = base + L.stage + s * L.stage_bytes;
@@ -574,12 +424,12 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
   const u32 sDq = base + L.dq + w * L.dq_bytes;  // this consumer's dQ staging buffer
 
   int it = 0, kt = 0;
-  Tile T;
+  KeyTile T;
   for (int ti = 0;; ++ti) {
     mbar_wait(bar_tile_full + 8 * (ti & 1), (ti >> 1) & 1);
     const int idx = flags[258 + (ti & 1)];
     mbar_arrive(bar_tile_empty + 8 * (ti & 1));
-    if (!get_tile(p, idx, T)) break;
+    if (!kfh::key_tile<kBM, kBN>(p, idx, T)) break;
     if (T.block < 0) {  // a query block that sees no key: dQ = 0
       const int m0 = (-1 - T.block) * kBM;
       write_dq(p, T.q0, T.lq, m0, T.g, true, ct);
@@ -594,7 +444,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
       mbar_wait(bar_kv_full, kt & 1);
       for (int i = 0; i < T.steps; ++i, ++it) {
         const int h = T.g * T.group + i / T.visited;
-        const int m = step_block(p, T, i);
+        const int m = kfh::key_tile_block<kBM, kBN, KF_ORDER == 1>(p, T, i);
         const int m0 = m * kBM;
         const int s = it % kS;
         const u32 sQ = base + L.stage + s * L.stage_bytes;
@@ -713,7 +563,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         fence_proxy_async();
         // The previous step's bulk read of the dQ staging buffer is done
         // before the barrier, so every thread may rewrite it after.
-        if ((tid & 127) == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+        if ((tid & 127) == 0) bulk_wait_read();
         consumer_sync();  // both halves of dS are in place (and the other buffer is free)
         // A 64 x 64 slice of dQ = dS K: A = dS (K-major, key panels kBM * 128 B
         // apart), B = K (MN-major: head-dim panels kBN * 128 B apart, 16 key
@@ -744,7 +594,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         mbar_arrive(bar_empty + 8 * s);
         wgmma_wait<0>();
         reg_fence<32>(dq);
-        add_dq(p, dq, T.q0, T.lq, m0, h, w, warp, lane, sDq);
+        kfh::add_dq<kD, kBM>(p, dq, T.q0, T.lq, m0, h, w, warp, lane, sDq);
 
 #if KF_ORDER
         if (i % T.visited == T.visited - 1) {  // the head's last step
@@ -755,10 +605,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
           // blocks behind one fence; the key block completing a count converts.
           // (the bulk reduce-adds of this warpgroup complete first, and are
           // ordered, async proxy to generic, before the fence)
-          if ((tid & 127) == 0) {
-            asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-            asm volatile("fence.proxy.async.global;\n" ::: "memory");
-          }
+          if ((tid & 127) == 0) bulk_wait_all();
           __threadfence();
           consumer_sync();
           for (int b0 = T.m_first; b0 < T.m_blocks; b0 += 256) {
@@ -767,7 +614,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
             if (mm < T.m_blocks) {
               int* counter = (int*)p.workspace + (long long)(T.qbase + mm) * p.heads + h;
               done = ((atomicAdd(counter, 1) + 1) & kCountMask) ==
-                     contributors(T.lq, T.lk, mm, p.causal);
+                     kfh::key_blocks_into<kBM, kBN>(T.lq, T.lk, mm, p.causal);
               __threadfence();
             }
             flags[ct] = done;

@@ -10,6 +10,8 @@ extern const char sm90_fwd_ring_cuh[];
 extern const char sm90_fwd_producer_cuh[];
 extern const char sm90_fwd_consumer_cuh[];
 extern const char sm90_fwd_epilogue_cuh[];
+extern const char sm90_bwd_tiles_cuh[];
+extern const char sm90_bwd_dq_cuh[];
 extern const char fwd_sm90_cuh[];
 extern const char bwd_sm90_layout_h[];
 extern const char bwd_sm90_cuh[];
@@ -38,6 +40,8 @@ const std::vector<Part>& BwdSm90Parts() {
   static const std::vector<Part>* parts = new std::vector<Part>{
       {"sm90/ptx.cuh", embedded::sm90_ptx_cuh},
       {"sm90/wgmma_ops.cuh", embedded::sm90_wgmma_ops_cuh},
+      {"sm90/bwd_tiles.cuh", embedded::sm90_bwd_tiles_cuh},
+      {"sm90/bwd_dq.cuh", embedded::sm90_bwd_dq_cuh},
       {"bwd_sm90_layout.h", embedded::bwd_sm90_layout_h},
       {"bwd_sm90.cuh", embedded::bwd_sm90_cuh},
   };

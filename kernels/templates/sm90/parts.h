@@ -22,8 +22,9 @@ struct Part {
 // its kernel file "fwd_sm90.cuh" (always last).
 const std::vector<Part>& FwdSm90Parts();
 
-// bwd_sm90's source after its knob prelude: the PTX and wgmma parts, its
-// shared-memory layout, then its kernel file "bwd_sm90.cuh" (always last).
+// bwd_sm90's source after its knob prelude: the PTX and wgmma parts, the
+// backward's tile and dQ parts, its shared-memory layout, then its kernel
+// file "bwd_sm90.cuh" (always last).
 const std::vector<Part>& BwdSm90Parts();
 
 // The texts of `parts` concatenated in order.

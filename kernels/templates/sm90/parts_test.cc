@@ -13,6 +13,7 @@ namespace kforge {
 namespace {
 
 
+using templates::sm90::BwdSm90Parts;
 using templates::sm90::FwdSm90Parts;
 using templates::sm90::Part;
 
@@ -54,8 +55,10 @@ TEST(Sm90Parts, FwdSm90SourceIsThePreludeThenThePartsThenTheKernel) {
 // can use them with its own knobs: no KF_ macro but the dev harness's
 // KF_WAIT_LIMIT, and no #define of anything.
 TEST(Sm90Parts, PartsReadNoKnobs) {
-  for (const Part& p : FwdSm90Parts()) {
-    if (p.name == "fwd_sm90.cuh") continue;
+  std::vector<Part> parts = FwdSm90Parts();
+  for (const Part& p : BwdSm90Parts()) parts.push_back(p);
+  for (const Part& p : parts) {
+    if (p.name == "fwd_sm90.cuh" || p.name == "bwd_sm90.cuh") continue;
     auto tokens = LexSource(p.text);
     ASSERT_TRUE(tokens.ok()) << p.name << ": " << tokens.status();
     for (size_t i = 0; i < tokens->size(); ++i) {
@@ -80,6 +83,12 @@ TEST(Sm90Parts, PartsPassTheSourceCheckAndOnlyTheKernelDefinesTheEntryPoint) {
   }
   for (const Variant& v : AllFwdSm90Variants()) {
     EXPECT_TRUE(CheckSource(v.source).ok()) << CheckSource(v.source);
+  }
+  for (const Part& p : BwdSm90Parts()) {
+    EXPECT_TRUE(CheckSource(p.text).ok()) << p.name << ": " << CheckSource(p.text);
+    auto tokens = LexSource(p.text);
+    ASSERT_TRUE(tokens.ok()) << p.name;
+    EXPECT_EQ(DefinesEntryPoint(*tokens, "kf_attn_bwd"), p.name == "bwd_sm90.cuh") << p.name;
   }
 }
 

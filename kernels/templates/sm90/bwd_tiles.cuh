@@ -1,0 +1,79 @@
+// Part of the Hopper templates (kernels/notes/parts.md): the backward's
+// key-major tiles as the kernel sees them (the host builds them with
+// BuildKeyTiles, kernels/schedule.h; kernels/CONTRACT.md "Backward"), the
+// query blocks a tile visits, and how many key blocks add into a query block.
+// BM query rows a step, BN keys a tile.
+#include "kforge/attn_params.h"
+
+namespace kfh {
+
+// One key-major tile: {b, g, block, qbase} from the list, the sequence's
+// offsets and lengths, and the steps (query head of the group x visited
+// query block) it takes. block < 0 is a query block that sees no key (its
+// dQ is zero): it has no steps.
+struct KeyTile {
+  int b, g, block, qbase;
+  int q0, lq, k0, lk, shift;
+  int group, m_first, m_blocks, visited, steps;
+};
+
+// Entry idx of p.tiles into T; false when the list has no such entry.
+template <int BM, int BN>
+__device__ __forceinline__ bool key_tile(const KfAttnParams& p, int idx, KeyTile& T) {
+  if (idx >= p.num_tiles) return false;
+  const int* e = p.tiles + 4 * idx;
+  T.b = e[0];
+  T.g = e[1];
+  T.block = e[2];
+  T.qbase = e[3];
+  T.q0 = p.cu_seqlens_q[T.b];
+  T.lq = p.cu_seqlens_q[T.b + 1] - T.q0;
+  T.k0 = p.cu_seqlens_k[T.b];
+  T.lk = p.cu_seqlens_k[T.b + 1] - T.k0;
+  T.shift = T.lk - T.lq;
+  T.group = p.heads / p.kv_heads;
+  T.m_blocks = (T.lq + BM - 1) / BM;
+  T.m_first = T.m_blocks;
+  T.visited = 0;
+  T.steps = 0;
+  if (T.block >= 0) {
+    // Query rows i see key n0 when i >= n0 - shift (causal); all otherwise.
+    const int n0 = T.block * BN;
+    const int first_row = p.causal ? (n0 - T.shift > 0 ? n0 - T.shift : 0) : 0;
+    T.m_first = first_row >= T.lq ? T.m_blocks : first_row / BM;
+    T.visited = T.m_blocks - T.m_first;
+    T.steps = T.group * T.visited;
+  }
+  return true;
+}
+
+// The query block of step i of a tile (i counts query heads, then blocks).
+// kStaggered: without a causal mask key block n starts at its diagonal query
+// block n * BN / BM and wraps around, so the key blocks of one sequence that
+// run side by side (the grouped tile order) are at different query blocks.
+template <int BM, int BN, bool kStaggered>
+__device__ __forceinline__ int key_tile_block(const KfAttnParams& p, const KeyTile& T, int i) {
+  if constexpr (kStaggered) {
+    const int j = i % T.visited;
+    if (p.causal) return T.m_first + j;
+    const int r = j + T.block * (BN / BM) % T.visited;
+    return T.m_first + (r >= T.visited ? r - T.visited : r);
+  } else {
+    return T.m_first + i % T.visited;
+  }
+}
+
+// Key blocks that add into query block m (bwd_mma's rule; the host's
+// TileKeyBlocks gives the same count).
+template <int BM, int BN>
+__device__ __forceinline__ int key_blocks_into(int lq, int lk, int m, bool causal) {
+  int n_end = lk;
+  if (causal) {
+    const int last = (lq < (m + 1) * BM ? lq : (m + 1) * BM) - 1;
+    n_end = last + 1 + (lk - lq);
+    n_end = n_end < 0 ? 0 : (n_end > lk ? lk : n_end);
+  }
+  return (n_end + BN - 1) / BN;
+}
+
+}  // namespace kfh
