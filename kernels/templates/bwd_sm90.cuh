@@ -594,6 +594,10 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         mbar_arrive(bar_empty + 8 * s);
         wgmma_wait<0>();
         reg_fence<32>(dq);
+        // The tile's last read of K and V (its last dQ wgmma) is done: the
+        // producer may load the next tile's while this one's dQ slice, head
+        // counters, conversions and dK/dV stores still run.
+        if (i == T.steps - 1) mbar_arrive(bar_kv_empty);
         kfh::add_dq<kD, kBM>(p, dq, T.q0, T.lq, m0, h, w, warp, lane, sDq);
 
 #if KF_ORDER
@@ -626,9 +630,6 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
           }
         }
       }
-      // Every wgmma of the tile has completed (wait_group 0 above): K and V
-      // may be refilled.
-      mbar_arrive(bar_kv_empty);
       ++kt;
     }
     reg_fence<kD / 2>(dk);
