@@ -19,6 +19,7 @@
 
 #include <sqlite3.h>
 
+#include "agent/scripted_proposer.h"
 #include "core/hash.h"
 #include "core/roofline.h"
 #include "core/timing.h"
@@ -41,42 +42,11 @@ constexpr char kManifest[] =
     R"({"entry_point":"kf_attn_fwd","threads":128,"tile_m":64,"tile_n":64,"archs":["sm_90a"],"head_dims":[64,128]})";
 
 // Proposes `limit` distinct candidates in total, then nothing.
-// Sources carry a process-wide counter so that jobs never share a variant.
-std::atomic<int> g_candidates{0};
-
-class ScriptedProposer : public agent::Proposer {
- public:
-  explicit ScriptedProposer(int limit) : limit_(limit) {}
-  absl::StatusOr<std::vector<agent::Candidate>> Propose(const agent::ProposalContext& ctx,
-                                                        int n) override {
-    std::vector<agent::Candidate> out;
-    while (n-- > 0 && next_ < limit_) {
-      agent::Candidate c;
-      c.source = fmt::format("// scripted candidate {} ({}) for {}\nextern \"C\" __global__ void kf_attn_fwd() {{}}\n",
-                             next_++, g_candidates++, ctx.bucket.Id());
-      c.manifest_json = kManifest;
-      c.origin = "template";
-      c.template_name = "scripted";
-      c.knobs_json = "{}";
-      out.push_back(std::move(c));
-    }
-    return out;
-  }
-  void Observe(const agent::Feedback&) override { ++observed_; }
-  void Remember(const agent::Candidate&) override { ++next_; }
-  std::string Name() const override { return "builtin"; }
-
- private:
-  int limit_;
-  int next_ = 0;
-  int observed_ = 0;
-};
-
 ProposerFactory Scripted(int limit) {
   return [limit](const std::string& name,
                  uint64_t) -> absl::StatusOr<std::unique_ptr<agent::Proposer>> {
     if (name != "builtin") return absl::NotFoundError("unknown proposer");
-    return std::make_unique<ScriptedProposer>(limit);
+    return std::make_unique<agent::ScriptedProposer>(limit, kManifest);
   };
 }
 

@@ -22,6 +22,7 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include "agent/scripted_proposer.h"
 #include "kforge/v1/kforge.grpc.pb.h"
 #include "server/server.h"
 
@@ -35,35 +36,6 @@ constexpr char kClient[] = "waiting-client-token-0123456789abcdef";
 constexpr char kWorker[] = "waiting-worker-token-0123456789abcdef";
 constexpr char kManifest[] =
     R"({"entry_point":"kf_attn_fwd","threads":128,"tile_m":64,"tile_n":64,"archs":["sm_90a"],"head_dims":[64,128]})";
-
-// Proposes `limit` candidates in all.
-class CountingProposer : public agent::Proposer {
- public:
-  explicit CountingProposer(int limit) : limit_(limit) {}
-  absl::StatusOr<std::vector<agent::Candidate>> Propose(const agent::ProposalContext& ctx,
-                                                        int n) override {
-    std::vector<agent::Candidate> out;
-    while (n-- > 0 && next_ < limit_) {
-      agent::Candidate c;
-      c.source = fmt::format("// waiting_test candidate {} for {}\nextern \"C\" __global__ void "
-                             "kf_attn_fwd() {{}}\n",
-                             next_++, ctx.bucket.Id());
-      c.manifest_json = kManifest;
-      c.origin = "template";
-      c.template_name = "scripted";
-      c.knobs_json = "{}";
-      out.push_back(std::move(c));
-    }
-    return out;
-  }
-  void Observe(const agent::Feedback&) override {}
-  void Remember(const agent::Candidate&) override { ++next_; }
-  std::string Name() const override { return "builtin"; }
-
- private:
-  int limit_;
-  int next_ = 0;
-};
 
 int Threads() {
   return static_cast<int>(std::distance(std::filesystem::directory_iterator("/proc/self/task"),
@@ -191,7 +163,7 @@ class WaitingTest : public ::testing::Test {
     auto server = Server::Start(
         o, store_.get(),
         [](const std::string&, uint64_t) -> absl::StatusOr<std::unique_ptr<agent::Proposer>> {
-          return std::make_unique<CountingProposer>(8);
+          return std::make_unique<agent::ScriptedProposer>(8, kManifest);
         },
         nullptr);
     ASSERT_TRUE(server.ok()) << server.status();

@@ -201,6 +201,17 @@ int main(int argc, char** argv) {
     for (const auto& p : j.progress()) n += p.evaluated();
     return n;
   };
+  // Ends the measured job: whether it had already run out of work (then the
+  // rate is not the server's limit), after which it is cancelled.
+  auto stop_job = [&]() -> bool {
+    v1::Job after;
+    (void)kernels->GetJob(ClientCtx(client_token).get(), get, &after);
+    v1::CancelJobRequest cancel;
+    cancel.set_job_id(job.id());
+    v1::Job cancelled;
+    (void)kernels->CancelJob(ClientCtx(client_token).get(), cancel, &cancelled);
+    return after.state() != v1::JOB_STATE_RUNNING;
+  };
   if (f.clients == 0) {
     std::this_thread::sleep_for(std::chrono::duration<double>(f.warmup_s));
     const int64_t e0 = evaluated();
@@ -208,13 +219,7 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_for(std::chrono::duration<double>(f.seconds));
     const int64_t e1 = evaluated();
     const double window_s = std::chrono::duration<double>(Clock::now() - w0).count();
-    v1::Job after;
-    (void)kernels->GetJob(ClientCtx(client_token).get(), get, &after);
-    const bool ran_out = after.state() != v1::JOB_STATE_RUNNING;
-    v1::CancelJobRequest cancel;
-    cancel.set_job_id(job.id());
-    v1::Job cancelled;
-    (void)kernels->CancelJob(ClientCtx(client_token).get(), cancel, &cancelled);
+    const bool ran_out = stop_job();
     const double rate = static_cast<double>(e1 - e0) / window_s;
     nlohmann::json out = {{"clients", 0},          {"tasks_per_s", rate},
                           {"reported", e1 - e0},   {"window_s", window_s},
@@ -329,13 +334,7 @@ int main(int argc, char** argv) {
     all.lease_ms.insert(all.lease_ms.end(), c.lease_ms.begin(), c.lease_ms.end());
     all.report_ms.insert(all.report_ms.end(), c.report_ms.begin(), c.report_ms.end());
   }
-  v1::Job after;
-  (void)kernels->GetJob(ClientCtx(client_token).get(), get, &after);
-  const bool ran_out = after.state() != v1::JOB_STATE_RUNNING;
-  v1::CancelJobRequest cancel;
-  cancel.set_job_id(job.id());
-  v1::Job cancelled;
-  (void)kernels->CancelJob(ClientCtx(client_token).get(), cancel, &cancelled);
+  const bool ran_out = stop_job();
 
   const double rate = static_cast<double>(all.reported) / window_s;
   nlohmann::json out = {

@@ -61,9 +61,7 @@ constexpr int kSmemBytes = 2 * kKBytes + 4 * kQBytes + kSBytes + 2 * kBM * 4 + k
 static_assert(kSmemBytes <= 232448, "shared memory over every arch limit");
 
 // Byte offset of 16-byte chunk c of row r in a swizzled [rows][kD] tile.
-__device__ __forceinline__ unsigned swz(int r, int c) {
-  return (unsigned)(r * (kD * 2) + ((c ^ (r & 7)) << 4));
-}
+__device__ __forceinline__ unsigned swz(int r, int c) { return swz_tile<kD>(r, c); }
 // ... in the swizzled [kBN][kBM] dS^T tile.
 __device__ __forceinline__ unsigned swz_s(int r, int c) {
   return (unsigned)(r * (kBM * 2) + ((c ^ (r & kSMask)) << 4));
@@ -72,19 +70,6 @@ __device__ __forceinline__ unsigned swz_s(int r, int c) {
 __device__ __forceinline__ float bf16_lo(unsigned w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf16_hi(unsigned w) { return __uint_as_float(w & 0xffff0000u); }
 
-// Rows [0, kRows) of a tile at base + r * stride (elements) into swizzled
-// shared memory; rows >= valid are zero-filled.
-template <int kRows>
-__device__ __forceinline__ void load_tile(unsigned dst, const unsigned short* base,
-                                          long long stride, int valid, int tid) {
-#pragma unroll
-  for (int i = tid; i < kRows * kChunks; i += kThreads) {
-    const int r = i / kChunks;
-    const int c = i % kChunks;
-    const bool ok = r < valid;
-    cp_async16(dst + swz(r, c), ok ? base + r * stride + c * 8 : base, ok);
-  }
-}
 
 // Key blocks that add into query block m (the count its dQ waits for); the
 // host's TileKeyBlocks, which builds the tiles, gives the same number.
@@ -220,12 +205,14 @@ __device__ void run_tile(const KfAttnParams& p, Tile t, unsigned char* smem, int
   };
   auto issue = [&](int i, int buf) {
     const int m0 = (m_first + i % visited) * kBM;
-    load_tile<kBM>(s_qd + 2 * buf * kQBytes, rows_of(p.q, i), q_stride, lq - m0, tid);
-    load_tile<kBM>(s_qd + (2 * buf + 1) * kQBytes, rows_of(p.dout, i), q_stride, lq - m0, tid);
+    load_tile_swz<kD, kBM, kThreads>(s_qd + 2 * buf * kQBytes, rows_of(p.q, i), q_stride, lq - m0,
+                                     tid);
+    load_tile_swz<kD, kBM, kThreads>(s_qd + (2 * buf + 1) * kQBytes, rows_of(p.dout, i), q_stride,
+                                     lq - m0, tid);
   };
 
-  load_tile<kBN>(s_k, kg, kv_stride, lk - n0, tid);
-  load_tile<kBN>(s_v, vg, kv_stride, lk - n0, tid);
+  load_tile_swz<kD, kBN, kThreads>(s_k, kg, kv_stride, lk - n0, tid);
+  load_tile_swz<kD, kBN, kThreads>(s_v, vg, kv_stride, lk - n0, tid);
   if (steps > 0) issue(0, 0);
   cp_commit();
 

@@ -91,6 +91,10 @@ __device__ __forceinline__ unsigned swz(int r, int c) {
 
 // Copies rows [0, kRows) of a tile whose row r lives at base + r * stride
 // (elements) into swizzled shared memory; rows >= valid are zero-filled.
+// (mma_common.cuh's load_tile_swz, online_softmax_block and pv_mma, which
+// fwd_stream and bwd_mma use, are this kernel's copy, softmax and P V code;
+// through them it compiles to other cubins at every setting, and these are
+// the ones measured on the GPU, so it keeps its own until a GPU run.)
 template <int kRows>
 __device__ __forceinline__ void load_tile(unsigned dst, const unsigned short* base,
                                           long long stride, int valid, int tid) {

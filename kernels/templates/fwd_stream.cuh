@@ -74,24 +74,9 @@ __device__ __forceinline__ float neg_inf() { return -__int_as_float(0x7f800000);
 
 // Byte offset of 16-byte chunk c of row r in a Q, K or V tile (XOR swizzle:
 // ldmatrix and cp.async free of bank conflicts).
-__device__ __forceinline__ unsigned swz(int r, int c) {
-  return (unsigned)(r * kRowBytes + ((c ^ (r & 7)) << 4));
-}
+__device__ __forceinline__ unsigned swz(int r, int c) { return swz_tile<kD>(r, c); }
 
 
-// Rows [0, kRows) of a K or V block whose row r is at base + r * stride
-// (elements), into swizzled shared memory; rows >= valid are zero-filled.
-template <int kRows>
-__device__ __forceinline__ void copy_kv(unsigned dst, const unsigned short* base,
-                                        long long stride, int valid, int tid) {
-#pragma unroll
-  for (int i = tid; i < kRows * kChunks; i += kThreads) {
-    const int r = i / kChunks;
-    const int c = i % kChunks;
-    const bool ok = r < valid;
-    cp_async16(dst + swz(r, c), ok ? base + r * stride + c * 8 : base, ok);
-  }
-}
 
 // What a stage needs to know about its tile (all zero past this CTA's last tile).
 struct Geom {
@@ -176,8 +161,10 @@ __device__ __forceinline__ void issue_kv(const KfAttnParams& p, const Geom& g, i
   const long long stride = (long long)p.kv_heads * kD;
   const int n0 = n_block * kBN;
   const long long first = ((long long)(g.k_row + n0) * p.kv_heads + g.kv_head) * kD;
-  copy_kv<kBN>(st.k, (const unsigned short*)p.k + first, stride, g.lk - n0, tid);
-  copy_kv<kBN>(st.v, (const unsigned short*)p.v + first, stride, g.lk - n0, tid);
+  load_tile_swz<kD, kBN, kThreads>(st.k, (const unsigned short*)p.k + first, stride, g.lk - n0,
+                                   tid);
+  load_tile_swz<kD, kBN, kThreads>(st.v, (const unsigned short*)p.v + first, stride, g.lk - n0,
+                                   tid);
 }
 
 // Starts every load of a tile into its stage: Q, and the first key block
@@ -246,49 +233,9 @@ __device__ __forceinline__ void attend_block(const KfAttnParams& p, const Geom& 
     }
   }
 
-  const float sl2 = p.softmax_scale_log2;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float mx = rs.max[r];
-#pragma unroll
-    for (int j = 0; j < kBN / 8; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
-    mx = quad_max(mx);
-    // A row with every key so far masked keeps max -inf: exponents of 0 give P = 0.
-    const float m_scaled = mx == neg_inf() ? 0.f : mx * sl2;
-    const float corr = ex2(rs.max[r] * sl2 - m_scaled);
-    rs.max[r] = mx;
-    float sum = 0.f;
-#pragma unroll
-    for (int j = 0; j < kBN / 8; ++j) {
-      s[j][2 * r] = ex2(s[j][2 * r] * sl2 - m_scaled);
-      s[j][2 * r + 1] = ex2(s[j][2 * r + 1] * sl2 - m_scaled);
-      sum += s[j][2 * r] + s[j][2 * r + 1];
-    }
-    rs.sum[r] = rs.sum[r] * corr + sum;
-#pragma unroll
-    for (int j = 0; j < kD / 8; ++j) {
-      rs.acc[j][2 * r] *= corr;
-      rs.acc[j][2 * r + 1] *= corr;
-    }
-  }
+  online_softmax_block<kBN, kD>(s, rs.max, rs.sum, rs.acc, p.softmax_scale_log2);
 
-  // P's accumulator layout is the A-operand layout of the next mma.
-#pragma unroll
-  for (int kk = 0; kk < kBN / 16; ++kk) {
-    unsigned a[4];
-    a[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
-    a[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
-    a[2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-    a[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-#pragma unroll
-    for (int j = 0; j < kD / 8; j += 2) {
-      unsigned b0, b1, b2, b3;
-      ldsm_x4_t(st.v + swz(kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), j + (lane >> 4)),
-                b0, b1, b2, b3);
-      mma(rs.acc[j], a, b0, b1);
-      mma(rs.acc[j + 1], a, b2, b3);
-    }
-  }
+  pv_mma<kBN, kD>(s, rs.acc, st.v, lane);
 }
 
 // Normalises the warp's 16 rows, writes their LSE, stages O in the warp's

@@ -1,5 +1,6 @@
-// Warp-level helpers of the portable templates (fwd_mma, bwd_mma): cp.async,
-// ldmatrix, mma.sync m16n8k16 bf16 and conversions, as inline PTX. The
+// Warp-level helpers of the portable templates (fwd_mma, bwd_mma, fwd_stream):
+// cp.async, the swizzled tile layout and its copy, ldmatrix, mma.sync
+// m16n8k16 bf16 and conversions, as inline PTX. The
 // catalog prepends this file to those templates' sources (after the knob
 // #defines), so every variant is still one self-contained source.
 
@@ -24,6 +25,29 @@ __device__ __forceinline__ void cp_commit() {
 template <int N>
 __device__ __forceinline__ void cp_wait() {
   asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
+}
+
+// Byte offset of 16-byte chunk c of row r in a [rows][D] bf16 tile with the
+// XOR swizzle (ldmatrix and cp.async free of bank conflicts).
+template <int D>
+__device__ __forceinline__ unsigned swz_tile(int r, int c) {
+  return (unsigned)(r * (D * 2) + ((c ^ (r & 7)) << 4));
+}
+
+// Rows [0, ROWS) of a [rows][D] tile whose row r is at base + r * stride
+// (elements) into swizzled shared memory at dst, by THREADS threads (this
+// one is tid); rows >= valid are zero-filled.
+template <int D, int ROWS, int THREADS>
+__device__ __forceinline__ void load_tile_swz(unsigned dst, const unsigned short* base,
+                                              long long stride, int valid, int tid) {
+  constexpr int kChunks = D / 8;  // 16-byte chunks per row
+#pragma unroll
+  for (int i = tid; i < ROWS * kChunks; i += THREADS) {
+    const int r = i / kChunks;
+    const int c = i % kChunks;
+    const bool ok = r < valid;
+    cp_async16(dst + swz_tile<D>(r, c), ok ? base + r * stride + c * 8 : base, ok);
+  }
 }
 
 __device__ __forceinline__ void ldsm_x4(unsigned addr, unsigned& r0, unsigned& r1, unsigned& r2,
@@ -74,6 +98,63 @@ __device__ __forceinline__ float quad_max(float v) {
 __device__ __forceinline__ float quad_sum(float v) {
   v += __shfl_xor_sync(0xffffffffu, v, 1);
   return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// Online softmax over one key block of a warp's 16-row tile: the thread's
+// rows r = 0 (s[j][0..1]) and r = 1 (s[j][2..3]). s (the scores, masked keys
+// -inf) becomes P = exp2(s * sl2 - max * sl2); the rows' max and sum are
+// updated and acc (O so far) rescaled. A row with every key so far masked
+// keeps max -inf, and exponents of 0 give it P = 0.
+template <int BN, int D>
+__device__ __forceinline__ void online_softmax_block(float (&s)[BN / 8][4], float* row_max,
+                                                     float* row_sum, float (&acc)[D / 8][4],
+                                                     float sl2) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float mx = row_max[r];
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
+    mx = quad_max(mx);
+    const float m_scaled = mx == -__int_as_float(0x7f800000) ? 0.f : mx * sl2;
+    const float corr = ex2(row_max[r] * sl2 - m_scaled);
+    row_max[r] = mx;
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+      s[j][2 * r] = ex2(s[j][2 * r] * sl2 - m_scaled);
+      s[j][2 * r + 1] = ex2(s[j][2 * r + 1] * sl2 - m_scaled);
+      sum += s[j][2 * r] + s[j][2 * r + 1];
+    }
+    row_sum[r] = row_sum[r] * corr + sum;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      acc[j][2 * r] *= corr;
+      acc[j][2 * r + 1] *= corr;
+    }
+  }
+}
+
+// acc += P V for one key block: P in s (the accumulator layout of S is the
+// A-operand layout of this mma), V the swizzled [BN][D] tile at v.
+template <int BN, int D>
+__device__ __forceinline__ void pv_mma(const float (&s)[BN / 8][4], float (&acc)[D / 8][4],
+                                       unsigned v, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) {
+    unsigned a[4];
+    a[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+    a[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+    a[2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    a[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+    for (int j = 0; j < D / 8; j += 2) {
+      unsigned b0, b1, b2, b3;
+      ldsm_x4_t(v + swz_tile<D>(kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), j + (lane >> 4)),
+                b0, b1, b2, b3);
+      mma(acc[j], a, b0, b1);
+      mma(acc[j + 1], a, b2, b3);
+    }
+  }
 }
 
 }  // namespace kfm

@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include "agent/scripted_proposer.h"
 #include "server/http/prometheus.h"
 
 namespace kforge::server::http {
@@ -123,30 +124,6 @@ TEST(LoadAnchors, ABadFileIsAnErrorNamingTheEntryAndWhatIsWrong) {
 
 // ------------------------------------------------------------- over HTTP
 
-class OneCandidate : public agent::Proposer {
- public:
-  absl::StatusOr<std::vector<agent::Candidate>> Propose(const agent::ProposalContext& ctx,
-                                                        int n) override {
-    std::vector<agent::Candidate> out;
-    while (n-- > 0 && next_ < 2) {
-      agent::Candidate c;
-      c.source = fmt::format("// candidate {} for {}\nextern \"C\" __global__ void kf_attn_fwd() {{}}\n",
-                             next_++, ctx.bucket.Id());
-      c.manifest_json = R"({"entry_point":"kf_attn_fwd","threads":128})";
-      c.origin = "template";
-      c.template_name = "scripted";
-      out.push_back(std::move(c));
-    }
-    return out;
-  }
-  void Observe(const agent::Feedback&) override {}
-  void Remember(const agent::Candidate&) override { ++next_; }
-  std::string Name() const override { return "builtin"; }
-
- private:
-  int next_ = 0;
-};
-
 ShapeKey Shape() {
   ShapeKey k;
   k.head_dim = 128;
@@ -186,7 +163,8 @@ class DashboardTest : public ::testing::Test {
     auto server = Server::Start(
         o, store_.get(),
         [](const std::string&, uint64_t) -> absl::StatusOr<std::unique_ptr<agent::Proposer>> {
-          return std::make_unique<OneCandidate>();
+          return std::make_unique<agent::ScriptedProposer>(
+              2, R"({"entry_point":"kf_attn_fwd","threads":128})");
         },
         SeedProvider());
     ASSERT_TRUE(server.ok()) << server.status();
