@@ -80,16 +80,21 @@ TEST(CatalogTest, DefaultVariantNotFoundForUnsupportedShape) {
 }
 
 TEST(CatalogTest, BackwardShapesGetTheKeyMajorBackwardTemplate) {
-  // On sm_90a the wgmma backward where sequences average 64 keys or more,
-  // bwd_mma under that (bwd_sm90.cc, preference); bwd_mma on other archs.
+  // On sm_90a the wgmma backward where sequences average 64 keys or more or
+  // are short enough to pack, bwd_mma for long queries over a few keys
+  // (bwd_sm90.cc, preference); bwd_mma on other archs.
   ShapeKey s = Shape(128, "sm_90a", 1024);  // 512 keys on average
   s.op = Op::kBackward;
   EXPECT_EQ(DefaultVariant(s)->template_name, "bwd_sm90");
   s = Shape(64, "sm_90a", 128);  // 64
   s.op = Op::kBackward;
   EXPECT_EQ(DefaultVariant(s)->template_name, "bwd_sm90");
-  s = Shape(128, "sm_90a", 16);  // 8
+  s = Shape(128, "sm_90a", 16);  // 8 keys, 8 queries: packed
   s.op = Op::kBackward;
+  EXPECT_EQ(DefaultVariant(s)->template_name, "bwd_sm90");
+  s.cross = true;  // 1024 queries over 8 keys on average
+  s.max_len_q = 2048;
+  s.total_q = s.batch * 1024;
   EXPECT_EQ(DefaultVariant(s)->template_name, "bwd_mma");
   s = Shape(128, "sm_80", 1024);
   s.op = Op::kBackward;

@@ -63,6 +63,27 @@ void SortGrouped(std::vector<TileWork>& tiles) {
   });
 }
 
+// Key-major packing: the end e of the run of consecutive sequences from b
+// that share one key block (e == b + 1: no run). A member has at most tile_n
+// queries and tile_n keys, and the run's summed queries and keys stay within
+// tile_n; sequences with neither are absorbed (not at the run's end); a run
+// has at most kMaxKeyPack sequences, the table the kernel keeps of them.
+int KeyPackEnd(std::span<const int32_t> cu_q, std::span<const int32_t> cu_k, int b, int tile_n) {
+  const int batch = static_cast<int>(cu_q.size()) - 1;
+  int64_t rows = 0, keys = 0;
+  int e = b, members = 0;
+  while (e < batch && e - b < kMaxKeyPack) {
+    const int64_t q = cu_q[e + 1] - cu_q[e], k = cu_k[e + 1] - cu_k[e];
+    if (q > tile_n || k > tile_n || rows + q > tile_n || keys + k > tile_n) break;
+    rows += q;
+    keys += k;
+    if (q + k > 0) ++members;
+    ++e;
+  }
+  while (e > b && cu_q[e] == cu_q[e - 1] && cu_k[e] == cu_k[e - 1]) --e;
+  return members >= 2 ? e : b + 1;
+}
+
 }  // namespace
 
 int64_t TileKeyBlocks(int64_t lq, int64_t lk, int64_t m_block, int tile_m, int tile_n,
@@ -132,7 +153,7 @@ absl::StatusOr<std::vector<TileWork>> BuildTiles(std::span<const int32_t> cu_q,
 absl::StatusOr<KeyMajorTiles> BuildKeyTiles(std::span<const int32_t> cu_q,
                                             std::span<const int32_t> cu_k, int heads,
                                             int kv_heads, int tile_m, int tile_n, bool causal,
-                                            TileOrder order) {
+                                            TileOrder order, bool pack_short) {
   if (auto s = CheckTileInputs(cu_q, cu_k, heads, tile_m, tile_n); !s.ok()) return s;
   if (kv_heads <= 0) kv_heads = heads;
   if (heads % kv_heads != 0) {
@@ -146,6 +167,25 @@ absl::StatusOr<KeyMajorTiles> BuildKeyTiles(std::span<const int32_t> cu_q,
     const int64_t lq = cu_q[b + 1] - cu_q[b];
     const int64_t lk = cu_k[b + 1] - cu_k[b];
     const int64_t shift = lk - lq;
+    if (pack_short) {
+      const int e = KeyPackEnd(cu_q, cu_k, b, tile_n);
+      if (e > b + 1) {
+        // One key block holds the run's keys; its query rows are visited in
+        // blocks of tile_m. Every member's query blocks still count in qbase
+        // (the counters of a packed run go unused: nothing else adds into its
+        // rows, so its tile converts them itself).
+        int64_t rows = cu_q[e] - cu_q[b];
+        for (int m = b; m < e; ++m) out.query_blocks += CeilDiv(cu_q[m + 1] - cu_q[m], tile_m);
+        if (out.query_blocks > INT32_MAX) {
+          return absl::InvalidArgumentError("cu_seqlens_q: too many query blocks");
+        }
+        for (int g = 0; g < kv_heads; ++g) {
+          out.tiles.push_back({b, g, 0, CeilDiv(rows, tile_m) * group + 1, -(e - b)});
+        }
+        b = e - 1;
+        continue;
+      }
+    }
     const int64_t qbase = out.query_blocks;
     const int64_t m_blocks = CeilDiv(lq, tile_m);
     out.query_blocks += m_blocks;
@@ -194,8 +234,8 @@ absl::StatusOr<LaunchPlan> PlanLaunch(const Manifest& m, std::span<const int32_t
     if (m.grid != GridPolicy::kPersistent) {
       return absl::InvalidArgumentError("manifest: key_major needs the persistent grid");
     }
-    auto key_tiles =
-        BuildKeyTiles(cu_q, cu_k, heads, kv_heads, m.tile_m, m.tile_n, causal, m.tile_order);
+    auto key_tiles = BuildKeyTiles(cu_q, cu_k, heads, kv_heads, m.tile_m, m.tile_n, causal,
+                                   m.tile_order, m.pack_short);
     if (!key_tiles.ok()) return key_tiles.status();
     counter_bytes = key_tiles->query_blocks * heads * int64_t{4};
     tiles = std::move(key_tiles->tiles);

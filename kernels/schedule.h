@@ -59,6 +59,13 @@ absl::StatusOr<std::vector<TileWork>> BuildTiles(std::span<const int32_t> cu_seq
 //     keys but no queries get these tiles too (their dK, dV are zeros).
 //   {b, h, -1 - m_block, qbase}: query block m_block of sequence b, head h,
 //     sees no key at all: the kernel writes its dQ rows as zeros.
+//   {b, g, 0, -n} (pack_short only): the n >= 2 consecutive short sequences
+//     b .. b+n-1 share one key block, at most tile_n queries and tile_n keys
+//     in all (kMaxKeyPack sequences at most, absorbed empty ones included):
+//     keys cu_k[b] .. cu_k[b+n]-1, query rows cu_q[b] .. cu_q[b+n]-1 visited
+//     in blocks of tile_m, each row attending to its own sequence's keys. The
+//     tile is the only one that sees these rows, so it writes their dQ (no
+//     counters, no zero-dQ tiles for them).
 // qbase is the number of query blocks of the sequences before b, so query
 // block m of sequence b, head h owns workspace int (qbase + m) * heads + h:
 // the count of key blocks that have added into its dq_accum rows. The CTA
@@ -68,14 +75,16 @@ absl::StatusOr<std::vector<TileWork>> BuildTiles(std::span<const int32_t> cu_seq
 // (descending work inside, groups by descending total work, the zero-dQ
 // tiles last): a persistent grid then runs a group's key blocks side by side,
 // so the Q, dO and dq_accum rows they all visit stay in L2.
+inline constexpr int kMaxKeyPack = 128;  // sequences in one packed key tile
 struct KeyMajorTiles {
-  std::vector<TileWork> tiles;  // m_block holds n_block (or -1 - m_block), pack holds qbase
+  std::vector<TileWork> tiles;  // m_block holds n_block (or -1 - m_block), pack holds qbase (or -n)
   int64_t query_blocks = 0;     // over the whole batch
 };
 absl::StatusOr<KeyMajorTiles> BuildKeyTiles(std::span<const int32_t> cu_seqlens_q,
                                             std::span<const int32_t> cu_seqlens_k, int heads,
                                             int kv_heads, int tile_m, int tile_n, bool causal,
-                                            TileOrder order = TileOrder::kLongestFirst);
+                                            TileOrder order = TileOrder::kLongestFirst,
+                                            bool pack_short = false);
 
 // Flattens tiles into the int4 {b, h, m_block, pack} array KfAttnParams::tiles points to.
 std::vector<int32_t> PackTiles(std::span<const TileWork> tiles);

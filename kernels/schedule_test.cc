@@ -288,6 +288,76 @@ TEST(KeyMajorTiles, GroupedOrderKeepsASequencesKeyBlocksTogether) {
   }
 }
 
+// pack_short: runs of consecutive short sequences become one tile {b, g, 0,
+// -n} per kv head: n >= 2, at most tile_n queries and keys in all and
+// kMaxKeyPack sequences, no empty sequence at its end. Every other sequence
+// keeps its key blocks and zero-dQ tiles (the replay above still holds for
+// them), a packed one has neither, and the counters keep their places.
+TEST(KeyMajorTiles, PackedRunsHoldEachShortSequenceOnce) {
+  std::vector<int32_t> lq = {5, 0, 7, 1, 300, 3, 0, 64, 64, 1, 200, 0, 0, 9, 0, 2};
+  std::vector<int32_t> lk = {5, 0, 7, 0, 300, 9, 4, 60, 70, 1, 50, 0, 0, 9, 0, 2};
+  for (int i = 0; i < 300; ++i) {  // a long run of tiny ones: capped at kMaxKeyPack
+    lq.push_back(i % 3 == 0 ? 0 : 1);
+    lk.push_back(i % 3 == 0 ? 0 : 1);
+  }
+  std::vector<int32_t> cu_q = {0}, cu_k = {0};
+  for (size_t i = 0; i < lq.size(); ++i) {
+    cu_q.push_back(cu_q.back() + lq[i]);
+    cu_k.push_back(cu_k.back() + lk[i]);
+  }
+  const int heads = 4, kv_heads = 2, tm = 64, tn = 128;
+  for (const bool causal : {false, true}) {
+    auto plain = BuildKeyTiles(cu_q, cu_k, heads, kv_heads, tm, tn, causal);
+    auto packed = BuildKeyTiles(cu_q, cu_k, heads, kv_heads, tm, tn, causal,
+                                TileOrder::kGrouped, true);
+    ASSERT_TRUE(plain.ok() && packed.ok());
+    EXPECT_EQ(packed->query_blocks, plain->query_blocks);
+    std::map<int, int> in_run;  // sequence -> its run's first sequence
+    int runs = 0;
+    for (const TileWork& t : packed->tiles) {
+      if (t.pack >= 0) continue;
+      const int n = -t.pack;
+      ASSERT_GE(n, 2);
+      EXPECT_LE(n, kMaxKeyPack);
+      EXPECT_EQ(t.m_block, 0);
+      EXPECT_LE(cu_q[t.batch + n] - cu_q[t.batch], tn);
+      EXPECT_LE(cu_k[t.batch + n] - cu_k[t.batch], tn);
+      EXPECT_GT(lq[t.batch + n - 1] + lk[t.batch + n - 1], 0) << "a run ends with an empty sequence";
+      EXPECT_EQ(t.work, (cu_q[t.batch + n] - cu_q[t.batch] + tm - 1) / tm * (heads / kv_heads) + 1);
+      if (t.head == 0) {
+        ++runs;
+        for (int b = t.batch; b < t.batch + n; ++b) {
+          EXPECT_FALSE(in_run.count(b)) << "sequence " << b << " in two runs";
+          in_run[b] = t.batch;
+        }
+      }
+    }
+    EXPECT_GE(runs, 4);
+    EXPECT_EQ(in_run.count(4), 0u);   // 300 keys: plain
+    EXPECT_EQ(in_run.count(10), 0u);  // 200 queries: plain
+    EXPECT_EQ(in_run.count(0), 1u);
+    EXPECT_EQ(in_run.count(3), 1u);   // 1 query, no key
+    EXPECT_EQ(in_run.count(6), 1u);   // keys, no query
+    // Every kv head has each run once, and the other tiles are the plain
+    // list's, less those of packed sequences.
+    std::multiset<std::tuple<int, int, int>> want, got;
+    for (const TileWork& t : plain->tiles) {
+      if (!in_run.count(t.batch)) want.insert({t.batch, t.head, t.m_block});
+    }
+    std::map<int, int> heads_of_run;
+    for (const TileWork& t : packed->tiles) {
+      if (t.pack < 0) {
+        heads_of_run[t.batch] |= 1 << t.head;
+      } else {
+        EXPECT_FALSE(in_run.count(t.batch)) << "a packed sequence has a tile of its own";
+        got.insert({t.batch, t.head, t.m_block});
+      }
+    }
+    EXPECT_EQ(got, want);
+    for (const auto& [b, mask] : heads_of_run) EXPECT_EQ(mask, (1 << kv_heads) - 1) << b;
+  }
+}
+
 TEST(KeyMajorTiles, PlanSizesTheCountersAndNeedsThePersistentGrid) {
   Manifest m;
   m.threads = 128;

@@ -77,7 +77,7 @@ class CliTest(unittest.TestCase):
         # --variants default: each template's defaults only, the served default first.
         got = listing("--op", "bwd", "--variants", "default")
         # The served backward default first: on sm_90a bwd_sm90 where sequences
-        # average 64 keys or more (both tiny shapes do), then bwd_mma's.
+        # average 64 keys or more or pack (both tiny shapes do), then bwd_mma's.
         self.assertEqual(got[("bwd", "tiny_causal")],
                          ["bwd_sm90 BLOCK_M=64 BLOCK_N=128 ORDER=1 STAGES=2", "bwd_mma BLOCK_M=32 BLOCK_N=64 MIN_BLOCKS=1"])
         # (head dim 64: 128 query rows a step)

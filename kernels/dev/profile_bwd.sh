@@ -3,7 +3,7 @@
 # warps of a bwd template stall, per SASS instruction. Runs kforge-bench-attn
 # on one shape with one template's default knobs and profiles its first
 # timed launch (the 8 hostile checks and the benchmark check come before it).
-#   BUNDLE=.bundle OUT=/tmp/prof [SHAPE=hstu_prod_causal] [TEMPLATE=bwd_sm90]
+#   BUNDLE=.bundle OUT=/tmp/prof [SHAPE=hstu_prod_causal] [TEMPLATE=bwd_sm90] [LENGTHS=f.json]
 #     [SKIP=10] kernels/dev/profile_bwd.sh
 # Writes $OUT/bwd.ncu-rep, details.csv (every section), sass.csv (the source
 # page), sass.txt (kernels/dev/sass_dump.py: every instruction with its
@@ -16,7 +16,10 @@ O=${OUT:-/tmp/kforge-prof}
 mkdir -p "$O"
 export LD_LIBRARY_PATH=$B/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-python3 bench/attention/lengths.py bench/shapes.json > "$O/lengths.json" || exit 1
+# LENGTHS: a lengths file of your own (lengths.py's format), e.g. one sequence
+# cut out of a benchmark shape; SHAPE then names one of its shapes.
+if [ -n "${LENGTHS:-}" ]; then cp "$LENGTHS" "$O/lengths.json" || exit 1
+else python3 bench/attention/lengths.py bench/shapes.json > "$O/lengths.json" || exit 1; fi
 # --clock-control none: the clocks as the benchmark sees them (device README).
 timeout "${PROF_S:-240}" "$NCU" --clock-control none -k 'regex:^kf_attn_bwd$' \
   --launch-skip "${SKIP:-10}" --launch-count 1 --set full --import-source no \

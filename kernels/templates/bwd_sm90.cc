@@ -70,6 +70,9 @@ TemplateDef BwdSm90Template() {
     m.dynamic_smem_bytes = Layout(k, d).dynamic_bytes;
     m.grid = GridPolicy::kPersistent;
     m.key_major = true;
+    // Runs of short sequences share a key block (BuildKeyTiles' packed
+    // tiles), each row masked to its own sequence's keys.
+    m.pack_short = true;
     m.tile_m = Knob(k, "BLOCK_M");
     m.tile_n = Knob(k, "BLOCK_N");
     m.archs = archs;
@@ -93,14 +96,18 @@ TemplateDef BwdSm90Template() {
     if (s.op != Op::kBackward || s.arch != "sm_90a") return 0;
     if (s.head_dim != 64 && s.head_dim != 128) return 0;
     // Measured on the H200 (notes/bwd.md): 1.06-1.64x bwd_mma wherever
-    // sequences fill a good part of its 128-key blocks, 0.48x on
-    // powerlaw_short (8 keys on average, most of each block masked); and the
-    // defaults pass every sanitizer gate since every consumer thread releases
-    // the stages (WorkerGpuSequence.BwdSm90ArrivePassesEveryGate). So above
-    // bwd_mma (10) from a mean of 64 keys per sequence, below it under that.
+    // sequences fill a good part of its 128-key blocks, and since v6 (runs
+    // of short sequences packed into one key block) 4.0x on powerlaw_short
+    // (4 keys on average: 195 us against 778); it passes every sanitizer
+    // gate (WorkerGpuSequence.BwdSm90PassesEveryGate). So above bwd_mma (10)
+    // from a mean of 64 keys per sequence, or where the sequences are short
+    // enough to pack (a mean of at most 128 queries); below it for long
+    // queries over a few keys, which neither packs nor fills a key block
+    // (not measured).
     const int64_t keys = s.cross ? s.total_k : s.total_q;  // self: keys are the queries
     const int64_t mean_keys = s.batch > 0 ? keys / s.batch : 0;
-    return mean_keys >= 64 ? 11 : 9;
+    const int64_t mean_queries = s.batch > 0 ? s.total_q / s.batch : 0;
+    return mean_keys >= 64 || mean_queries <= 128 ? 11 : 9;
   };
   return def;
 }

@@ -182,6 +182,14 @@ __device__ __forceinline__ void reg_fence_u(u32* r) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
 }
+__device__ __forceinline__ uint4 ld_shared_v4(u32 a) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(a)
+               : "memory");
+  return v;
+}
 __device__ __forceinline__ float bf16_lo(u32 w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf16_hi(u32 w) { return __uint_as_float(w & 0xffff0000u); }
 // The low half of w to shared address a_lo, the high half to a_hi.
@@ -262,10 +270,11 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
   const u32 bar_tile_empty = bar_tile_full + 16;                                    \
   float* const lse_s = (float*)(base_ptr + L.lse);                                  \
   float* const delta_s = (float*)(base_ptr + L.delta);                              \
+  int* const win_s = (int*)(base_ptr + L.win);                                      \
   int* const flags = (int*)(base_ptr + L.flags);                                    \
   (void)sK; (void)sV; (void)bar_full; (void)bar_empty; (void)bar_kv_full;           \
   (void)bar_kv_empty; (void)bar_tile_full; (void)bar_tile_empty; (void)lse_s;    \
-  (void)delta_s; (void)flags
+  (void)delta_s; (void)win_s; (void)flags
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
@@ -301,7 +310,9 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
     // Tile ti's index goes to the consumers through slot ti & 1; the next
     // index is fetched after this tile's loads are issued (the producer runs
     // up to KF_STAGES steps ahead, which hides the round trip) and passed to
-    // the other producer threads through flags[260 + (ti & 1)].
+    // the other producer threads through flags[260 + (ti & 1)]. (Fetching it
+    // at the tile's first step, beside the delta claim, measured 2-4% slower
+    // on the causal shapes: notes/bwd.md v6.)
     int idx = blockIdx.x;
     for (int ti = 0;; ++ti) {
       if (t == 0) {
@@ -313,6 +324,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
       // (zero-dQ tiles and key blocks no query sees have no steps: they are
       // the consumers' alone)
       const int n0 = T.block * kBN;
+
       for (int i = 0; i < T.steps; ++i, ++it) {
         const int h = T.g * T.group + i / T.visited;
         const int m0 = kfh::key_tile_block<kBM, kBN, KF_ORDER == 1>(p, T, i) * kBM;
@@ -333,9 +345,15 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         // whether every row was there. The claim's slot alternates between
         // two ints: thread 0 rewrites one only after every thread has passed
         // the next step's barrier.
+        // A packed run's rows (qbase < 0: pack, in a register the producer
+        // holds anyway) have no other visitor: its tile computes their delta
+        // and keeps it (no claim, nothing published, so the words read
+        // below are the host's zeros: "missing").
         if (t == 0) {
-          flags[256 + (it & 1)] = atomicOr((int*)p.workspace + (long long)(T.qbase + m0 / kBM) * p.heads + h,
-                            kDeltaClaim);
+          flags[256 + (it & 1)] =
+              T.qbase < 0 ? kDeltaClaim
+                          : atomicOr((int*)p.workspace + (long long)(T.qbase + m0 / kBM) * p.heads + h,
+                                     kDeltaClaim);
         }
         unsigned word = kDeltaTag;  // rows past the end: delta 0
         if (t < kBM) {
@@ -355,21 +373,28 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
           // them if this key block made the claim (a visitor that finds the
           // block claimed but a row not yet there computes it too: nobody
           // waits for another CTA, so a persistent grid cannot deadlock).
+          // O comes into the scratch tile the way dO came into the stage
+          // (the parts' load_tile: every chunk by the same thread), so after
+          // this thread's cp.async wait both are there for it, behind one
+          // round trip instead of one per row group (v6, notes/bwd.md).
+          const u32 sO = base + L.o;
+          kfh::load_tile<kD, kBM, 128, 1>(sO, (const bf16*)p.o + row0, KF9_LDQ, T.lq - m0, t,
+                                          (const bf16*)p.o);
+          cp_async_wait_all();
           constexpr int kCpr = kD / 8;
           constexpr int kRpp = 128 / kCpr;
           const int c = t % kCpr;
+          const u32 sdO = sQ + L.tile_q_bytes;
 #pragma unroll 1
           for (int r = t / kCpr; r < kBM; r += kRpp) {
-            float v = 0.f;
-            if (m0 + r < T.lq) {
-              const long long at = row0 + r * KF9_LDQ + c * 8;
-              const uint4 a = __ldg((const uint4*)((const bf16*)p.o + at));
-              const uint4 b = __ldg((const uint4*)((const bf16*)p.dout + at));
-              v = bf16_lo(a.x) * bf16_lo(b.x) + bf16_hi(a.x) * bf16_hi(b.x) +
-                  bf16_lo(a.y) * bf16_lo(b.y) + bf16_hi(a.y) * bf16_hi(b.y) +
-                  bf16_lo(a.z) * bf16_lo(b.z) + bf16_hi(a.z) * bf16_hi(b.z) +
-                  bf16_lo(a.w) * bf16_lo(b.w) + bf16_hi(a.w) * bf16_hi(b.w);
-            }
+            // (rows past the sequence were zero-filled in both tiles)
+            const u32 at = (c >> 3) * (kBM * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
+            const uint4 a = ld_shared_v4(sO + at);
+            const uint4 b = ld_shared_v4(sdO + at);
+            float v = bf16_lo(a.x) * bf16_lo(b.x) + bf16_hi(a.x) * bf16_hi(b.x) +
+                      bf16_lo(a.y) * bf16_lo(b.y) + bf16_hi(a.y) * bf16_hi(b.y) +
+                      bf16_lo(a.z) * bf16_lo(b.z) + bf16_hi(a.z) * bf16_hi(b.z) +
+                      bf16_lo(a.w) * bf16_lo(b.w) + bf16_hi(a.w) * bf16_hi(b.w);
 #pragma unroll
             for (int o = kCpr / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
             if (c == 0) {
@@ -436,6 +461,21 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
       continue;
     }
     const int n0 = T.block * kBN;
+    if (T.pack) {
+      // A packed run (at most BLOCK_N rows and keys): each row's window of
+      // keys, from the members' offsets, once for the tile while the
+      // producer loads K and V. (The previous tile's last reads of both
+      // tables were before its last step's barrier.)
+      int* const tab_q = (int*)(base_ptr + L.pack);
+      int* const tab_k = tab_q + 132;
+      if (ct <= T.pack) {
+        tab_q[ct] = p.cu_seqlens_q[T.b + ct] - T.q0;
+        tab_k[ct] = p.cu_seqlens_k[T.b + ct] - T.k0;
+      }
+      consumer_sync();
+      if (ct < T.lq) win_s[ct] = kfh::packed_key_window(p, T, ct, tab_q, tab_k);
+      consumer_sync();
+    }
     float dk[kD / 2], dv[kD / 2];
 #pragma unroll
     for (int i = 0; i < kD / 2; ++i) dk[i] = dv[i] = 0.f;
@@ -492,26 +532,49 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         // P^T and dS^T in place (S^T and dP^T completed together: computing
         // P^T while dP^T runs made ptxas spill at D = 128). Register i: key
         // row r0 + 8*((i>>1)&1) of this consumer's 64, query column
-        // 8*(i>>2) + cq + (i&1).
+        // 8*(i>>2) + cq + (i&1). A packed run masks every element by its
+        // row's window; its loop is a copy of the plain one rather than a
+        // branch inside it: the branch cost the plain tiles 6% (ptxas
+        // scheduled the loop differently, measured on the H200, notes/bwd.md v6).
+        if (T.pack) {
 #pragma unroll
-        for (int j = 0; j < kBM / 8; ++j) {
-          const int c = 8 * j + cq;
-          const float2 lv = *(const float2*)(lse2 + c);
-          const float2 dd = *(const float2*)(dl + c);
+          for (int j = 0; j < kBM / 8; ++j) {
+            const int c = 8 * j + cq;
+            const float2 lv = *(const float2*)(lse2 + c);
+            const float2 dd = *(const float2*)(dl + c);
+            const int2 wv = *(const int2*)(win_s + m0 + c);  // lo | hi << 16
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int i = 4 * j + e;
-            const float l = (e & 1) ? lv.y : lv.x;
-            const float d = (e & 1) ? dd.y : dd.x;
-            float prob = ex2(sacc[i] * sl2 - l);
-            if (need_mask) {
-              const int key = key_lo + 8 * (e >> 1);
-              const int q = m0 + c + (e & 1);
-              const bool ok = key < T.lk && q < T.lq && (!p.causal || key <= q + T.shift);
-              prob = ok ? prob : 0.f;
+            for (int e = 0; e < 4; ++e) {
+              const int i = 4 * j + e;
+              const int key = key_lo + 8 * (e >> 1);  // n0 = 0
+              const int wn = (e & 1) ? wv.y : wv.x;
+              float prob = ex2(sacc[i] * sl2 - ((e & 1) ? lv.y : lv.x));
+              prob = key >= (wn & 0xffff) && key < (wn >> 16) ? prob : 0.f;
+              sacc[i] = prob;
+              dpacc[i] = prob * (dpacc[i] - ((e & 1) ? dd.y : dd.x));
             }
-            sacc[i] = prob;
-            dpacc[i] = prob * (dpacc[i] - d);
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < kBM / 8; ++j) {
+            const int c = 8 * j + cq;
+            const float2 lv = *(const float2*)(lse2 + c);
+            const float2 dd = *(const float2*)(dl + c);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int i = 4 * j + e;
+              const float l = (e & 1) ? lv.y : lv.x;
+              const float d = (e & 1) ? dd.y : dd.x;
+              float prob = ex2(sacc[i] * sl2 - l);
+              if (need_mask) {
+                const int key = key_lo + 8 * (e >> 1);
+                const int q = m0 + c + (e & 1);
+                const bool ok = key < T.lk && q < T.lq && (!p.causal || key <= q + T.shift);
+                prob = ok ? prob : 0.f;
+              }
+              sacc[i] = prob;
+              dpacc[i] = prob * (dpacc[i] - d);
+            }
           }
         }
         u32 pa[kBM / 4], da[kBM / 4];
@@ -606,7 +669,9 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         if (m == T.m_blocks - 1) {
 #endif
           // Head h is done: count this key block into each of its query
-          // blocks behind one fence; the key block completing a count converts.
+          // blocks behind one fence; the key block completing a count
+          // converts. A packed run's rows get no other key block's adds:
+          // its tile converts them all, without counting.
           // (the bulk reduce-adds of this warpgroup complete first, and are
           // ordered, async proxy to generic, before the fence)
           if ((tid & 127) == 0) bulk_wait_all();
@@ -615,7 +680,9 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
           for (int b0 = T.m_first; b0 < T.m_blocks; b0 += 256) {
             const int mm = b0 + ct;
             int done = 0;
-            if (mm < T.m_blocks) {
+            if (mm < T.m_blocks && T.pack) {
+              done = 1;
+            } else if (mm < T.m_blocks) {
               int* counter = (int*)p.workspace + (long long)(T.qbase + mm) * p.heads + h;
               done = ((atomicAdd(counter, 1) + 1) & kCountMask) ==
                      kfh::key_blocks_into<kBM, kBN>(T.lq, T.lk, mm, p.causal);

@@ -20,11 +20,14 @@ struct KfBwdSm90Layout {
   int ds_bytes;     //   (BLOCK_N/64 panels of BLOCK_M rows x 128 B); buffer b at ds + b * ds_bytes
   int dq;           // per consumer warpgroup a 64 x 64 fp32 dQ staging buffer (rows of
   int dq_bytes;     //   256 B, in dq_accum's layout); consumer w at dq + w * dq_bytes
+  int o;            // the producer's O tile for delta (BLOCK_M x D bf16, laid out like Q)
   int lse;          // per stage: BLOCK_M floats LSE*log2(e) (+inf where P = 0) ...
   int delta;        // ... and BLOCK_M floats delta; stage s at + s * 4 * BLOCK_M
   int flags;        // 256 ints (dq completion flags of the consumer warpgroups), then
                     //   8 ints for the producer: 256-257 the delta claim it broadcasts,
                     //   258-259 the tile index it passes on, 260-261 the next one
+  int win;          // the consumers': a packed tile's row windows (BLOCK_N ints, lo | hi << 16)
+  int pack;         //   and its members' query and key offsets (2 x 132 ints)
   int bars;         // mbarriers (8 B each): full[S], empty[S], kv_full, kv_empty,
                     //   tile_full[2], tile_empty[2]
   int total;        // bytes used from the aligned base
@@ -45,10 +48,13 @@ constexpr KfBwdSm90Layout kf_bwd_sm90_layout(int d, int block_m, int block_n, in
   // bits 5-7 by XOR, which needs each 256-byte row on a 256-byte boundary)
   l.dq = l.ds + 2 * l.ds_bytes;
   l.dq_bytes = 64 * 256;
-  l.lse = l.dq + 2 * l.dq_bytes;
+  l.o = l.dq + 2 * l.dq_bytes;
+  l.lse = l.o + l.tile_q_bytes;
   l.delta = l.lse + stages * block_m * 4;
   l.flags = l.delta + stages * block_m * 4;
-  l.bars = l.flags + 264 * 4;
+  l.win = l.flags + 264 * 4;
+  l.pack = l.win + block_n * 4;
+  l.bars = l.pack + 2 * 132 * 4;
   l.total = l.bars + (2 * stages + 6) * 8;
   l.dynamic_bytes = l.total + 1024;
   return l;

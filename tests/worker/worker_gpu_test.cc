@@ -419,24 +419,30 @@ TEST_F(WorkerGpuSequence, SeedDefaultsPassEveryGate) {
 // handed from the producer to the consumers through smem slots and
 // mbarriers; the dQ staging buffers are written by the consumers and read
 // by bulk reduce-adds (the async proxy); delta is claimed and published in
-// global memory. Its defaults at both head dims, both masks, and the other
-// tile order.
+// global memory; runs of short sequences share a key block (packed tiles:
+// row windows and member offsets in smem). Its defaults at both head dims,
+// both masks, the other tile order, and a batch of tiny sequences.
 TEST_F(WorkerGpuSequence, BwdSm90PassesEveryGate) {
   if (WorkingGates().empty()) GTEST_SKIP() << "no compute-sanitizer tool runs here";
   if (TheGpu().info.arch != "sm_90a") GTEST_SKIP() << "bwd_sm90 needs sm_90a";
   gpu::CompilePool pool(2, nullptr);
   Sandbox sandbox(GpuSandboxOptions());
   LocalTaskRunner runner(&pool, &sandbox, GatedRunnerOptions());
-  struct S { int d, bm; bool causal; int order; };
+  struct S { int d, bm; bool causal; int order; bool tiny = false; };
   uint64_t seed = 950;
   for (S s : {S{64, 128, false, 1}, S{128, 64, true, 1}, S{128, 64, false, 1},
-              S{64, 64, true, 0}, S{128, 64, true, 0}}) {
+              S{64, 64, true, 0}, S{128, 64, true, 0}, S{128, 64, true, 1, true}}) {
     absl::StatusOr<Variant> v = Instantiate(
         "bwd_sm90", {{"BLOCK_M", s.bm}, {"BLOCK_N", 128}, {"STAGES", 2}, {"ORDER", s.order}}, s.d);
     ASSERT_TRUE(v.ok()) << v.status();
-    const std::string label = fmt::format("bwd_sm90 BM{} ORDER{}{}", s.bm, s.order,
-                                          s.causal ? " causal" : "");
-    auto r = ConfirmThroughGates(runner, GateShape(Op::kBackward, s.d, s.causal), *v, label, ++seed);
+    const std::string label = fmt::format("bwd_sm90 BM{} ORDER{}{}{}", s.bm, s.order,
+                                          s.causal ? " causal" : "", s.tiny ? " tiny" : "");
+    ShapeKey k = GateShape(Op::kBackward, s.d, s.causal);
+    if (s.tiny) {
+      k.max_len_q = k.max_len_k = 90;
+      k.total_q = k.total_k = k.batch * 6;
+    }
+    auto r = ConfirmThroughGates(runner, k, *v, label, ++seed);
     ASSERT_TRUE(r.has_value());
     EXPECT_EQ(r->outcome, Outcome::kVerified) << label << " d" << s.d << ": " << r->message;
   }

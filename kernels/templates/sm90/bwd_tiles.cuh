@@ -10,10 +10,13 @@ namespace kfh {
 // One key-major tile: {b, g, block, qbase} from the list, the sequence's
 // offsets and lengths, and the steps (query head of the group x visited
 // query block) it takes. block < 0 is a query block that sees no key (its
-// dQ is zero): it has no steps.
+// dQ is zero): it has no steps. qbase < 0 is a packed run of pack = -qbase
+// sequences b.. (manifest pack_short): q0, lq, k0, lk then span the whole
+// run, block is 0, and every query block is visited (the row windows mask
+// the keys of other sequences).
 struct KeyTile {
   int b, g, block, qbase;
-  int q0, lq, k0, lk, shift;
+  int q0, lq, k0, lk, shift, pack;
   int group, m_first, m_blocks, visited, steps;
 };
 
@@ -26,10 +29,12 @@ __device__ __forceinline__ bool key_tile(const KfAttnParams& p, int idx, KeyTile
   T.g = e[1];
   T.block = e[2];
   T.qbase = e[3];
+  T.pack = T.qbase < 0 ? -T.qbase : 0;
+  const int end = T.b + (T.pack ? T.pack : 1);
   T.q0 = p.cu_seqlens_q[T.b];
-  T.lq = p.cu_seqlens_q[T.b + 1] - T.q0;
+  T.lq = p.cu_seqlens_q[end] - T.q0;
   T.k0 = p.cu_seqlens_k[T.b];
-  T.lk = p.cu_seqlens_k[T.b + 1] - T.k0;
+  T.lk = p.cu_seqlens_k[end] - T.k0;
   T.shift = T.lk - T.lq;
   T.group = p.heads / p.kv_heads;
   T.m_blocks = (T.lq + BM - 1) / BM;
@@ -39,7 +44,7 @@ __device__ __forceinline__ bool key_tile(const KfAttnParams& p, int idx, KeyTile
   if (T.block >= 0) {
     // Query rows i see key n0 when i >= n0 - shift (causal); all otherwise.
     const int n0 = T.block * BN;
-    const int first_row = p.causal ? (n0 - T.shift > 0 ? n0 - T.shift : 0) : 0;
+    const int first_row = p.causal && !T.pack ? (n0 - T.shift > 0 ? n0 - T.shift : 0) : 0;
     T.m_first = first_row >= T.lq ? T.m_blocks : first_row / BM;
     T.visited = T.m_blocks - T.m_first;
     T.steps = T.group * T.visited;
@@ -61,6 +66,30 @@ __device__ __forceinline__ int key_tile_block(const KfAttnParams& p, const KeyTi
   } else {
     return T.m_first + i % T.visited;
   }
+}
+
+// The keys that query row r (from T.q0) of a packed tile may see, as
+// tile-local indices lo | hi << 16 (lo <= key - T.k0 < hi): its own member's
+// keys, under the causal mask bottom-right aligned within the member.
+// tab_q / tab_k hold the members' query and key offsets from T.q0 / T.k0
+// (T.pack + 1 entries each, in shared memory).
+__device__ __forceinline__ int packed_key_window(const KfAttnParams& p, const KeyTile& T, int r,
+                                                 const int* tab_q, const int* tab_k) {
+  // The member holding row r: the last one that starts at or before it
+  // (empty members start where the next one does, so they are skipped).
+  int lo = 0, up = T.pack;
+  while (up - lo > 1) {
+    const int mid = (lo + up) >> 1;
+    if (tab_q[mid] <= r) lo = mid; else up = mid;
+  }
+  const int i = r - tab_q[lo], lqs = tab_q[lo + 1] - tab_q[lo];
+  const int ks = tab_k[lo], lks = tab_k[lo + 1] - ks;
+  int seen = lks;
+  if (p.causal) {
+    const int c = i + lks - lqs + 1;
+    seen = c < 0 ? 0 : (c < lks ? c : lks);
+  }
+  return ks | ((ks + seen) << 16);
 }
 
 // Key blocks that add into query block m (bwd_mma's rule; the host's
