@@ -237,9 +237,19 @@ class Page:
         return self.d.find_elements("css selector", sel)
 
     def text(self, sel):
-        found = self.css(sel)
-        assert found, "nothing matches %s on %s" % (sel, self.d.current_url)
-        return found[0].text
+        # The page re-renders on its refresh timer, so an element found here
+        # can be replaced before its text is read (seen in CI): look it up
+        # again then.
+        from selenium.common.exceptions import StaleElementReferenceException
+        for attempt in range(5):
+            found = self.css(sel)
+            assert found, "nothing matches %s on %s" % (sel, self.d.current_url)
+            try:
+                return found[0].text
+            except StaleElementReferenceException:
+                if attempt == 4:
+                    raise
+                time.sleep(0.1)
 
 
 def number(text):
