@@ -38,7 +38,8 @@ TemplateDef BwdSm90Template() {
       {"ORDER", {0, 1}, 1},
   };
   def.info.description =
-      "Hopper backward (FA3-style): a CTA per key block of 128 keys, tiles taken from a counter, "
+      "Hopper backward (FA3-style): a CTA per key block of 128 keys (runs of short sequences "
+      "packed into one block, each row masked to its own sequence), tiles taken from a counter, "
       "1 producer warpgroup (cp.async Q/dO/LSE/delta per query block through an mbarrier ring, "
       "K/V once a tile; delta computed by the first visitor and published) + 2 consumer "
       "warpgroups of 64 keys each (wgmma SS for S^T and dP^T, RS for dV and dK with P^T/dS^T in "

@@ -1,6 +1,6 @@
 // kforge "bwd_sm90": Hopper (sm_90a) jagged flash-attention backward, one launch.
 //
-// Notes, versions and measurements: kernels/notes/bwd.md (v1 .. v5).
+// Notes, versions and measurements: kernels/notes/bwd.md (v1 .. v6).
 // The backward contract (key-major tile list, dq_accum, delta, the dq
 // counters in the workspace) is bwd_mma's: kernels/CONTRACT.md "Backward".
 //
@@ -16,8 +16,8 @@
 //     and dO (cp.async, rows past the sequence zero-filled), LSE * log2(e)
 //     (+inf where P must be 0) and delta = rowsum(dO * O): the first key
 //     block to visit a query block claims it in the block's workspace
-//     counter, computes delta and publishes it in p.delta; the others read
-//     it. Per tile it loads the key block's K and V (BLOCK_N = 128 rows)
+//     counter, computes delta (O staged in smem like dO, one round trip)
+//     and publishes it in p.delta; the others read it. Per tile it loads the key block's K and V (BLOCK_N = 128 rows)
 //     once into 128B-swizzled smem (kv_full / kv_empty), after the tile's
 //     first stage is issued, so those loads fly while it waits for the
 //     consumers to finish the previous tile.
@@ -44,9 +44,15 @@
 //     (one fence); the key block that completes a count (TileKeyBlocks)
 //     converts those dq_accum rows to bf16 dQ. Query blocks that see no key
 //     have tiles of their own (n_block < 0) that write dQ = 0.
+//   * Packed runs (manifest pack_short, tiles {b, g, 0, -n}): n consecutive
+//     short sequences share one key block and are run as one sequence; the
+//     consumers build each row's window of its own sequence's keys once per
+//     tile, and mask every element by it. Nothing else visits their rows,
+//     so delta is computed and kept, and dQ is converted without counting.
 //
 // Knobs (prepended #defines): KF_HEAD_DIM (64|128), KF_BLOCK_M (64|128; 128
-// only with D = 64), KF_BLOCK_N (128), KF_STAGES (1|2), KF_ORDER (below).
+// only with D = 64), KF_BLOCK_N (128), KF_STAGES (1|2; the space has 2),
+// KF_ORDER (below).
 // The shared-memory layout is kf_bwd_sm90_layout()
 // (templates/bwd_sm90_layout.h, prepended).
 // Entry point: extern "C" __global__ kf_attn_bwd(const __grid_constant__ KfAttnParams p).
