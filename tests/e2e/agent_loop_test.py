@@ -245,7 +245,13 @@ def main():
         # ---- job 3: the server's limit, after a restart with a lower one
         total = sum(c["prompt_tokens"] + c["completion_tokens"] for c in rows(db, "SELECT * FROM model_calls"))
         assert total > spent_before
-        limit = total + 45_000
+        # Room for about four requests at their reserved size (the prompt's
+        # bytes / 3 plus the 4096-token answer, agent/model_proposer.cc): the
+        # job needs a refused draft and its repair at least, and a fixed
+        # margin stopped fitting them once the prompts (the contract, the
+        # parent's source) grew.
+        per_request = max(len(c["prompt"]) // 3 + 4096 for c in rows(db, "SELECT * FROM model_calls"))
+        limit = total + 4 * per_request
         write_config(config, base, server_max_tokens=limit)
         server.terminate()
         channel = server.start()
