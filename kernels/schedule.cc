@@ -174,7 +174,7 @@ absl::StatusOr<KeyMajorTiles> BuildKeyTiles(std::span<const int32_t> cu_q,
         // blocks of tile_m. Every member's query blocks still count in qbase
         // (the counters of a packed run go unused: nothing else adds into its
         // rows, so its tile converts them itself).
-        int64_t rows = cu_q[e] - cu_q[b];
+        const int64_t rows = cu_q[e] - cu_q[b];
         for (int m = b; m < e; ++m) out.query_blocks += CeilDiv(cu_q[m + 1] - cu_q[m], tile_m);
         if (out.query_blocks > INT32_MAX) {
           return absl::InvalidArgumentError("cu_seqlens_q: too many query blocks");

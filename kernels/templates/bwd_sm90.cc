@@ -2,6 +2,7 @@
 // Notes and measurements: kernels/notes/bwd.md ("bwd_sm90 v1").
 #include <fmt/format.h>
 
+#include "kernels/schedule.h"
 #include "kernels/template_def.h"
 #include "kernels/templates/bwd_sm90_layout.h"
 #include "kernels/templates/sm90/parts.h"
@@ -10,6 +11,10 @@ namespace kforge::templates {
 namespace {
 
 int Knob(const std::map<std::string, int>& k, const char* name) { return k.at(name); }
+
+// The kernel's packed-run tables hold kMaxKeyPack members' offsets (+1).
+static_assert(kf_bwd_sm90_pack_entries() >= kMaxKeyPack + 1,
+              "bwd_sm90: the packed-run tables are smaller than BuildKeyTiles' runs");
 
 // The kernel's own layout function (bwd_sm90_layout.h), evaluated here.
 KfBwdSm90Layout Layout(const std::map<std::string, int>& k, int d) {

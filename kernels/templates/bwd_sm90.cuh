@@ -17,8 +17,8 @@
 //     (+inf where P must be 0) and delta = rowsum(dO * O): the first key
 //     block to visit a query block claims it in the block's workspace
 //     counter, computes delta (O staged in smem like dO, one round trip)
-//     and publishes it in p.delta; the others read it. Per tile it loads the key block's K and V (BLOCK_N = 128 rows)
-//     once into 128B-swizzled smem (kv_full / kv_empty), after the tile's
+//     and publishes it in p.delta; the others read it. Per tile it loads
+//     the key block's K and V (BLOCK_N = 128 rows) once into 128B-swizzled smem (kv_full / kv_empty), after the tile's
 //     first stage is issued, so those loads fly while it waits for the
 //     consumers to finish the previous tile.
 //   * WG1 / WG2, the consumers (setmaxnreg.inc): consumer w owns keys
@@ -330,7 +330,6 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
       // (zero-dQ tiles and key blocks no query sees have no steps: they are
       // the consumers' alone)
       const int n0 = T.block * kBN;
-
       for (int i = 0; i < T.steps; ++i, ++it) {
         const int h = T.g * T.group + i / T.visited;
         const int m0 = kfh::key_tile_block<kBM, kBN, KF_ORDER == 1>(p, T, i) * kBM;
@@ -473,7 +472,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
       // producer loads K and V. (The previous tile's last reads of both
       // tables were before its last step's barrier.)
       int* const tab_q = (int*)(base_ptr + L.pack);
-      int* const tab_k = tab_q + 132;
+      int* const tab_k = tab_q + kf_bwd_sm90_pack_entries();
       if (ct <= T.pack) {
         tab_q[ct] = p.cu_seqlens_q[T.b + ct] - T.q0;
         tab_k[ct] = p.cu_seqlens_k[T.b + ct] - T.k0;

@@ -27,12 +27,18 @@ struct KfBwdSm90Layout {
                     //   8 ints for the producer: 256-257 the delta claim it broadcasts,
                     //   258-259 the tile index it passes on, 260-261 the next one
   int win;          // the consumers': a packed tile's row windows (BLOCK_N ints, lo | hi << 16)
-  int pack;         //   and its members' query and key offsets (2 x 132 ints)
+  int pack;         //   and its members' query and key offsets (2 x kf_bwd_sm90_pack_entries())
   int bars;         // mbarriers (8 B each): full[S], empty[S], kv_full, kv_empty,
                     //   tile_full[2], tile_empty[2]
   int total;        // bytes used from the aligned base
   int dynamic_bytes;// dynamic shared memory to request
 };
+
+// Entries of each packed-run table (query and key offsets): a run of up to
+// 128 sequences has 129 offsets, rounded up to keep the next table aligned.
+// (A function, not a constant: under -default-device a namespace-scope
+// constant becomes device memory.) BuildKeyTiles' kMaxKeyPack must fit.
+constexpr int kf_bwd_sm90_pack_entries() { return 132; }
 
 constexpr KfBwdSm90Layout kf_bwd_sm90_layout(int d, int block_m, int block_n, int stages) {
   KfBwdSm90Layout l{};
@@ -54,7 +60,7 @@ constexpr KfBwdSm90Layout kf_bwd_sm90_layout(int d, int block_m, int block_n, in
   l.flags = l.delta + stages * block_m * 4;
   l.win = l.flags + 264 * 4;
   l.pack = l.win + block_n * 4;
-  l.bars = l.pack + 2 * 132 * 4;
+  l.bars = l.pack + 2 * kf_bwd_sm90_pack_entries() * 4;
   l.total = l.bars + (2 * stages + 6) * 8;
   l.dynamic_bytes = l.total + 1024;
   return l;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/schedule.h"
+#include "kernels/templates/bwd_sm90_layout.h"
 
 // The part is CUDA device code; its functions are plain C++ on ints.
 #define __device__
@@ -71,7 +72,7 @@ TEST(BwdTilesPart, PackedRowWindowsAreEachRowsOwnVisibleKeys) {
       EXPECT_EQ(T.block, 0);
       EXPECT_EQ(T.m_first, 0);
       EXPECT_EQ(T.steps, T.group * ((T.lq + 63) / 64));
-      int tab_q[132], tab_k[132];
+      int tab_q[kf_bwd_sm90_pack_entries()], tab_k[kf_bwd_sm90_pack_entries()];
       for (int j = 0; j <= T.pack; ++j) {
         tab_q[j] = bt.cu_q[T.b + j] - T.q0;
         tab_k[j] = bt.cu_k[T.b + j] - T.k0;
