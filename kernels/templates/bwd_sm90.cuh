@@ -707,19 +707,62 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
     reg_fence<kD / 2>(dk);
     reg_fence<kD / 2>(dv);
 
-    // dK (scaled) and dV of this consumer's keys; zeros when no query sees them.
+    // dK (scaled) and dV of this consumer's keys; zeros when no query sees
+    // them. Staged in this consumer's dQ staging buffer (free: the tile's
+    // last step waited for every bulk reduce-add, and the next tile writes it
+    // only after a consumer barrier) as swizzled 16-byte chunks, then stored
+    // as whole rows, 16 bytes a thread: the 32-bit stores from the
+    // accumulators throttled the LSU (v6 profile, notes/bwd.md). D = 64: dK
+    // and dV in one pass (two 8 KB halves); D = 128: one 16 KB pass each.
+    {
+      constexpr int kRowBytes = kD * 2;
+      constexpr int kChunks = kD / 8;  // 16-byte chunks a row
+      const int tt = tid & 127;
+      // this thread's rows of acc (scaled by sc) into the 64-row tile at buf
+      auto stage = [&](const float* acc, float sc, u32 buf) {
+        // Chunk j of a row goes to chunk j ^ (row % 8): the row's address for
+        // chunk 0 XOR 16 j (rows are 256-byte aligned). The base goes through
+        // an opaque move, so that ptxas keeps no loop-invariant addresses live
+        // over the tile (add_dq's reason too).
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int key = n0 + 64 * w + r0 + 8 * e;
-      if (key < T.lk) {
-        const long long off = ((long long)(T.k0 + key) * p.kv_heads + T.g) * kD + cq;
-        u32* dkp = (u32*)((bf16*)p.dk + off);
-        u32* dvp = (u32*)((bf16*)p.dv + off);
+        for (int e = 0; e < 2; ++e) {
+          const int row = r0 + 8 * e;
+          u32 a = buf + row * kRowBytes + ((row & 7) << 4) + cq * 2;
+          asm volatile("mov.b32 %0, %0;\n" : "+r"(a));
 #pragma unroll
-        for (int j = 0; j < kD / 8; ++j) {
-          dkp[4 * j] = pack_bf16(dk[4 * j + 2 * e] * scale, dk[4 * j + 2 * e + 1] * scale);
-          dvp[4 * j] = pack_bf16(dv[4 * j + 2 * e], dv[4 * j + 2 * e + 1]);
+          for (int j = 0; j < kChunks; ++j) {
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a ^ (u32)(j << 4)),
+                         "r"(pack_bf16(acc[4 * j + 2 * e] * sc, acc[4 * j + 2 * e + 1] * sc))
+                         : "memory");
+          }
         }
+      };
+      // the tile at buf to this consumer's key rows of out
+      auto store = [&](bf16* out, u32 buf) {
+#pragma unroll 1
+        for (int i = tt; i < 64 * kChunks; i += 128) {
+          const int row = i / kChunks, c = i % kChunks;
+          const int key = n0 + 64 * w + row;
+          if (key < T.lk) {
+            const uint4 v = ld_shared_v4(buf + row * kRowBytes + ((c ^ (row & 7)) << 4));
+            *(uint4*)(out + ((long long)(T.k0 + key) * p.kv_heads + T.g) * kD + c * 8) = v;
+          }
+        }
+      };
+      if constexpr (kD == 128) {
+        stage(dk, scale, sDq);
+        wg_sync(2 + w);
+        store((bf16*)p.dk, sDq);
+        wg_sync(2 + w);  // the dV pass rewrites the buffer
+        stage(dv, 1.f, sDq);
+        wg_sync(2 + w);
+        store((bf16*)p.dv, sDq);
+      } else {
+        stage(dk, scale, sDq);
+        stage(dv, 1.f, sDq + 64 * kRowBytes);
+        wg_sync(2 + w);
+        store((bf16*)p.dk, sDq);
+        store((bf16*)p.dv, sDq + 64 * kRowBytes);
       }
     }
   }
