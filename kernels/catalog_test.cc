@@ -129,14 +129,33 @@ TEST(CatalogTest, DefaultKnobsAreValidForEveryHeadDim) {
 namespace kforge {
 namespace {
 TEST(CatalogTest, TinySequenceBatchesGetThePackedPortableKernel) {
+  // Tiny sequences only (at most 16 queries): fwd_mma's packed tiles on every arch.
+  for (const char* arch : {"sm_80", "sm_90a"}) {
+    ShapeKey s = Shape(128, arch, 16);
+    s.batch = 4096;
+    s.total_q = s.total_k = 4096 * 8;
+    auto v = DefaultVariant(s);
+    ASSERT_TRUE(v.ok()) << v.status();
+    EXPECT_EQ(v->template_name, "fwd_mma") << arch;
+    EXPECT_TRUE(v->manifest.pack_short);
+    EXPECT_EQ(v->manifest.grid, GridPolicy::kPersistent);
+  }
+}
+
+TEST(CatalogTest, HeavyTailedShortBatchesGetPackedWgmmaTilesOnHopper) {
+  // powerlaw_short's statistics: 4096 sequences, 4.2 queries on average, one of 993.
   ShapeKey s = Shape(128, "sm_90a", 993);
   s.batch = 4096;
   s.total_q = s.total_k = 17306;
   auto v = DefaultVariant(s);
   ASSERT_TRUE(v.ok()) << v.status();
-  EXPECT_EQ(v->template_name, "fwd_mma");
+  EXPECT_EQ(v->template_name, "fwd_sm90");
   EXPECT_TRUE(v->manifest.pack_short);
+  EXPECT_EQ(v->manifest.tile_order, TileOrder::kBalanced);
   EXPECT_EQ(v->manifest.grid, GridPolicy::kPersistent);
+  // Without wgmma the portable packed kernel.
+  s.arch = "sm_80";
+  EXPECT_EQ(DefaultVariant(s)->template_name, "fwd_mma");
 }
 }  // namespace
 }  // namespace kforge

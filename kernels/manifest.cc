@@ -31,7 +31,12 @@ std::string_view GridPolicyName(GridPolicy g) {
 }
 
 std::string_view TileOrderName(TileOrder o) {
-  return o == TileOrder::kGrouped ? "grouped" : "lpt";
+  switch (o) {
+    case TileOrder::kGrouped: return "grouped";
+    case TileOrder::kBalanced: return "balanced";
+    case TileOrder::kLongestFirst: break;
+  }
+  return "lpt";
 }
 
 bool ArchHasFeature(std::string_view arch, std::string_view feature) {
@@ -191,14 +196,19 @@ absl::StatusOr<Manifest> ParseManifest(std::string_view text) {
   if (auto s = get_bool("pack_short", m.pack_short); !s.ok()) return s;
   if (j.contains("tile_order")) {
     const json& o = j["tile_order"];
-    if (!o.is_string() || (o != "lpt" && o != "grouped")) {
-      return Bad("tile_order: must be \"lpt\" or \"grouped\"");
+    if (!o.is_string() || (o != "lpt" && o != "grouped" && o != "balanced")) {
+      return Bad("tile_order: must be \"lpt\", \"grouped\" or \"balanced\"");
     }
-    m.tile_order = o == "grouped" ? TileOrder::kGrouped : TileOrder::kLongestFirst;
+    m.tile_order = o == "grouped"    ? TileOrder::kGrouped
+                   : o == "balanced" ? TileOrder::kBalanced
+                                     : TileOrder::kLongestFirst;
   }
   if (auto s = get_bool("key_major", m.key_major); !s.ok()) return s;
   if (m.key_major && (m.grid != GridPolicy::kPersistent || m.ops != std::vector<std::string>{"bwd"})) {
     return Bad("key_major: needs grid \"persistent\" and ops [\"bwd\"]");
+  }
+  if (m.tile_order == TileOrder::kBalanced && (m.grid != GridPolicy::kPersistent || m.key_major)) {
+    return Bad("tile_order: \"balanced\" needs grid \"persistent\" and no key_major");
   }
   if (m.pack_short && m.grid != GridPolicy::kPersistent) {
     return Bad("pack_short: needs grid \"persistent\"");

@@ -30,8 +30,8 @@ enum class GridPolicy {
 
 std::string_view GridPolicyName(GridPolicy g);  // "per_tile" | "persistent"
 
-enum class TileOrder { kLongestFirst, kGrouped };
-std::string_view TileOrderName(TileOrder o);  // "lpt" | "grouped"
+enum class TileOrder { kLongestFirst, kGrouped, kBalanced };
+std::string_view TileOrderName(TileOrder o);  // "lpt" | "grouped" | "balanced"
 
 struct Manifest {
   int contract_version = 1;
@@ -63,7 +63,11 @@ struct Manifest {
   // Order of the persistent tile list: kLongestFirst sorts every tile by
   // descending work; kGrouped keeps the tiles of one (sequence, head)
   // adjacent (descending work inside) and orders the groups by descending
-  // work, so concurrently running CTAs share K/V in L2.
+  // work, so concurrently running CTAs share K/V in L2. kBalanced (forward
+  // kernels with a static round-robin, not key_major): the host deals the
+  // tiles, longest first, each to the CTA with the least work so far, and
+  // lays the lists out so that entry t * grid + c is CTA c's t-th tile; an
+  // entry {-1, 0, 0, 0} ends a CTA's list (the kernel must stop there).
   TileOrder tile_order = TileOrder::kLongestFirst;
   // Backward variants only (persistent grid): the tile list is key-major
   // (BuildKeyTiles in schedule.h): entries are key blocks of tile_n keys per

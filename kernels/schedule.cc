@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <climits>
 #include <map>
+#include <queue>
 
 #include <fmt/format.h>
 
@@ -112,7 +113,7 @@ absl::StatusOr<std::vector<TileWork>> BuildTiles(std::span<const int32_t> cu_q,
       int e = b + 1;
       int64_t rows = lq, keys = lk;
       int members = 1;
-      while (e < batch) {
+      while (e < batch && e - b < kMaxQueryPack) {
         const int64_t q2 = cu_q[e + 1] - cu_q[e], k2 = cu_k[e + 1] - cu_k[e];
         if (q2 == 0 && k2 == 0) {
           ++e;
@@ -215,6 +216,27 @@ absl::StatusOr<KeyMajorTiles> BuildKeyTiles(std::span<const int32_t> cu_q,
   return out;
 }
 
+std::vector<TileWork> BalanceTiles(std::span<const TileWork> tiles, int lists) {
+  if (lists <= 1 || tiles.empty()) return {tiles.begin(), tiles.end()};
+  using Load = std::pair<int64_t, int>;  // (work so far, list)
+  std::priority_queue<Load, std::vector<Load>, std::greater<>> least;
+  for (int c = 0; c < lists; ++c) least.push({0, c});
+  std::vector<std::vector<size_t>> dealt(lists);
+  size_t rounds = 0;
+  for (size_t i = 0; i < tiles.size(); ++i) {
+    const auto [work, c] = least.top();
+    least.pop();
+    dealt[c].push_back(i);
+    rounds = std::max(rounds, dealt[c].size());
+    least.push({work + tiles[i].work, c});
+  }
+  std::vector<TileWork> out(rounds * lists, kStopTile);
+  for (int c = 0; c < lists; ++c) {
+    for (size_t t = 0; t < dealt[c].size(); ++t) out[t * lists + c] = tiles[dealt[c][t]];
+  }
+  return out;
+}
+
 std::vector<int32_t> PackTiles(std::span<const TileWork> tiles) {
   std::vector<int32_t> out;
   out.reserve(tiles.size() * 4);
@@ -272,6 +294,13 @@ absl::StatusOr<LaunchPlan> PlanLaunch(const Manifest& m, std::span<const int32_t
     const int64_t grid = std::min<int64_t>(std::max(plan.num_tiles, 1),
                                            static_cast<int64_t>(num_sms) * per_sm);
     plan.grid = {static_cast<unsigned>(grid), 1, 1};
+    if (m.tile_order == TileOrder::kBalanced && !m.key_major) {
+      // The list the kernel reads has the stop entries too.
+      *tiles = BalanceTiles(*tiles, static_cast<int>(grid));
+      plan.num_tiles = static_cast<int>(tiles->size());
+      plan.workspace_bytes = m.workspace_fixed_bytes +
+                             m.workspace_per_tile_bytes * plan.num_tiles + counter_bytes;
+    }
     plan.tiles = PackTiles(*tiles);
   }
   return plan;

@@ -14,7 +14,8 @@
 // and summed keys both stay within tile_m become one tile {b, h, 0, n}: rows
 // of different sequences share the tile and each attends only to its own
 // keys. Sequences with Lq = 0 and Lk = 0 are absorbed; any other sequence
-// ends the run. A run of one sequence stays a plain tile (n = 0). This turns
+// ends the run, and so does reaching kMaxQueryPack sequences (absorbed ones
+// included). A run of one sequence stays a plain tile (n = 0). This turns
 // thousands of tiny tiles (heavy-tailed batches) into a few dense ones.
 //
 // Thread-safe: pure functions.
@@ -29,6 +30,8 @@
 #include "kernels/manifest.h"
 
 namespace kforge {
+
+inline constexpr int kMaxQueryPack = 128;  // sequences in one packed query tile
 
 struct TileWork {
   int32_t batch = 0;
@@ -85,6 +88,15 @@ absl::StatusOr<KeyMajorTiles> BuildKeyTiles(std::span<const int32_t> cu_seqlens_
                                             int kv_heads, int tile_m, int tile_n, bool causal,
                                             TileOrder order = TileOrder::kLongestFirst,
                                             bool pack_short = false);
+
+// TileOrder::kBalanced: the tiles (longest first, as BuildTiles orders
+// them) dealt to `lists` CTAs, each to the one with the least work so far
+// (ties: the lower index), and laid out for a static round-robin: entry
+// t * lists + c is CTA c's t-th tile, and a stop entry {-1, 0, 0, 0} (work 0)
+// ends a list shorter than the longest. A CTA that draws a long tile then
+// takes no short ones after it, which the plain round-robin would give it.
+inline constexpr TileWork kStopTile = {-1, 0, 0, 0, 0};
+std::vector<TileWork> BalanceTiles(std::span<const TileWork> tiles, int lists);
 
 // Flattens tiles into the int4 {b, h, m_block, pack} array KfAttnParams::tiles points to.
 std::vector<int32_t> PackTiles(std::span<const TileWork> tiles);

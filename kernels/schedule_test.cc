@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <map>
 #include <set>
 #include <tuple>
@@ -97,6 +99,65 @@ TEST(ScheduleTest, PersistentGridIsSmsTimesCtas) {
   plan = PlanLaunch(TestManifest(GridPolicy::kPersistent), small, {}, 1, false, "sm_90a", 132, 1);
   ASSERT_TRUE(plan.ok());
   EXPECT_EQ(plan->grid[0], 1u);
+}
+
+// The static round-robin reads entry t * grid + c as CTA c's t-th tile; a
+// balanced list must hold every tile once, end each CTA's list with a stop
+// entry where it is shorter, and leave no CTA more than one tile's work
+// above the least loaded (greedy longest-first).
+TEST(ScheduleTest, BalancedListDealsEveryTileOnceToTheLeastLoadedCta) {
+  // One long sequence (16 tiles of 17 units) among many tiny ones (2 units).
+  std::vector<int32_t> cu = {0, 2048};
+  for (int b = 0; b < 100; ++b) cu.push_back(cu.back() + 1 + b % 5);
+  Manifest m = TestManifest(GridPolicy::kPersistent);
+  m.tile_n = 128;
+  m.tile_order = TileOrder::kBalanced;
+  auto lpt = BuildTiles(cu, {}, 4, 128, 128, false);
+  ASSERT_TRUE(lpt.ok());
+  auto plan = PlanLaunch(m, cu, {}, 4, false, "sm_90a", 132, 1);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const int grid = static_cast<int>(plan->grid[0]);
+  ASSERT_EQ(grid, 132);
+  ASSERT_EQ(plan->num_tiles % grid, 0);
+  ASSERT_EQ(plan->tiles.size(), 4u * plan->num_tiles);
+  std::map<std::array<int32_t, 4>, int> seen;
+  std::vector<int64_t> load(grid, 0);
+  std::vector<bool> stopped(grid, false);
+  for (int i = 0; i < plan->num_tiles; ++i) {
+    const int32_t* e = plan->tiles.data() + 4 * i;
+    const int c = i % grid;
+    if (e[0] < 0) {
+      stopped[c] = true;
+      continue;
+    }
+    EXPECT_FALSE(stopped[c]) << "CTA " << c << " has a tile after its stop entry";
+    ++seen[{e[0], e[1], e[2], e[3]}];
+    load[c] += TileKeyBlocks(cu[e[0] + 1] - cu[e[0]], cu[e[0] + 1] - cu[e[0]], e[2], 128, 128,
+                             false) + 1;
+  }
+  EXPECT_EQ(seen.size(), lpt->size());
+  for (const auto& [tile, n] : seen) EXPECT_EQ(n, 1);
+  const auto [lo, hi] = std::minmax_element(load.begin(), load.end());
+  EXPECT_LE(*hi - *lo, 17) << "the heaviest CTA is more than one long tile above the lightest";
+  // The long tiles each went to a CTA of their own, with nothing after them.
+  int long_alone = 0;
+  for (int c = 0; c < grid; ++c) long_alone += load[c] == 17 && plan->tiles[4 * (grid + c)] < 0;
+  EXPECT_EQ(long_alone, 4 * 16);
+}
+
+TEST(ScheduleTest, BalanceTilesOfOneListIsTheInput) {
+  const std::vector<TileWork> tiles = {{0, 0, 0, 5, 0}, {1, 0, 0, 3, 0}};
+  const auto out = BalanceTiles(tiles, 1);
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[1].batch, 1);
+  // Two lists, three tiles: list 0 gets 5, list 1 gets 3 then 2; list 0 stops.
+  const std::vector<TileWork> three = {{0, 0, 0, 5, 0}, {1, 0, 0, 3, 0}, {2, 0, 0, 2, 0}};
+  const auto two = BalanceTiles(three, 2);
+  ASSERT_EQ(two.size(), 4u);
+  EXPECT_EQ(two[0].batch, 0);
+  EXPECT_EQ(two[1].batch, 1);
+  EXPECT_EQ(two[2].batch, -1);
+  EXPECT_EQ(two[3].batch, 2);
 }
 
 TEST(ScheduleTest, PerTileGridIsBlocksHeadsBatch) {

@@ -6,16 +6,29 @@
 #include "kernels/template_def.h"
 #include "kernels/templates/sm90/layout.h"
 #include "kernels/templates/sm90/parts.h"
+#include "kernels/schedule.h"
 
 namespace kforge::templates {
 namespace {
+
+// The kernel's member-offset tables hold a packed run's kMaxQueryPack + 1 offsets.
+static_assert(kf_fwd_sm90_pack_entries() >= kMaxQueryPack + 1,
+              "fwd_sm90's packed-run tables are smaller than BuildTiles' runs");
 
 int Knob(const std::map<std::string, int>& k, const char* name) { return k.at(name); }
 
 // The kernel's own layout (templates/sm90/layout.h), evaluated here.
 int SmemBytes(const std::map<std::string, int>& k, int d) {
-  return kf_fwd_sm90_layout(d, Knob(k, "BLOCK_M"), Knob(k, "BLOCK_N"), Knob(k, "STAGES"))
+  return kf_fwd_sm90_layout(d, Knob(k, "BLOCK_M"), Knob(k, "BLOCK_N"), Knob(k, "STAGES"),
+                            Knob(k, "PACK"))
       .dynamic_bytes;
+}
+
+// Many sequences, most of them short (mean <= 64 queries), and a tail
+// reaching 512 queries or more.
+bool HeavyTailedShort(const ShapeKey& s) {
+  const int64_t mean_q = s.batch > 0 ? s.total_q / s.batch : s.max_len_q;
+  return s.batch >= 64 && mean_q > 0 && mean_q <= 64 && s.max_len_q >= 512;
 }
 
 }  // namespace
@@ -31,17 +44,38 @@ TemplateDef FwdSm90Template() {
       {"BLOCK_N", {64, 96, 128, 176, 192}, 128},
       {"STAGES", {2, 3, 4}, 2},
       {"PERSISTENT", {0, 1}, 1},
+      {"ORDER", {0, 1}, 0},
+      {"PACK", {0, 1}, 0},
   };
   def.info.description =
       "Hopper forward: 1 producer warpgroup (cp.async K/V into a 128B-swizzled mbarrier ring) + 2 "
       "consumer warpgroups (wgmma SS for QK^T, RS for PV with P in registers, intra-warpgroup "
-      "softmax/QK^T overlap), setmaxnreg 40/232/232, per-tile or persistent grid";
+      "softmax/QK^T overlap), setmaxnreg 40/232/232, per-tile or persistent grid (static "
+      "round-robin, or ORDER=1 a host-balanced list), PACK=1 packs runs of short sequences "
+      "into one tile";
   def.validate = [](const std::map<std::string, int>& k, int d) -> absl::Status {
     if (d == 128 && Knob(k, "BLOCK_N") > 176) {
       return absl::InvalidArgumentError(fmt::format(
           "fwd_sm90: head_dim 128 with BLOCK_N={} serialises wgmma and spills (232 registers per "
           "consumer thread); use BLOCK_N <= 176",
           Knob(k, "BLOCK_N")));
+    }
+    if (Knob(k, "PACK") == 1 && (Knob(k, "PERSISTENT") != 1 || Knob(k, "BLOCK_N") < 128)) {
+      return absl::InvalidArgumentError(fmt::format(
+          "fwd_sm90: PACK=1 needs PERSISTENT=1 (packed tiles exist only in the tile list) and "
+          "BLOCK_N >= 128 (a packed tile's up to 128 keys in one block); got PERSISTENT={} "
+          "BLOCK_N={}",
+          Knob(k, "PERSISTENT"), Knob(k, "BLOCK_N")));
+    }
+    if (Knob(k, "PACK") == 1 && d == 128 && Knob(k, "BLOCK_N") > 128) {
+      return absl::InvalidArgumentError(fmt::format(
+          "fwd_sm90: PACK=1 at head_dim 128 with BLOCK_N={} spills (the packed path's row "
+          "windows and lookahead do not fit beside 176 score columns); use BLOCK_N=128",
+          Knob(k, "BLOCK_N")));
+    }
+    if (Knob(k, "ORDER") == 1 && Knob(k, "PERSISTENT") != 1) {
+      return absl::InvalidArgumentError(
+          "fwd_sm90: ORDER=1 (the host-balanced tile list) needs PERSISTENT=1");
     }
     if (SmemBytes(k, d) > 232448) {
       return absl::InvalidArgumentError(fmt::format(
@@ -68,6 +102,8 @@ TemplateDef FwdSm90Template() {
     m.ops = {"fwd"};
     m.causal = m.noncausal = m.gqa = true;
     m.ctas_per_sm = 1;
+    m.pack_short = Knob(k, "PACK") == 1;
+    m.tile_order = Knob(k, "ORDER") == 1 ? TileOrder::kBalanced : TileOrder::kLongestFirst;
     return v;
   };
   def.default_knobs = [](const ShapeKey& s) -> std::map<std::string, int> {
@@ -77,11 +113,24 @@ TemplateDef FwdSm90Template() {
     // together, so K/V stay in L2 (measured 462 vs 374 TFLOP/s on
     // hstu_prod_causal with an LPT tile list that interleaves sequences).
     if (s.max_len_q >= 2048) k["PERSISTENT"] = 0;
+    // Heavy-tailed batches of short sequences: packed runs in a host-balanced
+    // list, so the long sequences' tiles each get a CTA of their own.
+    if (HeavyTailedShort(s)) {
+      k["PERSISTENT"] = 1;
+      k["ORDER"] = 1;
+      k["PACK"] = 1;
+    }
     return k;
   };
   def.preference = [](const ShapeKey& s) {
     if (s.arch != "sm_90a") return 0;
     if (s.head_dim != 64 && s.head_dim != 128) return 0;
+    // Above fwd_mma's packed tiles (30) where a long tail exists: the long
+    // sequences' tiles run on wgmma (powerlaw_short, H200: 61.8 us against
+    // 79.6 for fwd_mma; its 1929-query sequence alone 42 against 67 us).
+    // Batches of tiny sequences only stay with fwd_mma (equal there, and it
+    // runs several CTAs per SM).
+    if (HeavyTailedShort(s)) return 35;
     return 20;
   };
   return def;

@@ -11,6 +11,7 @@
 //   wgmma_ops.cuh      the wgmma instructions (generated)
 //   layout.h           KfFwdSm90Layout: shared memory, also evaluated by fwd_sm90.cc
 //   tile_scheduler.cuh per-tile grid / persistent static round-robin, tile geometry
+//   packed_rows.cuh    the keys each row of a packed tile sees
 //   softmax.cuh        online softmax on wgmma accumulators
 //   fwd_ring.cuh       smem addresses and the K/V ring protocol
 //   fwd_producer.cuh   producer mainloop (K/V ring fill)
@@ -31,8 +32,17 @@
 //     -> grid = min(num_tiles, SMs) and CTA c takes tiles c, c+grid, ... of
 //     p.tiles (host LPT order), a static round-robin (p.tile_counter unused).
 //
+//   * KF_ORDER=1 (persistent): the host deals the tiles to the CTAs itself,
+//     longest first to the least loaded (tile_order "balanced"), so that a
+//     CTA holding a long tile takes no short ones after it; a stop entry
+//     ends each CTA's list.
+//   * KF_PACK=1 (persistent, BLOCK_N >= 128): runs of short sequences come
+//     as one tile (manifest pack_short); each row sees its own sequence's
+//     keys only (sm90/packed_rows.cuh), one key block per tile.
+//
 // Knobs (prepended #defines): KF_HEAD_DIM (64|128), KF_BLOCK_N (64..192, /16),
-// KF_STAGES (2|3|4), KF_PERSISTENT (0|1), KF_PRODUCER_REGS (24|32|40|56).
+// KF_STAGES (2|3|4), KF_PERSISTENT (0|1), KF_ORDER (0|1), KF_PACK (0|1),
+// KF_PRODUCER_REGS (24|32|40|56).
 // Entry point: extern "C" __global__ kf_attn_fwd(const __grid_constant__ KfAttnParams p).
 // Needs sm_90a (wgmma, setmaxnreg). No toolkit headers.
 #include "kforge/attn_params.h"
@@ -55,6 +65,12 @@
 #ifndef KF_PRODUCER_REGS
 #define KF_PRODUCER_REGS 40
 #endif
+#ifndef KF_ORDER
+#define KF_ORDER 0
+#endif
+#ifndef KF_PACK
+#define KF_PACK 0
+#endif
 #define KF_CONSUMER_REGS (((504 - KF_PRODUCER_REGS) / 2) / 8 * 8)
 
 #if KF_BLOCK_M != 128
@@ -67,12 +83,21 @@
 #error "fwd_sm90: KF_BLOCK_N must be a multiple of 16 in [64, 192]"
 #endif
 
+#if KF_PACK && (!KF_PERSISTENT || KF_BLOCK_N < 128)
+#error "fwd_sm90: KF_PACK needs the persistent grid and KF_BLOCK_N >= 128 (one key block a packed tile)"
+#endif
+#if KF_ORDER && !KF_PERSISTENT
+#error "fwd_sm90: KF_ORDER (the host-balanced list) needs the persistent grid"
+#endif
+#define KF9_NEXT_TILE next_tile<KF_PERSISTENT != 0, KF_ORDER == 1, KF_PACK == 1>
+#define KF9_TILE_GEOM query_tile_geom<BM, BN, KF_PACK == 1>
+
 // (launch bounds through a macro: kernels/check.cc's entry regex stops at '(')
 #define KF_LAUNCH_BOUNDS __launch_bounds__(384, 1)
 extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_fwd(const __grid_constant__ KfAttnParams p) {
   using namespace kfh;
   constexpr int D = KF_HEAD_DIM, BM = KF_BLOCK_M, BN = KF_BLOCK_N, S = KF_STAGES;
-  constexpr KfFwdSm90Layout L = kf_fwd_sm90_layout(D, BM, BN, S);
+  constexpr KfFwdSm90Layout L = kf_fwd_sm90_layout(D, BM, BN, S, KF_PACK);
   static_assert(L.dynamic_bytes <= 232448, "fwd_sm90: shared memory over sm_90a's limit");
   static_assert(L.q % 1024 == 0 && L.q_wg_bytes % 1024 == 0 && L.k % 1024 == 0 &&
                     L.v % 1024 == 0 && L.kv_bytes % 1024 == 0,
@@ -94,9 +119,9 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_fwd(const __grid_constant__ 
     const FwdProducer<D, BM, BN, S> producer(p, smem, warp);
     int it = 0;  // global item index of the tile's first item
     Tile tile;
-    for (int t = 0; next_tile<KF_PERSISTENT != 0>(p, t, tile); ++t) {
+    for (int t = 0; KF9_NEXT_TILE(p, t, tile); ++t) {
       QueryTileGeom g;
-      query_tile_geom<BM, BN>(p, tile, g);
+      KF9_TILE_GEOM(p, tile, g);
       producer.load(p, g, it, lane);
       it += g.nb;
     }
@@ -108,9 +133,34 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_fwd(const __grid_constant__ 
   const FwdConsumer<D, BM, BN, S> consumer(p, smem, tid, wg, warp, lane);
   int it = 0;
   Tile tile;
-  for (int t = 0; next_tile<KF_PERSISTENT != 0>(p, t, tile); ++t) {
+#if KF_PACK
+  // One tile ahead: the next tile's entry and offsets are read at the top of
+  // this one, and when both are packed the next one's Q and member table are
+  // requested as soon as this one's QK^T has read Q (a tiny tile's time is
+  // mostly these latencies). The tables alternate between two buffers per
+  // warpgroup: one is searched while the other fills.
+  constexpr int E = kf_fwd_sm90_pack_entries();
+  const u32 tabs = ((smem_u32(kf_smem_raw) + 1023u) & ~1023u) + L.tabs + consumer.cg * 2 * 2 * E * 4;
+  const int* tabs_ptr =
+      (const int*)(kf_smem_raw + (tabs - smem_u32(kf_smem_raw)));
+  Tile nxt;
+  QueryTileGeom gn;
+  bool more = KF9_NEXT_TILE(p, 0, nxt);
+  if (more) KF9_TILE_GEOM(p, nxt, gn);
+  bool q_early = false;  // the next tile's Q and table are in flight
+  int tb = 0;            // the table buffer of the next packed tile
+  for (int t = 1; more; ++t) {
+    tile = nxt;
+    const QueryTileGeom g = gn;
+    const bool q_here = q_early;
+    q_early = false;
+    more = KF9_NEXT_TILE(p, t, nxt);
+    if (more) KF9_TILE_GEOM(p, nxt, gn);
+#else
+  for (int t = 0; KF9_NEXT_TILE(p, t, tile); ++t) {
     QueryTileGeom g;
-    query_tile_geom<BM, BN>(p, tile, g);
+    KF9_TILE_GEOM(p, tile, g);
+#endif
     const int row0 = g.m0 + 64 * consumer.cg;  // first tile row (sequence-local) of this warpgroup
     const int off = g.Lk - g.Lq;
     if (g.m0 >= g.Lq) continue;  // empty tile (per-tile grid); nb == 0 too
@@ -120,6 +170,46 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_fwd(const __grid_constant__ 
     for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
     OnlineSoftmax sm;
     sm.init();
+#if KF_PACK
+    if (tile.pack > 0) {
+      // A packed run: its keys are one block (BLOCK_N >= 128 >= the run's
+      // keys, nb <= 1), every score masked by its row's window.
+      if (g.nb > 0) {
+        const u32 tq = tabs + tb * 2 * E * 4;
+        if (!q_here) consumer.issue_q_packed(p, g, tile, row0, tq, tq + E * 4);
+        consumer.finish_q();
+        const int* tab_q = tabs_ptr + tb * 2 * E;
+        const int w_lo = packed_row_window(p.causal != 0, tile.pack, row0 + consumer.r_lo, tab_q,
+                                           tab_q + E);
+        const int w_hi = packed_row_window(p.causal != 0, tile.pack, row0 + consumer.r_lo + 8,
+                                           tab_q, tab_q + E);
+        tb ^= 1;
+        float s[BN / 2];
+        u32 pr[BN / 4];
+        consumer.issue_qk(s, it);
+        wgmma_wait<0>();
+        reg_fence<BN / 2>(s);
+        consumer.release(smem.empty_k, it);
+        // Q has been read: the next packed tile's Q and table may come in.
+        if (more && nxt.pack > 0 && gn.nb > 0) {
+          const u32 nq = tabs + tb * 2 * E * 4;
+          consumer.issue_q_packed(p, gn, nxt, gn.m0 + 64 * consumer.cg, nq, nq + E * 4);
+          q_early = true;
+        }
+        mask_window<BN>(s, 0, consumer.cq, w_lo, w_hi);
+        float sc_lo, sc_hi;
+        sm.update<BN>(s, consumer.sl2, sc_lo, sc_hi);
+        consumer.pack_p(pr, s);
+        consumer.issue_pv(o, pr, it);
+        wgmma_wait<0>();
+        reg_fence<D / 2>(o);
+        consumer.release(smem.empty_v, it);
+        it += g.nb;
+      }
+      fwd_epilogue<D>(p, g, tile, row0, consumer.r_lo, consumer.cq, lane, consumer.sl2, o, sm);
+      continue;
+    }
+#endif
     if (g.nb > 0) {
       // the consumer mainloop (steps and schedule: sm90/fwd_consumer.cuh)
       consumer.load_q(p, g, tile, row0);

@@ -448,6 +448,38 @@ TEST_F(WorkerGpuSequence, BwdSm90PassesEveryGate) {
   }
 }
 
+// fwd_sm90 with the host-balanced list and packed tiles (ORDER=1 PACK=1)
+// through every gate: each thread's row windows come from the offsets in
+// global memory, and the K/V ring is shared by plain and packed tiles of one
+// CTA's list; on the gate batch and on a batch of tiny sequences.
+TEST_F(WorkerGpuSequence, FwdSm90PackedPassesEveryGate) {
+  if (WorkingGates().empty()) GTEST_SKIP() << "no compute-sanitizer tool runs here";
+  if (TheGpu().info.arch != "sm_90a") GTEST_SKIP() << "fwd_sm90 needs sm_90a";
+  gpu::CompilePool pool(2, nullptr);
+  Sandbox sandbox(GpuSandboxOptions());
+  LocalTaskRunner runner(&pool, &sandbox, GatedRunnerOptions());
+  struct S { int d; bool causal, tiny; };
+  uint64_t seed = 990;
+  for (S s : {S{128, true, false}, S{128, false, true}, S{64, true, true}}) {
+    absl::StatusOr<Variant> v =
+        Instantiate("fwd_sm90",
+                    {{"BLOCK_M", 128}, {"BLOCK_N", 128}, {"STAGES", 2}, {"PERSISTENT", 1},
+                     {"ORDER", 1}, {"PACK", 1}},
+                    s.d);
+    ASSERT_TRUE(v.ok()) << v.status();
+    const std::string label =
+        fmt::format("fwd_sm90 PACK1{}{}", s.causal ? " causal" : "", s.tiny ? " tiny" : "");
+    ShapeKey k = GateShape(Op::kForward, s.d, s.causal);
+    if (s.tiny) {
+      k.max_len_q = k.max_len_k = 90;
+      k.total_q = k.total_k = k.batch * 6;
+    }
+    auto r = ConfirmThroughGates(runner, k, *v, label, ++seed);
+    ASSERT_TRUE(r.has_value());
+    EXPECT_EQ(r->outcome, Outcome::kVerified) << label << " d" << s.d << ": " << r->message;
+  }
+}
+
 // fwd_stream through every gate, on the short-key cross batches it is served
 // for: its served setting at both head dims (causal at D=64: rows that see no
 // key); its stages are refilled by cp.async while other warps still compute.

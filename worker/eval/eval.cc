@@ -426,19 +426,19 @@ struct Evaluator::Impl {
       }
       if (fit.ok()) ctas_per_sm = *fit;
     }
-    absl::StatusOr<LaunchPlan> plan = PlanLaunch(c.manifest, s.cu_q, s.cu_k, s.heads, s.causal,
-                                                 info.arch, info.sm_count, ctas_per_sm,
-                                                 s.kv_heads);
+    // A persistent kernel must be right on any grid: some problems launch
+    // one to three CTAs, so that each runs many tiles of every length. The
+    // plan is made for that grid (a host-balanced list is laid out for it).
+    const bool small_grid = c.manifest.grid == GridPolicy::kPersistent && p.spec.grid_ctas > 0;
+    absl::StatusOr<LaunchPlan> plan =
+        PlanLaunch(c.manifest, s.cu_q, s.cu_k, s.heads, s.causal, info.arch,
+                   small_grid ? p.spec.grid_ctas : info.sm_count, small_grid ? 1 : ctas_per_sm,
+                   s.kv_heads);
     if (!plan.ok()) {
       why = fmt::format("launch plan: {}", std::string(plan.status().message()));
       return out;
     }
     out.plan = *std::move(plan);
-    // A persistent kernel must be right on any grid: some problems launch
-    // one to three CTAs, so that each runs many tiles of every length.
-    if (c.manifest.grid == GridPolicy::kPersistent && p.spec.grid_ctas > 0) {
-      out.plan.grid[0] = std::max(1u, std::min(out.plan.grid[0], unsigned(p.spec.grid_ctas)));
-    }
     if (p.backward) {
       KF_RETURN_IF_ERROR(AllocInto(out.dq, s.q_elems() * 2));
       KF_RETURN_IF_ERROR(AllocInto(out.dk, s.k_elems() * 2));

@@ -194,6 +194,52 @@ TEST_F(EvalGpu, BwdSm90Verifies) {
   }
 }
 
+// fwd_sm90's host-balanced list (ORDER=1: a stop entry ends each CTA's
+// list) and packed tiles (PACK=1: runs of short sequences in one 128-row
+// tile, each row masked to its own sequence's keys) on the hostile check
+// batches, whose grids of 1-3 CTAs get lists balanced for that grid: self
+// and cross, both masks, GQA, both head dims, BLOCK_N 128 and the widest,
+// and batches of tiny sequences where nearly every tile is packed. Needs an
+// sm_90a device.
+TEST_F(EvalGpu, FwdSm90BalancedAndPackedVerify) {
+  if (evaluator_->device().arch != "sm_90a") GTEST_SKIP() << "fwd_sm90 needs sm_90a";
+  bool listed = false;
+  for (const auto& t : ListTemplates()) listed = listed || t.name == "fwd_sm90";
+  if (!listed) GTEST_SKIP() << "fwd_sm90 is not in this build";
+  struct S { int d, h, kvh; bool causal, cross; int bn, pack; bool tiny; };
+  for (S s : {S{128, 4, 4, true, false, 128, 1, false}, S{128, 4, 2, false, true, 128, 1, false},
+              S{64, 4, 4, false, false, 176, 1, true}, S{128, 4, 1, true, true, 128, 1, true},
+              S{64, 4, 2, true, false, 192, 1, true}, S{64, 2, 2, false, true, 128, 1, false},
+              S{128, 4, 4, true, false, 128, 0, false}, S{64, 4, 1, false, true, 64, 0, true}}) {
+    SCOPED_TRACE(fmt::format("d{} h{}/{} causal {} cross {} BN{} PACK{} tiny {}", s.d, s.h,
+                             s.kvh, s.causal, s.cross, s.bn, s.pack, s.tiny));
+    absl::StatusOr<Variant> v =
+        Instantiate("fwd_sm90",
+                    {{"BLOCK_M", 128}, {"BLOCK_N", s.bn}, {"STAGES", 2}, {"PERSISTENT", 1},
+                     {"ORDER", 1}, {"PACK", s.pack}},
+                    s.d);
+    ASSERT_TRUE(v.ok()) << v.status();
+    EvalRequest req;
+    req.shape = Shape(Op::kForward, s.d, s.h, s.kvh, s.causal, s.cross);
+    if (s.tiny) {
+      req.shape.batch = 600;
+      req.shape.max_len_q = 90;
+      req.shape.total_q = 600 * 6;
+      req.shape.max_len_k = s.cross ? 70 : 90;
+      req.shape.total_k = s.cross ? 600 * 5 : 600 * 6;
+    }
+    req.seed = 2100 + s.d + s.bn + 17 * s.pack + 3 * s.h + 5 * s.kvh + 7 * s.causal +
+               11 * s.cross + 13 * s.tiny;
+    req.candidate.source = v->source;
+    req.candidate.manifest = v->manifest;
+    req.options.iterations = 3;
+    absl::StatusOr<EvalResult> r = evaluator_->Evaluate(req);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->outcome, Outcome::kVerified) << r->message << "\n" << r->errors.detail;
+    std::cout << "fwd_sm90: " << r->message << "\n";
+  }
+}
+
 // The query-streaming forward (fwd_stream) on the hostile check batches:
 // its served tiles (64 rows, 16 keys, 3 stages) and the corners of its knob
 // space (8 warps, one key block per stage up to 64 keys, 2-4 stages, 128

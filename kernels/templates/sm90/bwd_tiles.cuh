@@ -69,8 +69,8 @@ __device__ __forceinline__ int key_tile_block(const KfAttnParams& p, const KeyTi
 }
 
 // The keys that query row r (from T.q0) of a packed tile may see, as
-// tile-local indices lo | hi << 16 (lo <= key - T.k0 < hi): its own member's
-// keys, under the causal mask bottom-right aligned within the member.
+// tile-local indices lo | hi << 16 (lo <= key - T.k0 < hi; the rule:
+// member_key_window, sm90/packed_rows.cuh).
 // tab_q / tab_k hold the members' query and key offsets from T.q0 / T.k0
 // (T.pack + 1 entries each, in shared memory).
 __device__ __forceinline__ int packed_key_window(const KfAttnParams& p, const KeyTile& T, int r,
@@ -83,13 +83,8 @@ __device__ __forceinline__ int packed_key_window(const KfAttnParams& p, const Ke
     if (tab_q[mid] <= r) lo = mid; else up = mid;
   }
   const int i = r - tab_q[lo], lqs = tab_q[lo + 1] - tab_q[lo];
-  const int ks = tab_k[lo], lks = tab_k[lo + 1] - ks;
-  int seen = lks;
-  if (p.causal) {
-    const int c = i + lks - lqs + 1;
-    seen = c < 0 ? 0 : (c < lks ? c : lks);
-  }
-  return ks | ((ks + seen) << 16);
+  const int ks = tab_k[lo];
+  return member_key_window(p.causal != 0, i, lqs, ks, tab_k[lo + 1] - ks);
 }
 
 // Key blocks that add into query block m (bwd_mma's rule; the host's

@@ -17,6 +17,7 @@
 // The part is CUDA device code; its functions are plain C++ on ints.
 #define __device__
 #define __forceinline__ inline
+#include "kernels/templates/sm90/packed_rows.cuh"
 #include "kernels/templates/sm90/bwd_tiles.cuh"
 #undef __device__
 #undef __forceinline__

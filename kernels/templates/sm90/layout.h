@@ -20,7 +20,13 @@ struct KfSmemCarver {
   }
 };
 
-// fwd_sm90: Q, a ring of K tiles, a ring of V tiles, then the ring's mbarriers.
+// fwd_sm90 with packed tiles (PACK=1): entries of one member-offset table,
+// the run's cu_seqlens_q (or _k) from its first sequence to one past its
+// last. BuildTiles' kMaxQueryPack sequences + 1, rounded up to 16 bytes.
+constexpr int kf_fwd_sm90_pack_entries() { return 132; }
+
+// fwd_sm90: Q, a ring of K tiles, a ring of V tiles, then the ring's mbarriers
+// (and with PACK=1 the member-offset tables).
 struct KfFwdSm90Layout {
   int q;            // Q tile, block_m x d bf16: one block of 64 rows per consumer warpgroup,
   int q_wg_bytes;   //   each d/64 panels of 64 rows x 128 B; warpgroup w at q + w * q_wg_bytes
@@ -31,11 +37,14 @@ struct KfFwdSm90Layout {
   int full_v;       // ... V tile landed (32) ...
   int empty_k;      // ... K stage free again (8: one per consumer warp) ...
   int empty_v;      // ... V stage free again (8)
+  int tabs;         // PACK=1: per consumer warpgroup w and buffer i (2 each), a q then a k table
+                    //   of kf_fwd_sm90_pack_entries() ints at tabs + ((2 w + i) * 2 + kq) * entries * 4
   int total;        // bytes used from the aligned base
   int dynamic_bytes;// dynamic shared memory to request
 };
 
-constexpr KfFwdSm90Layout kf_fwd_sm90_layout(int d, int block_m, int block_n, int stages) {
+constexpr KfFwdSm90Layout kf_fwd_sm90_layout(int d, int block_m, int block_n, int stages,
+                                             int pack = 0) {
   KfFwdSm90Layout l{};
   KfSmemCarver c{0};
   l.q_wg_bytes = 64 * d * 2;
@@ -47,6 +56,7 @@ constexpr KfFwdSm90Layout kf_fwd_sm90_layout(int d, int block_m, int block_n, in
   l.full_v = c.take(8 * stages, 8);
   l.empty_k = c.take(8 * stages, 8);
   l.empty_v = c.take(8 * stages, 8);
+  if (pack) l.tabs = c.take(2 * 2 * 2 * kf_fwd_sm90_pack_entries() * 4, 16);
   l.total = c.end;
   l.dynamic_bytes = l.total + 1024;
   return l;

@@ -41,7 +41,8 @@ TEST(Sm90Parts, FwdSm90SourceIsThePreludeThenThePartsThenTheKernel) {
   for (const Part& p : FwdSm90Parts()) names.push_back(p.name);
   EXPECT_EQ(names, (std::vector<std::string_view>{
                        "sm90/ptx.cuh", "sm90/wgmma_ops.cuh", "sm90/layout.h",
-                       "sm90/tile_scheduler.cuh", "sm90/softmax.cuh", "sm90/fwd_ring.cuh",
+                       "sm90/tile_scheduler.cuh", "sm90/packed_rows.cuh", "sm90/softmax.cuh",
+                       "sm90/fwd_ring.cuh",
                        "sm90/fwd_producer.cuh", "sm90/fwd_consumer.cuh",
                        "sm90/fwd_epilogue.cuh", "fwd_sm90.cuh"}));
   const auto variants = AllFwdSm90Variants();

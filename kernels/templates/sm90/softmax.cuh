@@ -24,6 +24,20 @@ __device__ __forceinline__ void mask_cols(float* s, int n0, int cq, int lim_lo, 
   }
 }
 
+// Packed tiles: scores outside each row's window (lo | hi << 16, from
+// sm90/packed_rows.cuh; w_lo for row r_lo, w_hi for r_hi) to -inf.
+template <int N>
+__device__ __forceinline__ void mask_window(float* s, int n0, int cq, int w_lo, int w_hi) {
+  const int lo_lo = w_lo & 0xffff, hi_lo = w_lo >> 16, lo_hi = w_hi & 0xffff, hi_hi = w_hi >> 16;
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) {
+    const int col = n0 + 8 * (i >> 2) + cq + (i & 1);
+    const bool hi_row = (i >> 1) & 1;
+    const int lo = hi_row ? lo_hi : lo_lo, hi = hi_row ? hi_hi : hi_lo;
+    if (col < lo || col >= hi) s[i] = neg_inf();
+  }
+}
+
 // Running max and sum of this thread's two rows.
 struct OnlineSoftmax {
   float m_lo, m_hi;  // max raw score so far (-inf: none)
