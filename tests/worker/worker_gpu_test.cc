@@ -373,6 +373,15 @@ ShapeKey GateShape(Op op, int d, bool causal) {
   return k;
 }
 
+// The gate batch as tiny sequences (6 queries and keys on average, at most
+// 90): nearly every tile is a packed run.
+ShapeKey TinyGateShape(Op op, int d, bool causal) {
+  ShapeKey k = GateShape(op, d, causal);
+  k.max_len_q = k.max_len_k = 90;
+  k.total_q = k.total_k = k.batch * 6;
+  return k;
+}
+
 // One CONFIRM through every working gate; prints what it took.
 std::optional<TaskResult> ConfirmThroughGates(LocalTaskRunner& runner, const ShapeKey& k, const Variant& v,
                                const std::string& label, uint64_t seed) {
@@ -437,11 +446,8 @@ TEST_F(WorkerGpuSequence, BwdSm90PassesEveryGate) {
     ASSERT_TRUE(v.ok()) << v.status();
     const std::string label = fmt::format("bwd_sm90 BM{} ORDER{}{}{}", s.bm, s.order,
                                           s.causal ? " causal" : "", s.tiny ? " tiny" : "");
-    ShapeKey k = GateShape(Op::kBackward, s.d, s.causal);
-    if (s.tiny) {
-      k.max_len_q = k.max_len_k = 90;
-      k.total_q = k.total_k = k.batch * 6;
-    }
+    const ShapeKey k = s.tiny ? TinyGateShape(Op::kBackward, s.d, s.causal)
+                              : GateShape(Op::kBackward, s.d, s.causal);
     auto r = ConfirmThroughGates(runner, k, *v, label, ++seed);
     ASSERT_TRUE(r.has_value());
     EXPECT_EQ(r->outcome, Outcome::kVerified) << label << " d" << s.d << ": " << r->message;
@@ -469,11 +475,8 @@ TEST_F(WorkerGpuSequence, FwdSm90PackedPassesEveryGate) {
     ASSERT_TRUE(v.ok()) << v.status();
     const std::string label =
         fmt::format("fwd_sm90 PACK1{}{}", s.causal ? " causal" : "", s.tiny ? " tiny" : "");
-    ShapeKey k = GateShape(Op::kForward, s.d, s.causal);
-    if (s.tiny) {
-      k.max_len_q = k.max_len_k = 90;
-      k.total_q = k.total_k = k.batch * 6;
-    }
+    const ShapeKey k = s.tiny ? TinyGateShape(Op::kForward, s.d, s.causal)
+                              : GateShape(Op::kForward, s.d, s.causal);
     auto r = ConfirmThroughGates(runner, k, *v, label, ++seed);
     ASSERT_TRUE(r.has_value());
     EXPECT_EQ(r->outcome, Outcome::kVerified) << label << " d" << s.d << ": " << r->message;

@@ -69,6 +69,31 @@ class EvalGpu : public ::testing::Test {
     return k;
   }
 
+  // A batch of 600 tiny sequences (6 queries on average, at most 90; cross:
+  // 5 keys on average, at most 70): nearly every tile is a packed run.
+  static void MakeTiny(ShapeKey& k) {
+    k.batch = 600;
+    k.max_len_q = 90;
+    k.total_q = 600 * 6;
+    k.max_len_k = k.cross ? 70 : 90;
+    k.total_k = k.cross ? 600 * 5 : 600 * 6;
+  }
+
+  // Evaluates a template's variant on the hostile check batches of `shape`
+  // (three timed runs) and expects it verified.
+  static void ExpectVerified(const Variant& v, const ShapeKey& shape, uint64_t seed) {
+    EvalRequest req;
+    req.shape = shape;
+    req.seed = seed;
+    req.candidate.source = v.source;
+    req.candidate.manifest = v.manifest;
+    req.options.iterations = 3;
+    absl::StatusOr<EvalResult> r = evaluator_->Evaluate(req);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->outcome, Outcome::kVerified) << r->message << "\n" << r->errors.detail;
+    std::cout << v.template_name << ": " << r->message << "\n";
+  }
+
   static gpu::Driver* driver_;
   static Evaluator* evaluator_;
   static std::string skip_reason_;
@@ -173,24 +198,11 @@ TEST_F(EvalGpu, BwdSm90Verifies) {
     absl::StatusOr<Variant> v = Instantiate(
         "bwd_sm90", {{"BLOCK_M", s.bm}, {"BLOCK_N", 128}, {"STAGES", 2}, {"ORDER", s.order}}, s.d);
     ASSERT_TRUE(v.ok()) << v.status();
-    EvalRequest req;
-    req.shape = Shape(Op::kBackward, s.d, s.h, s.kvh, s.causal, s.cross);
-    if (s.tiny) {
-      req.shape.batch = 600;
-      req.shape.max_len_q = 90;
-      req.shape.total_q = 600 * 6;
-      req.shape.max_len_k = s.cross ? 70 : 90;
-      req.shape.total_k = s.cross ? 600 * 5 : 600 * 6;
-    }
-    req.seed = 900 + s.d + s.bm + 17 * s.order + 3 * s.h + 5 * s.kvh + 7 * s.causal +
-               11 * s.cross + 13 * s.tiny;
-    req.candidate.source = v->source;
-    req.candidate.manifest = v->manifest;
-    req.options.iterations = 3;
-    absl::StatusOr<EvalResult> r = evaluator_->Evaluate(req);
-    ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_EQ(r->outcome, Outcome::kVerified) << r->message << "\n" << r->errors.detail;
-    std::cout << "bwd_sm90: " << r->message << "\n";
+    ShapeKey shape = Shape(Op::kBackward, s.d, s.h, s.kvh, s.causal, s.cross);
+    if (s.tiny) MakeTiny(shape);
+    ExpectVerified(*v, shape,
+                   900 + s.d + s.bm + 17 * s.order + 3 * s.h + 5 * s.kvh + 7 * s.causal +
+                       11 * s.cross + 13 * s.tiny);
   }
 }
 
@@ -219,24 +231,11 @@ TEST_F(EvalGpu, FwdSm90BalancedAndPackedVerify) {
                      {"ORDER", 1}, {"PACK", s.pack}},
                     s.d);
     ASSERT_TRUE(v.ok()) << v.status();
-    EvalRequest req;
-    req.shape = Shape(Op::kForward, s.d, s.h, s.kvh, s.causal, s.cross);
-    if (s.tiny) {
-      req.shape.batch = 600;
-      req.shape.max_len_q = 90;
-      req.shape.total_q = 600 * 6;
-      req.shape.max_len_k = s.cross ? 70 : 90;
-      req.shape.total_k = s.cross ? 600 * 5 : 600 * 6;
-    }
-    req.seed = 2100 + s.d + s.bn + 17 * s.pack + 3 * s.h + 5 * s.kvh + 7 * s.causal +
-               11 * s.cross + 13 * s.tiny;
-    req.candidate.source = v->source;
-    req.candidate.manifest = v->manifest;
-    req.options.iterations = 3;
-    absl::StatusOr<EvalResult> r = evaluator_->Evaluate(req);
-    ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_EQ(r->outcome, Outcome::kVerified) << r->message << "\n" << r->errors.detail;
-    std::cout << "fwd_sm90: " << r->message << "\n";
+    ShapeKey shape = Shape(Op::kForward, s.d, s.h, s.kvh, s.causal, s.cross);
+    if (s.tiny) MakeTiny(shape);
+    ExpectVerified(*v, shape,
+                   2100 + s.d + s.bn + 17 * s.pack + 3 * s.h + 5 * s.kvh + 7 * s.causal +
+                       11 * s.cross + 13 * s.tiny);
   }
 }
 
