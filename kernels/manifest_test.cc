@@ -29,6 +29,31 @@ TEST(ManifestTest, RoundTrips) {
   EXPECT_EQ(ManifestToJson(*again), ManifestToJson(*m));
 }
 
+// The host-balanced list (stop entries, a static stride) is for persistent
+// forward grids only: a per-tile or key-major manifest asking for it is refused.
+TEST(ManifestTest, BalancedTileOrderRoundTripsAndNeedsAPersistentForwardGrid) {
+  std::string j = kGood;
+  j.insert(j.size() - 1, R"(,"tile_order":"balanced")");
+  auto m = ParseManifest(j);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->tile_order, TileOrder::kBalanced);
+  EXPECT_NE(ManifestToJson(*m).find(R"("tile_order":"balanced")"), std::string::npos);
+  std::string per_tile = j;
+  per_tile.replace(per_tile.find(R"("persistent")"), 12, R"("per_tile")");
+  auto bad = ParseManifest(per_tile);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("balanced"), std::string::npos) << bad.status();
+  bad = ParseManifest(R"({"entry_point":"kf_attn_bwd","threads":256,"tile_m":64,"tile_n":128,
+      "grid":"persistent","archs":["sm_90a"],"head_dims":[128],"ops":["bwd"],
+      "key_major":true,"tile_order":"balanced"})");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("balanced"), std::string::npos) << bad.status();
+  bad = ParseManifest(R"({"entry_point":"x","threads":256,"tile_m":1,"tile_n":1,
+      "archs":["sm_80"],"head_dims":[64],"tile_order":"fair"})");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("\"balanced\""), std::string::npos) << bad.status();
+}
+
 TEST(ManifestTest, RejectsWithReason) {
   auto bad = ParseManifest(R"({"entry_point":"x","threads":256,"tile_m":1,"tile_n":1,
       "archs":["sm_80"],"head_dims":[64],"grid":"sometimes"})");
