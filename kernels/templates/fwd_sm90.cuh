@@ -140,9 +140,9 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_fwd(const __grid_constant__ 
   // mostly these latencies). The tables alternate between two buffers per
   // warpgroup: one is searched while the other fills.
   constexpr int E = kf_fwd_sm90_pack_entries();
-  const u32 tabs = ((smem_u32(kf_smem_raw) + 1023u) & ~1023u) + L.tabs + consumer.cg * 2 * 2 * E * 4;
-  const int* tabs_ptr =
-      (const int*)(kf_smem_raw + (tabs - smem_u32(kf_smem_raw)));
+  const u32 tabs =
+      ((smem_u32(kf_smem_raw) + 1023u) & ~1023u) + L.tabs + consumer.cg * 2 * 2 * E * 4;
+  const int* tabs_ptr = (const int*)(kf_smem_raw + (tabs - smem_u32(kf_smem_raw)));
   Tile nxt;
   QueryTileGeom gn;
   bool more = KF9_NEXT_TILE(p, 0, nxt);
