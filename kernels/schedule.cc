@@ -271,9 +271,6 @@ absl::StatusOr<LaunchPlan> PlanLaunch(const Manifest& m, std::span<const int32_t
   plan.dynamic_smem_bytes = m.dynamic_smem_bytes;
   plan.num_tiles = static_cast<int>(tiles->size());
   for (const auto& t : *tiles) plan.total_work += t.work;
-  // Key-major counters go after the fixed bytes.
-  plan.workspace_bytes = m.workspace_fixed_bytes + m.workspace_per_tile_bytes * plan.num_tiles +
-                         counter_bytes;
   plan.empty = tiles->empty();
   const int64_t batch = static_cast<int64_t>(cu_q.size()) - 1;
   if (m.grid == GridPolicy::kPerTile) {
@@ -298,11 +295,13 @@ absl::StatusOr<LaunchPlan> PlanLaunch(const Manifest& m, std::span<const int32_t
       // The list the kernel reads has the stop entries too.
       *tiles = BalanceTiles(*tiles, static_cast<int>(grid));
       plan.num_tiles = static_cast<int>(tiles->size());
-      plan.workspace_bytes = m.workspace_fixed_bytes +
-                             m.workspace_per_tile_bytes * plan.num_tiles + counter_bytes;
     }
     plan.tiles = PackTiles(*tiles);
   }
+  // Per-tile bytes for every entry the kernel reads (a balanced list's stop
+  // entries too); key-major counters after the fixed bytes.
+  plan.workspace_bytes = m.workspace_fixed_bytes + m.workspace_per_tile_bytes * plan.num_tiles +
+                         counter_bytes;
   return plan;
 }
 

@@ -91,10 +91,11 @@ __device__ __forceinline__ unsigned swz(int r, int c) {
 
 // Copies rows [0, kRows) of a tile whose row r lives at base + r * stride
 // (elements) into swizzled shared memory; rows >= valid are zero-filled.
-// (mma_common.cuh's load_tile_swz, online_softmax_block and pv_mma, which
-// fwd_stream and bwd_mma use, are this kernel's copy, softmax and P V code;
-// through them it compiles to other cubins at every setting, and these are
-// the ones measured on the GPU, so it keeps its own until a GPU run.)
+// (mma_common.cuh's load_tile_swz and pv_mma, which fwd_stream and bwd_mma
+// use, are this kernel's copy and P V code; through them it compiles to other
+// cubins, and these are the ones measured on the GPU, so it keeps its own
+// until a GPU run. Its softmax is online_softmax_block: the same cubins at
+// all 768 settings.)
 template <int kRows>
 __device__ __forceinline__ void load_tile(unsigned dst, const unsigned short* base,
                                           long long stride, int valid, int tid) {
@@ -288,29 +289,7 @@ __device__ __forceinline__ void run_tile(const KfAttnParams& p, Tile t, unsigned
 #endif
 
     // Online softmax over this block, rows row0 (e = 0, 1) and row0 + 8 (e = 2, 3).
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = row_max[r];
-#pragma unroll
-      for (int j = 0; j < kBN / 8; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
-      mx = quad_max(mx);
-      const float m_scaled = mx == -__int_as_float(0x7f800000) ? 0.f : mx * sl2;
-      const float corr = ex2(row_max[r] * sl2 - m_scaled);
-      row_max[r] = mx;
-      float sum = 0.f;
-#pragma unroll
-      for (int j = 0; j < kBN / 8; ++j) {
-        s[j][2 * r] = ex2(s[j][2 * r] * sl2 - m_scaled);
-        s[j][2 * r + 1] = ex2(s[j][2 * r + 1] * sl2 - m_scaled);
-        sum += s[j][2 * r] + s[j][2 * r + 1];
-      }
-      row_sum[r] = row_sum[r] * corr + sum;
-#pragma unroll
-      for (int j = 0; j < kD / 8; ++j) {
-        acc[j][2 * r] *= corr;
-        acc[j][2 * r + 1] *= corr;
-      }
-    }
+    online_softmax_block<kBN, kD>(s, row_max, row_sum, acc, sl2);
 
     // O += P V; P's accumulator layout is the A-operand layout of the next mma.
 #pragma unroll

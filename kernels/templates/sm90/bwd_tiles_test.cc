@@ -13,41 +13,19 @@
 
 #include "kernels/schedule.h"
 #include "kernels/templates/bwd_sm90_layout.h"
-
-// The part is CUDA device code; its functions are plain C++ on ints.
-#define __device__
-#define __forceinline__ inline
-#include "kernels/templates/sm90/packed_rows.cuh"
-#include "kernels/templates/sm90/bwd_tiles.cuh"
-#undef __device__
-#undef __forceinline__
+#include "kernels/templates/sm90/parts_host_test.h"
 
 namespace kforge {
 namespace {
 
-struct Batch {
-  std::vector<int32_t> cu_q = {0}, cu_k = {0};
-};
-
-// Mostly short sequences (0-40 keys, a few long ones), self or cross.
-Batch Draw(std::mt19937& rng, int n, bool cross) {
-  Batch b;
-  std::uniform_int_distribution<int> small(0, 40), pick(0, 19), big(129, 300);
-  for (int i = 0; i < n; ++i) {
-    const int q = pick(rng) == 0 ? big(rng) : small(rng);
-    const int k = cross ? (pick(rng) == 0 ? big(rng) : small(rng)) : q;
-    b.cu_q.push_back(b.cu_q.back() + q);
-    b.cu_k.push_back(b.cu_k.back() + k);
-  }
-  return b;
-}
+using testing::Batch;
 
 TEST(BwdTilesPart, PackedRowWindowsAreEachRowsOwnVisibleKeys) {
   std::mt19937 rng(7);
   int packed_tiles = 0;
   for (int trial = 0; trial < 40; ++trial) {
     const bool cross = trial % 2 == 1, causal = trial % 4 >= 2;
-    const Batch bt = Draw(rng, 300, cross);
+    const Batch bt = testing::DrawShortBatch(rng, 300, cross);
     const int heads = 4, kv_heads = 2;
     auto kt = BuildKeyTiles(bt.cu_q, bt.cu_k, heads, kv_heads, 64, 128, causal,
                             TileOrder::kGrouped, true);

@@ -57,31 +57,33 @@ struct FwdConsumer {
   // This warpgroup's 64 Q rows -> swizzled smem, visible to its wgmma.
   __device__ __forceinline__ void load_q(const KfAttnParams& p, const QueryTileGeom& g,
                                          const Tile& tile, int row0) const {
-    const bf16* src = (const bf16*)p.q + ((long long)(g.q0 + row0) * p.heads + tile.h) * D;
-    load_tile<D, 64, 128, 8>(sQg, src, ldq, g.Lq - row0, ctid, (const bf16*)p.q);
-    cp_async_wait_all();
-    fence_proxy_async();
-    named_bar_sync(1 + cg, 128);
+    issue_q(p, g, tile, row0);
+    finish_q();
   }
-  // Packed tiles (PACK=1) split load_q in two, so that a tile's Q can be
-  // requested while the tile before it finishes: issue_q_packed copies this
-  // warpgroup's 64 Q rows and the run's member offsets (tab_q / tab_k: the
-  // tile's entries of cu_seqlens_q / _k, packed_rows.cuh) by cp.async;
-  // finish_q waits for them and makes them visible to the warpgroup.
-  __device__ __forceinline__ void issue_q_packed(const KfAttnParams& p, const QueryTileGeom& g,
-                                                 const Tile& tile, int row0, u32 tab_q,
-                                                 u32 tab_k) const {
+  // The two halves of load_q: the copies, then the wait that makes them
+  // visible to the warpgroup (packed tiles request Q early, between them).
+  __device__ __forceinline__ void issue_q(const KfAttnParams& p, const QueryTileGeom& g,
+                                          const Tile& tile, int row0) const {
     const bf16* src = (const bf16*)p.q + ((long long)(g.q0 + row0) * p.heads + tile.h) * D;
     load_tile<D, 64, 128, 8>(sQg, src, ldq, g.Lq - row0, ctid, (const bf16*)p.q);
-    for (int j = ctid; j <= tile.pack; j += 128) {
-      cp_async4(tab_q + 4 * j, p.cu_seqlens_q + tile.b + j);
-      cp_async4(tab_k + 4 * j, p.cu_seqlens_k + tile.b + j);
-    }
   }
   __device__ __forceinline__ void finish_q() const {
     cp_async_wait_all();
     fence_proxy_async();
     named_bar_sync(1 + cg, 128);
+  }
+  // Packed tiles (PACK=1), so that a tile's Q can be requested while the
+  // tile before it finishes: issue_q plus the run's member offsets (tab_q /
+  // tab_k: the tile's entries of cu_seqlens_q / _k, packed_rows.cuh), all by
+  // cp.async; finish_q then waits for both.
+  __device__ __forceinline__ void issue_q_packed(const KfAttnParams& p, const QueryTileGeom& g,
+                                                 const Tile& tile, int row0, u32 tab_q,
+                                                 u32 tab_k) const {
+    issue_q(p, g, tile, row0);
+    for (int j = ctid; j <= tile.pack; j += 128) {
+      cp_async4(tab_q + 4 * j, p.cu_seqlens_q + tile.b + j);
+      cp_async4(tab_k + 4 * j, p.cu_seqlens_k + tile.b + j);
+    }
   }
   // S = Q K^T for item gi into s[] (issued, not waited for)
   __device__ __forceinline__ void issue_qk(float* s, int gi) const {

@@ -12,13 +12,7 @@
 #include <vector>
 
 #include "kernels/schedule.h"
-
-// The part is CUDA device code; its functions are plain C++ on ints.
-#define __device__
-#define __forceinline__ inline
-#include "kernels/templates/sm90/packed_rows.cuh"
-#undef __device__
-#undef __forceinline__
+#include "kernels/templates/sm90/parts_host_test.h"
 
 namespace kforge {
 namespace {
@@ -28,15 +22,9 @@ TEST(PackedRowsPart, ForwardRowWindowsAreEachRowsOwnVisibleKeys) {
   int packed_tiles = 0;
   for (int trial = 0; trial < 40; ++trial) {
     const bool cross = trial % 2 == 1, causal = trial % 4 >= 2;
-    // Mostly short sequences (0-40), a few long ones; cross draws its own keys.
-    std::vector<int32_t> cu_q = {0}, cu_k = {0};
-    std::uniform_int_distribution<int> small(0, 40), pick(0, 19), big(129, 300);
-    for (int i = 0; i < 300; ++i) {
-      const int q = pick(rng) == 0 ? big(rng) : small(rng);
-      const int k = cross ? (pick(rng) == 0 ? big(rng) : small(rng)) : q;
-      cu_q.push_back(cu_q.back() + q);
-      cu_k.push_back(cu_k.back() + k);
-    }
+    const testing::Batch bt = testing::DrawShortBatch(rng, 300, cross);
+    const std::vector<int32_t>& cu_q = bt.cu_q;
+    const std::vector<int32_t>& cu_k = bt.cu_k;
     auto tiles = BuildTiles(cu_q, cu_k, 2, 128, 128, causal, /*pack_short=*/true);
     ASSERT_TRUE(tiles.ok()) << tiles.status();
     for (const TileWork& t : *tiles) {
