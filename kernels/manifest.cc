@@ -89,7 +89,8 @@ absl::StatusOr<Manifest> ParseManifest(std::string_view text) {
   static const std::set<std::string> kKnown = {
       "contract_version", "entry_point", "threads", "dynamic_smem_bytes", "grid",
       "tile_m", "tile_n", "workspace", "archs", "features", "head_dims", "ops",
-      "causal", "noncausal", "gqa", "ctas_per_sm", "pack_short", "tile_order", "key_major"};
+      "causal", "noncausal", "gqa", "ctas_per_sm", "pack_short", "tile_order", "key_major",
+      "split_slot_bytes"};
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (!kKnown.count(it.key())) return Bad(fmt::format("unknown key \"{}\"", it.key()));
   }
@@ -216,6 +217,12 @@ absl::StatusOr<Manifest> ParseManifest(std::string_view text) {
   v = 0;
   if (auto s = get_int("ctas_per_sm", false, 0, 32, v); !s.ok()) return s;
   m.ctas_per_sm = static_cast<int>(v);
+  v = 0;
+  if (auto s = get_int("split_slot_bytes", false, 0, int64_t{1} << 24, v); !s.ok()) return s;
+  m.split_slot_bytes = v;
+  if (m.split_slot_bytes > 0 && !m.key_major) {
+    return Bad("split_slot_bytes: split key tiles need key_major");
+  }
   return m;
 }
 
@@ -241,6 +248,7 @@ std::string ManifestToJson(const Manifest& m) {
   j["pack_short"] = m.pack_short;
   j["tile_order"] = std::string(TileOrderName(m.tile_order));
   if (m.key_major) j["key_major"] = true;
+  if (m.split_slot_bytes > 0) j["split_slot_bytes"] = m.split_slot_bytes;
   return j.dump();
 }
 

@@ -75,6 +75,11 @@ struct Manifest {
   // the workspace with one int per (query block, head) on top of the fixed
   // bytes. See CONTRACT.md, "Backward".
   bool key_major = false;
+  // Key-major variants only: > 0 means the variant takes split key tiles
+  // (halves of one key block's steps run by two CTAs that sum their dK/dV
+  // partials; CONTRACT.md "Backward"), and each split pair needs this many
+  // bytes of workspace for the partial the first half leaves.
+  int64_t split_slot_bytes = 0;
 };
 
 // Parses and validates the field types and ranges (not arch limits: see

@@ -216,6 +216,43 @@ absl::StatusOr<KeyMajorTiles> BuildKeyTiles(std::span<const int32_t> cu_q,
   return out;
 }
 
+int SplitHeavyKeyTiles(std::vector<TileWork>& tiles, int ctas) {
+  auto plain = [](const TileWork& t) { return t.m_block >= 0 && t.pack >= 0; };
+  int64_t w_max = 0;
+  for (const auto& t : tiles) {
+    if (plain(t)) w_max = std::max(w_max, t.work);
+  }
+  if (w_max < 9) return 0;  // under 8 steps: not worth a partial's round trip
+  int64_t heavy = 0;
+  for (const auto& t : tiles) heavy += plain(t) && 2 * t.work >= w_max;
+  if (heavy > ctas / 2 || heavy > kMaxSplits) return 0;
+  std::vector<TileWork> out;
+  out.reserve(tiles.size() + heavy);
+  int slot = 0;
+  for (const auto& t : tiles) {
+    if (!(plain(t) && 2 * t.work >= w_max)) {
+      out.push_back(t);
+      continue;
+    }
+    const int64_t steps = t.work - 1, first = steps / 2;
+    for (int half = 1; half <= 2; ++half) {
+      TileWork h = t;
+      h.head = t.head | half << 16 | slot << 18;
+      h.work = (half == 1 ? first : steps - first) + 1;
+      out.push_back(h);
+    }
+    ++slot;
+  }
+  tiles = std::move(out);
+  return slot;
+}
+
+int64_t SplitAreaOffset(int64_t fixed_bytes, int64_t total_q, int64_t batch, int heads,
+                        int tile_m) {
+  const int64_t counters = 4 * int64_t{heads} * (total_q / tile_m + batch + 1);
+  return fixed_bytes + (counters + 255) / 256 * 256;
+}
+
 std::vector<TileWork> BalanceTiles(std::span<const TileWork> tiles, int lists) {
   if (lists <= 1 || tiles.empty()) return {tiles.begin(), tiles.end()};
   using Load = std::pair<int64_t, int>;  // (work so far, list)
@@ -261,6 +298,22 @@ absl::StatusOr<LaunchPlan> PlanLaunch(const Manifest& m, std::span<const int32_t
     if (!key_tiles.ok()) return key_tiles.status();
     counter_bytes = key_tiles->query_blocks * heads * int64_t{4};
     tiles = std::move(key_tiles->tiles);
+    if (m.split_slot_bytes > 0 && m.grid == GridPolicy::kPersistent && num_sms > 0) {
+      if (heads >= 65536 || kv_heads >= 65536) {
+        return absl::InvalidArgumentError(
+            fmt::format("heads: {} does not fit a split key tile's 16-bit head", heads));
+      }
+      const int per_sm = ctas_per_sm > 0 ? ctas_per_sm : EstimateCtasPerSm(m, arch);
+      const int ctas = static_cast<int>(std::min<int64_t>(
+          static_cast<int64_t>(num_sms) * per_sm, std::max<size_t>(tiles->size(), 1)));
+      const int splits = SplitHeavyKeyTiles(*tiles, ctas);
+      if (splits > 0) {
+        // The counters get the area the kernel can find the split pairs after.
+        const int64_t base = SplitAreaOffset(0, cu_q.back(), static_cast<int64_t>(cu_q.size()) - 1,
+                                             heads, m.tile_m);
+        counter_bytes = base + splits * (256 + m.split_slot_bytes);
+      }
+    }
   } else {
     tiles = BuildTiles(cu_q, cu_k, heads, m.tile_m, m.tile_n, causal,
                        m.pack_short && m.grid == GridPolicy::kPersistent, m.tile_order);

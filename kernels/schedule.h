@@ -83,6 +83,27 @@ struct KeyMajorTiles {
   std::vector<TileWork> tiles;  // m_block holds n_block (or -1 - m_block), pack holds qbase (or -n)
   int64_t query_blocks = 0;     // over the whole batch
 };
+
+// Split key tiles (manifest split_slot_bytes > 0): when the heaviest plain
+// key tiles (work at least half the heaviest's) are at most half as many as
+// the CTAs, and take 8 steps or more, a CTA of their own each would still
+// leave them the critical path while other SMs idle. Each becomes two
+// halves, in place: head g | half << 16 | slot << 18 (half 1: the first
+// steps / 2 steps, half 2: the rest; slot: the pair's index, < kMaxSplits).
+// The two halves visit disjoint query blocks, so each query block is still
+// added into (and counted) once by its key block; the half that finishes
+// second sums the other's dK/dV partial. Returns the pairs made.
+inline constexpr int kMaxSplits = 8192;
+int SplitHeavyKeyTiles(std::vector<TileWork>& tiles, int ctas);
+
+// Where the split pairs' workspace begins (bytes from the workspace start):
+// after the fixed bytes and a counter area sized for any batch of this many
+// queries and sequences (4 * heads * (total_q / tile_m + batch + 1) bytes, at
+// least the exact count, rounded up to 256), so the kernel finds it from
+// KfAttnParams alone. Pair s's 8 bytes of flags (arrivals, ready) are at
+// base + s * (256 + slot_bytes), its partial 256 bytes further.
+int64_t SplitAreaOffset(int64_t fixed_bytes, int64_t total_q, int64_t batch, int heads,
+                        int tile_m);
 absl::StatusOr<KeyMajorTiles> BuildKeyTiles(std::span<const int32_t> cu_seqlens_q,
                                             std::span<const int32_t> cu_seqlens_k, int heads,
                                             int kv_heads, int tile_m, int tile_n, bool causal,

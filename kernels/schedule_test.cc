@@ -354,6 +354,37 @@ TEST(KeyMajorTiles, GroupedOrderKeepsASequencesKeyBlocksTogether) {
 // kMaxKeyPack sequences, no empty sequence at its end. Every other sequence
 // keeps its key blocks and zero-dQ tiles (the replay above still holds for
 // them), a packed one has neither, and the counters keep their places.
+// Only a few heavy key tiles are split (more than half the CTAs' worth would
+// fill the GPU anyway), each into two halves of its steps with one slot.
+TEST(KeyMajorTiles, OnlyAFewHeavyTilesAreSplit) {
+  std::vector<int32_t> one_long = {0, 2048};
+  for (int b = 0; b < 500; ++b) one_long.push_back(one_long.back() + 1 + b % 5);
+  auto kt = BuildKeyTiles(one_long, {}, 4, 4, 64, 128, false, TileOrder::kGrouped, true);
+  ASSERT_TRUE(kt.ok());
+  std::vector<TileWork> tiles = kt->tiles;
+  const int splits = SplitHeavyKeyTiles(tiles, 132);
+  EXPECT_EQ(splits, 16 * 4);  // the 2048-key sequence's 16 key blocks x 4 kv heads
+  EXPECT_EQ(tiles.size(), kt->tiles.size() + 16 * 4);
+  std::map<int, int64_t> work_of_slot;
+  for (const TileWork& t : tiles) {
+    const int half = (t.head >> 16) & 3;
+    if (half == 0) continue;
+    EXPECT_EQ(t.batch, 0);
+    EXPECT_LT(t.head & 0xffff, 4);
+    work_of_slot[t.head >> 18] += t.work - 1;
+  }
+  ASSERT_EQ(work_of_slot.size(), 64u);
+  for (const auto& [slot, steps] : work_of_slot) EXPECT_EQ(steps, 32 * 4 / 4) << slot;
+  // 256 sequences of 2048: hundreds of heavy tiles, none split.
+  std::vector<int32_t> dense = {0};
+  for (int b = 0; b < 256; ++b) dense.push_back(dense.back() + 2048);
+  kt = BuildKeyTiles(dense, {}, 4, 4, 64, 128, false, TileOrder::kGrouped, true);
+  ASSERT_TRUE(kt.ok());
+  tiles = kt->tiles;
+  EXPECT_EQ(SplitHeavyKeyTiles(tiles, 132), 0);
+  EXPECT_EQ(tiles.size(), kt->tiles.size());
+}
+
 TEST(KeyMajorTiles, PackedRunsHoldEachShortSequenceOnce) {
   std::vector<int32_t> lq = {5, 0, 7, 1, 300, 3, 0, 64, 64, 1, 200, 0, 0, 9, 0, 2};
   std::vector<int32_t> lk = {5, 0, 7, 0, 300, 9, 4, 60, 70, 1, 50, 0, 0, 9, 0, 2};

@@ -310,12 +310,12 @@ TEST(TemplatesCompileSm90, BwdSm90SettingsKeepTheWgmmaPipelineAndArePinned) {
   const auto version = testing::GetNvrtcVersion();
   const bool pin = version.major == 13 && version.minor == 0;
   const std::map<std::string, std::string> pinned = {
-      {"d64 BLOCK_M=64 BLOCK_N=128 ORDER=0 STAGES=2", "7961df64309b89b65a85e475917a04efb7ab9a2eaca0bb95b0a479dbba91bc78"},
-      {"d64 BLOCK_M=64 BLOCK_N=128 ORDER=1 STAGES=2", "2cd56339fbf98559198df750850ed4c4f7db209a985a894978d38280eab92ef1"},
-      {"d64 BLOCK_M=128 BLOCK_N=128 ORDER=0 STAGES=2", "087bcfa11fc76f7c9f2bee28dc05b7645264a4d62388bdbe0aca76d3ea07e78b"},
-      {"d64 BLOCK_M=128 BLOCK_N=128 ORDER=1 STAGES=2", "75811f651c0ce40009bf57d84d46101ec71f59f5c4117f31ebae93f0825b465a"},
-      {"d128 BLOCK_M=64 BLOCK_N=128 ORDER=0 STAGES=2", "ef0225b6f8ae22acf556823f99d8bcc737d61d220d758c8784ed95f4a7ece657"},
-      {"d128 BLOCK_M=64 BLOCK_N=128 ORDER=1 STAGES=2", "2843842b5458b0d34b374988f66d2e823119e30ff84c8409207e2ef761541a4d"},
+      {"d64 BLOCK_M=64 BLOCK_N=128 ORDER=0 SPLIT=0 STAGES=2", "7961df64309b89b65a85e475917a04efb7ab9a2eaca0bb95b0a479dbba91bc78"},
+      {"d64 BLOCK_M=64 BLOCK_N=128 ORDER=1 SPLIT=0 STAGES=2", "2cd56339fbf98559198df750850ed4c4f7db209a985a894978d38280eab92ef1"},
+      {"d64 BLOCK_M=128 BLOCK_N=128 ORDER=0 SPLIT=0 STAGES=2", "087bcfa11fc76f7c9f2bee28dc05b7645264a4d62388bdbe0aca76d3ea07e78b"},
+      {"d64 BLOCK_M=128 BLOCK_N=128 ORDER=1 SPLIT=0 STAGES=2", "75811f651c0ce40009bf57d84d46101ec71f59f5c4117f31ebae93f0825b465a"},
+      {"d128 BLOCK_M=64 BLOCK_N=128 ORDER=0 SPLIT=0 STAGES=2", "ef0225b6f8ae22acf556823f99d8bcc737d61d220d758c8784ed95f4a7ece657"},
+      {"d128 BLOCK_M=64 BLOCK_N=128 ORDER=1 SPLIT=0 STAGES=2", "2843842b5458b0d34b374988f66d2e823119e30ff84c8409207e2ef761541a4d"},
   };
   std::vector<std::pair<std::string, std::string>> jobs;  // (setting, source)
   for (int d : {64, 128}) {

@@ -41,6 +41,9 @@ TemplateDef BwdSm90Template() {
       // a causal mask each starts at its own diagonal query block; 0 = tiles
       // longest first, query blocks visited in order.
       {"ORDER", {0, 1}, 1},
+      // 1: the host may split the heaviest key tiles in two halves on two
+      // CTAs when they are few (notes/bwd.md v8); needs ORDER=1.
+      {"SPLIT", {0, 1}, 0},
   };
   def.info.description =
       "Hopper backward (FA3-style): a CTA per key block of 128 keys (runs of short sequences "
@@ -56,6 +59,11 @@ TemplateDef BwdSm90Template() {
       return absl::InvalidArgumentError(
           "bwd_sm90: BLOCK_M=128 with head_dim 128 needs 256 fp32 accumulator registers per "
           "consumer thread (S^T, dP^T, dK, dV); use BLOCK_M=64");
+    }
+    if (Knob(k, "SPLIT") == 1 && Knob(k, "ORDER") != 1) {
+      return absl::InvalidArgumentError(
+          "bwd_sm90: SPLIT=1 needs ORDER=1 (a split half counts the query blocks its own steps "
+          "visit, in the staggered order)");
     }
     const int bytes = Layout(k, d).dynamic_bytes;
     if (bytes > 232448) {
@@ -88,6 +96,8 @@ TemplateDef BwdSm90Template() {
     m.causal = m.noncausal = m.gqa = true;
     m.ctas_per_sm = 1;
     m.tile_order = Knob(k, "ORDER") ? TileOrder::kGrouped : TileOrder::kLongestFirst;
+    // a split pair's partial: 256 consumer threads' dK and dV (d / 2 fp32 each)
+    m.split_slot_bytes = Knob(k, "SPLIT") ? 256 * d * 4 : 0;
     return v;
   };
   // D=64: BLOCK_M=128 (dQ split by rows: one reduction per element and key

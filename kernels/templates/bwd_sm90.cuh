@@ -87,6 +87,13 @@
 #ifndef KF_ORDER
 #define KF_ORDER 1
 #endif
+// KF_SPLIT = 1 (with ORDER = 1): the host may split the heaviest key tiles
+// in two halves by steps (manifest split_slot_bytes; SplitHeavyKeyTiles in
+// kernels/schedule.h): each half runs on its own CTA, and the half that
+// finishes second adds the other's fp32 dK/dV partial before storing them.
+#ifndef KF_SPLIT
+#define KF_SPLIT 0
+#endif
 #ifndef KF_PRODUCER_REGS
 #define KF_PRODUCER_REGS 40
 #endif
@@ -109,6 +116,18 @@
 #endif
 #if (KF_ORDER != 0) && (KF_ORDER != 1)
 #error "bwd_sm90: KF_ORDER must be 0 or 1"
+#endif
+#if KF_SPLIT && !KF_ORDER
+#error "bwd_sm90: KF_SPLIT needs KF_ORDER 1 (a half counts the query blocks its steps visit)"
+#endif
+// A tile's steps: all of them, or a split half's (KeyTile i0, i1).
+#define KF9_KEY_TILE kfh::key_tile<kBM, kBN, KF_SPLIT == 1>
+#if KF_SPLIT
+#define KF9_I0 T.i0
+#define KF9_I1 T.i1
+#else
+#define KF9_I0 0
+#define KF9_I1 T.steps
 #endif
 
 
@@ -326,11 +345,11 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         flags[258 + (ti & 1)] = idx;
         mbar_arrive(bar_tile_full + 8 * (ti & 1));
       }
-      if (!kfh::key_tile<kBM, kBN>(p, idx, T)) break;
+      if (!KF9_KEY_TILE(p, idx, T)) break;
       // (zero-dQ tiles and key blocks no query sees have no steps: they are
       // the consumers' alone)
       const int n0 = T.block * kBN;
-      for (int i = 0; i < T.steps; ++i, ++it) {
+      for (int i = KF9_I0; i < KF9_I1; ++i, ++it) {
         const int h = T.g * T.group + i / T.visited;
         const int m0 = kfh::key_tile_block<kBM, kBN, KF_ORDER == 1>(p, T, i) * kBM;
         const int s = it % kS;
@@ -414,7 +433,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         // The tile's K and V go after its first stage (which waits only for a
         // free stage; K/V wait for the consumers to finish the previous
         // tile), so the stage's loads are in flight during that wait.
-        if (i == 0) {
+        if (i == KF9_I0) {
           mbar_wait(bar_kv_empty, (kt & 1) ^ 1);
           const long long off = ((long long)(T.k0 + n0) * p.kv_heads + T.g) * kD;
           load_tile<kBN>(sK, (const bf16*)p.k + off, KF9_LDK, T.lk - n0, t, (const bf16*)p.k);
@@ -427,7 +446,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         fence_proxy_async();
         mbar_arrive(bar_full + 8 * s);
       }
-      if (T.steps > 0) ++kt;
+      if (KF9_I1 > KF9_I0) ++kt;
       if (t == 0) flags[260 + (ti & 1)] = atomicAdd(p.tile_counter, 1) + (int)gridDim.x;
       wg_sync(4);
       idx = flags[260 + (ti & 1)];
@@ -459,7 +478,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
     mbar_wait(bar_tile_full + 8 * (ti & 1), (ti >> 1) & 1);
     const int idx = flags[258 + (ti & 1)];
     mbar_arrive(bar_tile_empty + 8 * (ti & 1));
-    if (!kfh::key_tile<kBM, kBN>(p, idx, T)) break;
+    if (!KF9_KEY_TILE(p, idx, T)) break;
     if (T.block < 0) {  // a query block that sees no key: dQ = 0
       const int m0 = (-1 - T.block) * kBM;
       write_dq(p, T.q0, T.lq, m0, T.g, true, ct);
@@ -485,9 +504,9 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
 #pragma unroll
     for (int i = 0; i < kD / 2; ++i) dk[i] = dv[i] = 0.f;
 
-    if (T.steps > 0) {
+    if (KF9_I1 > KF9_I0) {
       mbar_wait(bar_kv_full, kt & 1);
-      for (int i = 0; i < T.steps; ++i, ++it) {
+      for (int i = KF9_I0; i < KF9_I1; ++i, ++it) {
         const int h = T.g * T.group + i / T.visited;
         const int m = kfh::key_tile_block<kBM, kBN, KF_ORDER == 1>(p, T, i);
         const int m0 = m * kBM;
@@ -665,10 +684,12 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         // The tile's last read of K and V (its last dQ wgmma) is done: the
         // producer may load the next tile's while this one's dQ slice, head
         // counters, conversions and dK/dV stores still run.
-        if (i == T.steps - 1) mbar_arrive(bar_kv_empty);
+        if (i == KF9_I1 - 1) mbar_arrive(bar_kv_empty);
         kfh::add_dq<kD, kBM>(p, dq, T.q0, T.lq, m0, h, w, warp, lane, sDq);
 
-#if KF_ORDER
+#if KF_SPLIT
+        if (i % T.visited == T.visited - 1 || i == T.i1 - 1) {  // the head's last step here
+#elif KF_ORDER
         if (i % T.visited == T.visited - 1) {  // the head's last step
 #else
         if (m == T.m_blocks - 1) {
@@ -682,6 +703,33 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
           if ((tid & 127) == 0) bulk_wait_all();
           __threadfence();
           consumer_sync();
+#if KF_SPLIT
+          // A split half counts only the query blocks its own steps of head
+          // h visited (the other half counts the rest): steps [j_lo, j_hi).
+          const int j_lo = max(T.i0, i - i % T.visited), j_hi = i + 1;
+          for (int b0 = j_lo; b0 < j_hi; b0 += 256) {
+            const int mm = b0 + ct < j_hi
+                               ? kfh::key_tile_block<kBM, kBN, true>(p, T, b0 + ct) : T.m_blocks;
+            int done = 0;
+            if (mm < T.m_blocks && T.pack) {
+              done = 1;
+            } else if (mm < T.m_blocks) {
+              int* counter = (int*)p.workspace + (long long)(T.qbase + mm) * p.heads + h;
+              done = ((atomicAdd(counter, 1) + 1) & kCountMask) ==
+                     kfh::key_blocks_into<kBM, kBN>(T.lq, T.lk, mm, p.causal);
+              __threadfence();
+            }
+            flags[ct] = done;
+            consumer_sync();
+            for (int j = 0; j < 256 && b0 + j < j_hi; ++j) {
+              if (flags[j]) {
+                const int mj = kfh::key_tile_block<kBM, kBN, true>(p, T, b0 + j);
+                write_dq(p, T.q0, T.lq, mj * kBM, h, false, ct);
+              }
+            }
+            consumer_sync();
+          }
+#else
           for (int b0 = T.m_first; b0 < T.m_blocks; b0 += 256) {
             const int mm = b0 + ct;
             int done = 0;
@@ -700,12 +748,60 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
             }
             consumer_sync();
           }
+#endif
         }
       }
       ++kt;
     }
     reg_fence<kD / 2>(dk);
     reg_fence<kD / 2>(dv);
+#if KF_SPLIT
+    if (T.half) {
+      // A split half: the first to finish leaves its fp32 partial in the
+      // pair's workspace slot and raises the ready flag; the second waits for
+      // the flag (the first is past its last step, so it never waits for
+      // anything), adds the partial and stores dK and dV. One fp32 add per
+      // element, so the sum does not depend on which half came first. The
+      // slot's place: kernels/schedule.h, SplitAreaOffset (the counters'
+      // area for any batch of p.total_q queries in p.batch sequences).
+      constexpr int kSlotBytes = 256 * kD * 4;  // 256 consumer threads x (dK, dV) of kD / 2
+      const long long area =
+          (4ll * p.heads * (p.total_q / kBM + p.batch + 1) + 255) / 256 * 256;
+      char* const pair = (char*)p.workspace + area + (long long)T.slot * (256 + kSlotBytes);
+      float4* const mine = (float4*)(pair + 256) + ct * (kD / 4);
+      consumer_sync();  // every thread is done with flags[] of the last step
+      if (ct == 0) flags[0] = atomicAdd((int*)pair, 1);
+      consumer_sync();
+      if (flags[0] == 0) {
+#pragma unroll
+        for (int i = 0; i < kD / 8; ++i) {
+          mine[i] = make_float4(dk[4 * i], dk[4 * i + 1], dk[4 * i + 2], dk[4 * i + 3]);
+          mine[kD / 8 + i] = make_float4(dv[4 * i], dv[4 * i + 1], dv[4 * i + 2], dv[4 * i + 3]);
+        }
+        __threadfence();
+        consumer_sync();
+        if (ct == 0) atomicExch((int*)pair + 1, 1);
+        continue;  // the other half stores this key block's dK and dV
+      }
+      if (ct == 0) {
+        while (*(volatile int*)((int*)pair + 1) == 0) __nanosleep(64);
+        __threadfence();
+      }
+      consumer_sync();
+#pragma unroll
+      for (int i = 0; i < kD / 8; ++i) {
+        const float4 a = __ldcg(mine + i), b = __ldcg(mine + kD / 8 + i);
+        dk[4 * i] += a.x;
+        dk[4 * i + 1] += a.y;
+        dk[4 * i + 2] += a.z;
+        dk[4 * i + 3] += a.w;
+        dv[4 * i] += b.x;
+        dv[4 * i + 1] += b.y;
+        dv[4 * i + 2] += b.z;
+        dv[4 * i + 3] += b.w;
+      }
+    }
+#endif
 
     // dK (scaled) and dV of this consumer's keys; zeros when no query sees
     // them. Staged in this consumer's dQ staging buffer (free: the tile's

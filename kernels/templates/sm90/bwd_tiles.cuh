@@ -7,7 +7,8 @@
 
 namespace kfh {
 
-// One key-major tile: {b, g, block, qbase} from the list, the sequence's
+// One key-major tile: {b, g, block, qbase} from the list (split halves:
+// kernels/schedule.h, SplitHeavyKeyTiles), the sequence's
 // offsets and lengths, and the steps (query head of the group x visited
 // query block) it takes. block < 0 is a query block that sees no key (its
 // dQ is zero): it has no steps. qbase < 0 is a packed run of pack = -qbase
@@ -18,15 +19,21 @@ struct KeyTile {
   int b, g, block, qbase;
   int q0, lq, k0, lk, shift, pack;
   int group, m_first, m_blocks, visited, steps;
+  // kSplit: a split key tile's half (0: the whole tile, 1, 2), its pair's
+  // slot, and the steps [i0, i1) this half takes (the whole tile: 0, steps).
+  int half, slot, i0, i1;
 };
 
 // Entry idx of p.tiles into T; false when the list has no such entry.
-template <int BM, int BN>
+template <int BM, int BN, bool kSplit = false>
 __device__ __forceinline__ bool key_tile(const KfAttnParams& p, int idx, KeyTile& T) {
   if (idx >= p.num_tiles) return false;
   const int* e = p.tiles + 4 * idx;
   T.b = e[0];
-  T.g = e[1];
+  // split halves carry half << 16 | slot << 18 above the kv head
+  T.g = kSplit ? (e[1] & 0xffff) : e[1];
+  T.half = kSplit ? (e[1] >> 16) & 3 : 0;
+  T.slot = kSplit ? e[1] >> 18 : 0;
   T.block = e[2];
   T.qbase = e[3];
   T.pack = T.qbase < 0 ? -T.qbase : 0;
@@ -49,6 +56,8 @@ __device__ __forceinline__ bool key_tile(const KfAttnParams& p, int idx, KeyTile
     T.visited = T.m_blocks - T.m_first;
     T.steps = T.group * T.visited;
   }
+  T.i0 = T.half == 2 ? T.steps / 2 : 0;
+  T.i1 = T.half == 1 ? T.steps / 2 : T.steps;
   return true;
 }
 

@@ -7,7 +7,9 @@
 // check the whole kernel.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <map>
 #include <random>
 #include <vector>
 
@@ -75,6 +77,95 @@ TEST(BwdTilesPart, PackedRowWindowsAreEachRowsOwnVisibleKeys) {
     }
   }
   EXPECT_GT(packed_tiles, 100);
+}
+
+// Split key tiles (bwd_sm90 SPLIT=1): the kernel's own counting rule, replayed
+// over a whole plan with split halves. Each half takes steps [i0, i1); at a
+// head's last step within its half it counts its key block into the query
+// blocks its steps of that head visited (key_tile_block). Every (query block,
+// head) must end at exactly key_blocks_into key blocks, the count at which
+// the kernel converts dQ (once: no more, no fewer), and the two halves of a
+// pair must take every step of the tile once.
+TEST(BwdTilesPart, SplitHalvesCountEveryQueryBlockOnce) {
+  int splits_seen = 0;
+  // kv heads 2: a split falls between two query heads' steps; 4 (no GQA):
+  // inside one head's.
+  for (const int kv_heads : {2, 4})
+  for (const bool causal : {false, true}) {
+    // one long sequence among tiny ones (powerlaw_short's shape, smaller)
+    std::vector<int32_t> cu = {0, 1500};
+    for (int b = 0; b < 400; ++b) cu.push_back(cu.back() + 1 + b % 7);
+    cu.push_back(cu.back() + 700);
+    const int heads = 4;
+    Manifest m;
+    m.entry_point = "kf_attn_bwd";
+    m.threads = 384;
+    m.grid = GridPolicy::kPersistent;
+    m.tile_m = 64;
+    m.tile_n = 128;
+    m.archs = {"sm_90a"};
+    m.head_dims = {128};
+    m.ops = {"bwd"};
+    m.key_major = true;
+    m.pack_short = true;
+    m.tile_order = TileOrder::kGrouped;
+    m.split_slot_bytes = 256 * 128 * 4;
+    auto plan = PlanLaunch(m, cu, {}, heads, causal, "sm_90a", 132, 1, kv_heads);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    KfAttnParams p{};
+    p.cu_seqlens_q = cu.data();
+    p.cu_seqlens_k = cu.data();
+    p.heads = heads;
+    p.kv_heads = kv_heads;
+    p.causal = causal;
+    p.tiles = plan->tiles.data();
+    p.num_tiles = plan->num_tiles;
+    std::map<int64_t, int> count;                    // (qbase + m) * heads + h -> key blocks
+    std::map<int, std::vector<std::pair<int, int>>> halves;  // slot -> [i0, i1) of each half
+    for (int idx = 0; idx < p.num_tiles; ++idx) {
+      kfh::KeyTile T;
+      ASSERT_TRUE((kfh::key_tile<64, 128, true>(p, idx, T)));
+      if (T.block < 0 || T.pack) continue;
+      if (T.half) halves[T.slot].push_back({T.i0, T.i1});
+      for (int i = T.i0; i < T.i1; ++i) {
+        if (!(i % T.visited == T.visited - 1 || i == T.i1 - 1)) continue;
+        const int h = T.g * T.group + i / T.visited;
+        for (int j = std::max(T.i0, i - i % T.visited); j <= i; ++j) {
+          const int mm = kfh::key_tile_block<64, 128, true>(p, T, j);
+          ++count[(int64_t{T.qbase} + mm) * heads + h];
+        }
+      }
+    }
+    EXPECT_GT(halves.size(), 0u) << "the long sequence's key tiles were not split";
+    splits_seen += static_cast<int>(halves.size());
+    for (const auto& [slot, hs] : halves) {
+      ASSERT_EQ(hs.size(), 2u) << "slot " << slot;
+      EXPECT_EQ(hs[0].first, 0);
+      EXPECT_EQ(hs[0].second, hs[1].first);
+      EXPECT_GT(hs[1].second, hs[1].first);
+    }
+    // Every plain sequence's query blocks: the count the kernel converts at.
+    int64_t qbase = 0;
+    for (size_t b = 0; b + 1 < cu.size(); ++b) {
+      const int lq = cu[b + 1] - cu[b];
+      const int blocks = (lq + 63) / 64;
+      if (lq > 128) {  // not packed
+        for (int mm = 0; mm < blocks; ++mm) {
+          for (int h = 0; h < heads; ++h) {
+            const int want = kfh::key_blocks_into<64, 128>(lq, lq, mm, causal);
+            EXPECT_EQ(count[(qbase + mm) * heads + h], want)
+                << "sequence " << b << " block " << mm << " head " << h;
+          }
+        }
+      }
+      qbase += blocks;
+    }
+    // The workspace holds the pairs after the counters' area.
+    EXPECT_EQ(plan->workspace_bytes,
+              SplitAreaOffset(0, cu.back(), static_cast<int64_t>(cu.size()) - 1, heads, 64) +
+                  static_cast<int64_t>(halves.size()) * (256 + m.split_slot_bytes));
+  }
+  EXPECT_GT(splits_seen, 0);
 }
 
 }  // namespace
