@@ -112,6 +112,30 @@ TEST(CatalogTest, BackwardShapesGetTheKeyMajorBackwardTemplate) {
   EXPECT_NE(f->template_name, "bwd_mma");
 }
 
+// bwd_sm90 splits heavy key tiles (SPLIT=1) only where a tail of long
+// sequences stands over many short ones (powerlaw_short's class); elsewhere
+// SPLIT=1's code would cost 1-2% with nothing to split (notes/bwd.md, v8).
+TEST(CatalogTest, HeavyTailedBackwardBatchesSplitTheirHeavyKeyTiles) {
+  ShapeKey s = Shape(128, "sm_90a", 16);
+  s.op = Op::kBackward;
+  s.batch = 4096;
+  s.total_q = s.total_k = 4096 * 5;  // 5 keys on average
+  s.max_len_q = s.max_len_k = 1929;
+  auto v = DefaultVariant(s);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->template_name, "bwd_sm90");
+  EXPECT_EQ(v->knobs.at("SPLIT"), 1);
+  EXPECT_GT(v->manifest.split_slot_bytes, 0);
+  s.max_len_q = s.max_len_k = 300;  // no long tail
+  EXPECT_EQ(DefaultVariant(s)->knobs.at("SPLIT"), 0);
+  s = Shape(128, "sm_90a", 1024);  // long sequences
+  s.op = Op::kBackward;
+  v = DefaultVariant(s);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->knobs.at("SPLIT"), 0);
+  EXPECT_EQ(v->manifest.split_slot_bytes, 0);
+}
+
 TEST(CatalogTest, DefaultKnobsAreValidForEveryHeadDim) {
   for (const auto& t : ListTemplates()) {
     for (int d : t.head_dims) {

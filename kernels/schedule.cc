@@ -303,10 +303,11 @@ absl::StatusOr<LaunchPlan> PlanLaunch(const Manifest& m, std::span<const int32_t
         return absl::InvalidArgumentError(
             fmt::format("heads: {} does not fit a split key tile's 16-bit head", heads));
       }
+      // Against the largest grid, not the tiles' count: the grid grows with
+      // the halves (a lone long sequence has fewer tiles than SMs, and its
+      // split halves fill the idle ones).
       const int per_sm = ctas_per_sm > 0 ? ctas_per_sm : EstimateCtasPerSm(m, arch);
-      const int ctas = static_cast<int>(std::min<int64_t>(
-          static_cast<int64_t>(num_sms) * per_sm, std::max<size_t>(tiles->size(), 1)));
-      const int splits = SplitHeavyKeyTiles(*tiles, ctas);
+      const int splits = SplitHeavyKeyTiles(*tiles, num_sms * per_sm);
       if (splits > 0) {
         // The counters get the area the kernel can find the split pairs after.
         const int64_t base = SplitAreaOffset(0, cu_q.back(), static_cast<int64_t>(cu_q.size()) - 1,

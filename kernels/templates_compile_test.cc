@@ -316,28 +316,38 @@ TEST(TemplatesCompileSm90, BwdSm90SettingsKeepTheWgmmaPipelineAndArePinned) {
       {"d64 BLOCK_M=128 BLOCK_N=128 ORDER=1 SPLIT=0 STAGES=2", "75811f651c0ce40009bf57d84d46101ec71f59f5c4117f31ebae93f0825b465a"},
       {"d128 BLOCK_M=64 BLOCK_N=128 ORDER=0 SPLIT=0 STAGES=2", "ef0225b6f8ae22acf556823f99d8bcc737d61d220d758c8784ed95f4a7ece657"},
       {"d128 BLOCK_M=64 BLOCK_N=128 ORDER=1 SPLIT=0 STAGES=2", "2843842b5458b0d34b374988f66d2e823119e30ff84c8409207e2ef761541a4d"},
+      {"d64 BLOCK_M=64 BLOCK_N=128 ORDER=1 SPLIT=1 STAGES=2", "e94d12f9b5ac03023d5554aaf855a26f6498f98d4f6b769f194afc23b0d59fb2"},
+      {"d64 BLOCK_M=128 BLOCK_N=128 ORDER=1 SPLIT=1 STAGES=2", "808eb841bb15ab0f36046e70544fcb30a6b42efb29d3e2b4627a4230b27db9e2"},
+      {"d128 BLOCK_M=64 BLOCK_N=128 ORDER=1 SPLIT=1 STAGES=2", "80f8d9b6398079e4710e7ada45fa3affd493669e3fa34f364483fe43bba3be4c"},
   };
   std::vector<std::pair<std::string, std::string>> jobs;  // (setting, source)
   for (int d : {64, 128}) {
     for (int bm : {64, 128}) {
       for (int order : {0, 1}) {
-        auto v = Instantiate("bwd_sm90",
-                             {{"BLOCK_M", bm}, {"BLOCK_N", 128}, {"STAGES", 2}, {"ORDER", order}},
-                             d);
-        if (!v.ok()) continue;  // refused by validate()
-        jobs.emplace_back(Describe(v->knobs, d), v->source);
+        for (int split : {0, 1}) {
+          auto v = Instantiate("bwd_sm90",
+                               {{"BLOCK_M", bm}, {"BLOCK_N", 128}, {"STAGES", 2}, {"ORDER", order},
+                                {"SPLIT", split}},
+                               d);
+          if (!v.ok()) continue;  // refused by validate()
+          jobs.emplace_back(Describe(v->knobs, d), v->source);
+        }
       }
     }
   }
-  ASSERT_EQ(jobs.size(), 6u);  // BLOCK_M=128 needs head dim 64
+  ASSERT_EQ(jobs.size(), 9u);  // BLOCK_M=128 needs head dim 64, SPLIT=1 ORDER=1
   ASSERT_EQ(jobs.size(), pinned.size());
   std::vector<std::string> sources;
   for (const auto& job : jobs) sources.push_back(job.second);
   CompileEach(sources, "sm_90a", [&](size_t i, const testing::CompileReport& r) {
     const std::string& what = jobs[i].first;
     ASSERT_TRUE(r.ok) << what << "\n" << r.log;
-    EXPECT_LE(r.spill_stores, kBwdSm90SpillBytes) << what << "\n" << r.log;
-    EXPECT_LE(r.spill_loads, kBwdSm90SpillBytes) << what << "\n" << r.log;
+    // SPLIT=1 keeps a half's step range over the tile: at head dim 128 it
+    // spills up to 124 B (measured on powerlaw_short, still 1.04x: v8)
+    const int spill = what.find("SPLIT=1") != std::string::npos ? 2 * kBwdSm90SpillBytes
+                                                               : kBwdSm90SpillBytes;
+    EXPECT_LE(r.spill_stores, spill) << what << "\n" << r.log;
+    EXPECT_LE(r.spill_loads, spill) << what << "\n" << r.log;
     EXPECT_EQ(r.log.find("C7517"), std::string::npos) << what << "\n" << r.log;
     EXPECT_EQ(r.log.find("C7511"), std::string::npos) << what << "\n" << r.log;
     EXPECT_EQ(r.log.find("C7512"), std::string::npos) << what << "\n" << r.log;

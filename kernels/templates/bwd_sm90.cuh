@@ -120,14 +120,15 @@
 #if KF_SPLIT && !KF_ORDER
 #error "bwd_sm90: KF_SPLIT needs KF_ORDER 1 (a half counts the query blocks its steps visit)"
 #endif
-// A tile's steps: all of them, or a split half's (KeyTile i0, i1).
+// A tile's steps: all of them, or a split half's (KeyTile i0, i1, in the
+// half's own order: key_tile_step). Step u of KF9_STEPS is step KF9_STEP(u).
 #define KF9_KEY_TILE kfh::key_tile<kBM, kBN, KF_SPLIT == 1>
 #if KF_SPLIT
-#define KF9_I0 T.i0
-#define KF9_I1 T.i1
+#define KF9_STEPS (T.i1 - T.i0)
+#define KF9_STEP(u) kfh::key_tile_step(T, u)
 #else
-#define KF9_I0 0
-#define KF9_I1 T.steps
+#define KF9_STEPS T.steps
+#define KF9_STEP(u) (u)
 #endif
 
 
@@ -349,7 +350,8 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
       // (zero-dQ tiles and key blocks no query sees have no steps: they are
       // the consumers' alone)
       const int n0 = T.block * kBN;
-      for (int i = KF9_I0; i < KF9_I1; ++i, ++it) {
+      for (int u = 0; u < KF9_STEPS; ++u, ++it) {
+        const int i = KF9_STEP(u);
         const int h = T.g * T.group + i / T.visited;
         const int m0 = kfh::key_tile_block<kBM, kBN, KF_ORDER == 1>(p, T, i) * kBM;
         const int s = it % kS;
@@ -433,7 +435,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         // The tile's K and V go after its first stage (which waits only for a
         // free stage; K/V wait for the consumers to finish the previous
         // tile), so the stage's loads are in flight during that wait.
-        if (i == KF9_I0) {
+        if (u == 0) {
           mbar_wait(bar_kv_empty, (kt & 1) ^ 1);
           const long long off = ((long long)(T.k0 + n0) * p.kv_heads + T.g) * kD;
           load_tile<kBN>(sK, (const bf16*)p.k + off, KF9_LDK, T.lk - n0, t, (const bf16*)p.k);
@@ -446,7 +448,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         fence_proxy_async();
         mbar_arrive(bar_full + 8 * s);
       }
-      if (KF9_I1 > KF9_I0) ++kt;
+      if (KF9_STEPS > 0) ++kt;
       if (t == 0) flags[260 + (ti & 1)] = atomicAdd(p.tile_counter, 1) + (int)gridDim.x;
       wg_sync(4);
       idx = flags[260 + (ti & 1)];
@@ -504,9 +506,10 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
 #pragma unroll
     for (int i = 0; i < kD / 2; ++i) dk[i] = dv[i] = 0.f;
 
-    if (KF9_I1 > KF9_I0) {
+    if (KF9_STEPS > 0) {
       mbar_wait(bar_kv_full, kt & 1);
-      for (int i = KF9_I0; i < KF9_I1; ++i, ++it) {
+      for (int u = 0; u < KF9_STEPS; ++u, ++it) {
+        const int i = KF9_STEP(u);
         const int h = T.g * T.group + i / T.visited;
         const int m = kfh::key_tile_block<kBM, kBN, KF_ORDER == 1>(p, T, i);
         const int m0 = m * kBM;
@@ -684,11 +687,12 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         // The tile's last read of K and V (its last dQ wgmma) is done: the
         // producer may load the next tile's while this one's dQ slice, head
         // counters, conversions and dK/dV stores still run.
-        if (i == KF9_I1 - 1) mbar_arrive(bar_kv_empty);
+        if (u == KF9_STEPS - 1) mbar_arrive(bar_kv_empty);
         kfh::add_dq<kD, kBM>(p, dq, T.q0, T.lq, m0, h, w, warp, lane, sDq);
 
 #if KF_SPLIT
-        if (i % T.visited == T.visited - 1 || i == T.i1 - 1) {  // the head's last step here
+        int j_lo, j_hi;  // this tile's (or half's) steps of head h
+        if (kfh::head_steps_end(T, i, j_lo, j_hi)) {  // the head's last step here
 #elif KF_ORDER
         if (i % T.visited == T.visited - 1) {  // the head's last step
 #else
@@ -706,7 +710,6 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
 #if KF_SPLIT
           // A split half counts only the query blocks its own steps of head
           // h visited (the other half counts the rest): steps [j_lo, j_hi).
-          const int j_lo = max(T.i0, i - i % T.visited), j_hi = i + 1;
           for (int b0 = j_lo; b0 < j_hi; b0 += 256) {
             const int mm = b0 + ct < j_hi
                                ? kfh::key_tile_block<kBM, kBN, true>(p, T, b0 + ct) : T.m_blocks;

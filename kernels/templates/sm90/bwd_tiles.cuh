@@ -61,6 +61,28 @@ __device__ __forceinline__ bool key_tile(const KfAttnParams& p, int idx, KeyTile
   return true;
 }
 
+// Step u (0 <= u < i1 - i0) of a tile or split half, as a step index i in
+// [i0, i1). Half 2 walks its steps backwards: with the staggered order the
+// key blocks of a sequence are walkers at distinct query blocks moving
+// together, and a second half started mid-way runs beside another key
+// block's first half (both add into the same dq_accum rows and race for
+// the same delta claims at every step); walking the other way it crosses
+// the walkers it meets in one step (notes/bwd.md, v8).
+__device__ __forceinline__ int key_tile_step(const KeyTile& T, int u) {
+  return T.half == 2 ? T.i1 - 1 - u : T.i0 + u;
+}
+
+// Whether step i is the last, in this tile's (or half's) order, of its
+// query head's steps here; [lo, hi) are those steps, whose query blocks
+// the tile counts itself into at that step (kernels/CONTRACT.md
+// "Backward": each (query block, head) counts each key block once).
+__device__ __forceinline__ bool head_steps_end(const KeyTile& T, int i, int& lo, int& hi) {
+  const int first = i - i % T.visited;  // the head's first step in the whole tile
+  lo = first > T.i0 ? first : T.i0;
+  hi = first + T.visited < T.i1 ? first + T.visited : T.i1;
+  return T.half == 2 ? i == lo : i == hi - 1;
+}
+
 // The query block of step i of a tile (i counts query heads, then blocks).
 // kStaggered: without a causal mask key block n starts at its diagonal query
 // block n * BN / BM and wraps around, so the key blocks of one sequence that

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <map>
 #include <random>
+#include <set>
 #include <vector>
 
 #include "kernels/schedule.h"
@@ -127,10 +128,25 @@ TEST(BwdTilesPart, SplitHalvesCountEveryQueryBlockOnce) {
       ASSERT_TRUE((kfh::key_tile<64, 128, true>(p, idx, T)));
       if (T.block < 0 || T.pack) continue;
       if (T.half) halves[T.slot].push_back({T.i0, T.i1});
-      for (int i = T.i0; i < T.i1; ++i) {
-        if (!(i % T.visited == T.visited - 1 || i == T.i1 - 1)) continue;
+      std::vector<int> order;  // the steps in the half's own order
+      for (int u = 0; u < T.i1 - T.i0; ++u) order.push_back(kfh::key_tile_step(T, u));
+      std::vector<int> sorted = order;
+      std::sort(sorted.begin(), sorted.end());
+      for (int u = 0; u < T.i1 - T.i0; ++u) ASSERT_EQ(sorted[u], T.i0 + u) << "a step twice";
+      if (T.half == 2) EXPECT_GT(order.front(), order.back()) << "half 2 walks backwards";
+      std::set<int> heads_ended;
+      for (const int i : order) {
+        int lo = 0, hi = 0;
+        if (!kfh::head_steps_end(T, i, lo, hi)) continue;
         const int h = T.g * T.group + i / T.visited;
-        for (int j = std::max(T.i0, i - i % T.visited); j <= i; ++j) {
+        EXPECT_TRUE(heads_ended.insert(h).second) << "head " << h << " ended twice";
+        // every step of [lo, hi) is taken by the time its head ends
+        const auto at = [&](int j) { return std::find(order.begin(), order.end(), j); };
+        for (int j = lo; j < hi; ++j) {
+          EXPECT_TRUE(at(j) <= at(i)) << "step " << j << " after its head's end";
+          EXPECT_EQ(j / T.visited, i / T.visited) << "step " << j << " of another head";
+        }
+        for (int j = lo; j < hi; ++j) {
           const int mm = kfh::key_tile_block<64, 128, true>(p, T, j);
           ++count[(int64_t{T.qbase} + mm) * heads + h];
         }
