@@ -8,6 +8,10 @@
 #include <random>
 #include <set>
 
+#include "kernels/catalog.h"
+#include "kernels/schedule.h"
+#include "worker/eval/split_test_shapes.h"
+
 namespace kforge::eval {
 namespace {
 
@@ -256,6 +260,39 @@ TEST(TimingBatch, RejectsHugeProblems) {
   k.total_q = (int64_t{1} << 31) - 1;
   k.heads = 16;
   EXPECT_FALSE(TimingBatch(k, {}, {}).ok());
+}
+
+// The GPU test of bwd_sm90's split key tiles (EvalGpu.BwdSm90Verifies,
+// split_test_shapes.h) must take the split path: for every one of its cases,
+// the evaluation's check or timing problems, planned for the full H200 grid
+// (132 SMs), hold split halves (a head field with a half above bit 16).
+TEST(CheckProblems, TheSplitTestsHeavyTailedBatchesPlanSplitKeyTiles) {
+  for (const split_cases::SplitCase& c : split_cases::kSplitCases) {
+    SCOPED_TRACE(::testing::Message() << "d" << c.d << " h" << c.h << "/" << c.kvh << " causal "
+                                      << c.causal << " cross " << c.cross << " BM" << c.bm);
+    const ShapeKey key =
+        split_cases::HeavyTailedBwdShape(c.d, c.h, c.kvh, c.causal, c.cross, "sm_90a");
+    auto v = Instantiate(
+        "bwd_sm90",
+        {{"BLOCK_M", c.bm}, {"BLOCK_N", 128}, {"STAGES", 2}, {"ORDER", 1}, {"SPLIT", 1}}, c.d);
+    ASSERT_TRUE(v.ok()) << v.status();
+    const uint64_t seed = split_cases::SplitCaseSeed(c);
+    // (the evaluator's count and largest tile: 3 checks, max(tile_m, tile_n))
+    std::vector<ProblemSpec> problems =
+        CheckProblems(key, seed, 3, std::max(v->manifest.tile_m, v->manifest.tile_n));
+    auto timing = TimingProblem(key, {}, {}, seed);
+    ASSERT_TRUE(timing.ok()) << timing.status();
+    problems.push_back(*timing);
+    int halves = 0;
+    for (const ProblemSpec& p : problems) {
+      if (p.grid_ctas > 0) continue;  // the small grids: nothing to split for
+      auto plan = PlanLaunch(v->manifest, p.shape.cu_q, c.cross ? p.shape.cu_k : p.shape.cu_q,
+                             p.shape.heads, p.shape.causal, "sm_90a", 132, 1, p.shape.kv_heads);
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      for (size_t i = 1; i < plan->tiles.size(); i += 4) halves += (plan->tiles[i] >> 16) != 0;
+    }
+    EXPECT_GT(halves, 0) << "no problem of this case plans a split key tile";
+  }
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include "core/shape.h"
 #include "kernels/manifest.h"
 #include "tests/bad_kernels/corpus.h"
+#include "worker/eval/split_test_shapes.h"
 
 namespace kforge::eval {
 namespace {
@@ -185,30 +186,39 @@ TEST_F(EvalGpu, BwdSm90Verifies) {
   bool listed = false;
   for (const auto& t : ListTemplates()) listed = listed || t.name == "bwd_sm90";
   if (!listed) GTEST_SKIP() << "bwd_sm90 is not in this build";
-  struct S { int d, h, kvh; bool causal, cross; int bm, order; bool tiny = false; int split = 0; };
+  struct S { int d, h, kvh; bool causal, cross; int bm, order; bool tiny = false; };
   for (S s : {S{128, 4, 4, true, false, 64, 1}, S{128, 4, 2, false, true, 64, 1},
               S{128, 2, 1, true, true, 64, 0}, S{128, 4, 4, false, false, 64, 0},
               S{64, 4, 1, true, true, 128, 1}, S{64, 2, 2, false, false, 128, 1},
               S{64, 4, 2, true, false, 128, 0}, S{64, 4, 2, true, false, 64, 1},
               S{64, 2, 2, false, true, 64, 0}, S{64, 2, 1, false, true, 64, 1},
               S{128, 4, 4, false, false, 64, 1, true}, S{128, 4, 2, true, true, 64, 1, true},
-              S{64, 4, 1, true, false, 128, 1, true}, S{64, 2, 2, false, true, 64, 0, true},
-              // split key tiles (SPLIT=1): halves inside one head's steps (no GQA), at a
-              // head boundary (GQA 2:1), causal cross attention
-              S{128, 4, 4, false, false, 64, 1, false, 1}, S{128, 4, 2, true, false, 64, 1, false, 1},
-              S{64, 4, 4, true, true, 128, 1, false, 1}}) {
-    SCOPED_TRACE(fmt::format("d{} h{}/{} causal {} cross {} BM{} ORDER{} tiny {} SPLIT{}", s.d,
-                             s.h, s.kvh, s.causal, s.cross, s.bm, s.order, s.tiny, s.split));
+              S{64, 4, 1, true, false, 128, 1, true}, S{64, 2, 2, false, true, 64, 0, true}}) {
+    SCOPED_TRACE(fmt::format("d{} h{}/{} causal {} cross {} BM{} ORDER{} tiny {}", s.d, s.h,
+                             s.kvh, s.causal, s.cross, s.bm, s.order, s.tiny));
     absl::StatusOr<Variant> v = Instantiate(
         "bwd_sm90",
-        {{"BLOCK_M", s.bm}, {"BLOCK_N", 128}, {"STAGES", 2}, {"ORDER", s.order}, {"SPLIT", s.split}},
-        s.d);
+        {{"BLOCK_M", s.bm}, {"BLOCK_N", 128}, {"STAGES", 2}, {"ORDER", s.order}}, s.d);
     ASSERT_TRUE(v.ok()) << v.status();
     ShapeKey shape = Shape(Op::kBackward, s.d, s.h, s.kvh, s.causal, s.cross);
     if (s.tiny) MakeTiny(shape);
     ExpectVerified(*v, shape,
                    900 + s.d + s.bm + 17 * s.order + 3 * s.h + 5 * s.kvh + 7 * s.causal +
-                       11 * s.cross + 13 * s.tiny + 19 * s.split);
+                       11 * s.cross + 13 * s.tiny);
+  }
+  // Split key tiles (SPLIT=1) on heavy-tailed batches whose plans split
+  // (split_test_shapes.h; batches_test.cc proves they do).
+  for (const split_cases::SplitCase& c : split_cases::kSplitCases) {
+    SCOPED_TRACE(fmt::format("SPLIT=1 d{} h{}/{} causal {} cross {} BM{}", c.d, c.h, c.kvh,
+                             c.causal, c.cross, c.bm));
+    absl::StatusOr<Variant> v = Instantiate(
+        "bwd_sm90",
+        {{"BLOCK_M", c.bm}, {"BLOCK_N", 128}, {"STAGES", 2}, {"ORDER", 1}, {"SPLIT", 1}}, c.d);
+    ASSERT_TRUE(v.ok()) << v.status();
+    ExpectVerified(*v,
+                   split_cases::HeavyTailedBwdShape(c.d, c.h, c.kvh, c.causal, c.cross,
+                                                evaluator_->device().arch),
+                   split_cases::SplitCaseSeed(c));
   }
 }
 
