@@ -289,6 +289,8 @@ absl::StatusOr<LaunchPlan> PlanLaunch(const Manifest& m, std::span<const int32_t
                                       int kv_heads) {
   absl::StatusOr<std::vector<TileWork>> tiles;
   int64_t counter_bytes = 0;
+  // CTAs per SM of a persistent grid (the largest grid: num_sms * per_sm)
+  const int per_sm = ctas_per_sm > 0 ? ctas_per_sm : EstimateCtasPerSm(m, arch);
   if (m.key_major) {
     if (m.grid != GridPolicy::kPersistent) {
       return absl::InvalidArgumentError("manifest: key_major needs the persistent grid");
@@ -298,7 +300,7 @@ absl::StatusOr<LaunchPlan> PlanLaunch(const Manifest& m, std::span<const int32_t
     if (!key_tiles.ok()) return key_tiles.status();
     counter_bytes = key_tiles->query_blocks * heads * int64_t{4};
     tiles = std::move(key_tiles->tiles);
-    if (m.split_slot_bytes > 0 && m.grid == GridPolicy::kPersistent && num_sms > 0) {
+    if (m.split_slot_bytes > 0 && num_sms > 0) {  // (key_major: persistent)
       if (heads >= 65536 || kv_heads >= 65536) {
         return absl::InvalidArgumentError(
             fmt::format("heads: {} does not fit a split key tile's 16-bit head", heads));
@@ -306,7 +308,6 @@ absl::StatusOr<LaunchPlan> PlanLaunch(const Manifest& m, std::span<const int32_t
       // Against the largest grid, not the tiles' count: the grid grows with
       // the halves (a lone long sequence has fewer tiles than SMs, and its
       // split halves fill the idle ones).
-      const int per_sm = ctas_per_sm > 0 ? ctas_per_sm : EstimateCtasPerSm(m, arch);
       const int splits = SplitHeavyKeyTiles(*tiles, num_sms * per_sm);
       if (splits > 0) {
         // The counters get the area the kernel can find the split pairs after.
@@ -341,7 +342,6 @@ absl::StatusOr<LaunchPlan> PlanLaunch(const Manifest& m, std::span<const int32_t
     if (num_sms <= 0) {
       return absl::InvalidArgumentError(fmt::format("num_sms: {} must be > 0", num_sms));
     }
-    int per_sm = ctas_per_sm > 0 ? ctas_per_sm : EstimateCtasPerSm(m, arch);
     const int64_t grid = std::min<int64_t>(std::max(plan.num_tiles, 1),
                                            static_cast<int64_t>(num_sms) * per_sm);
     plan.grid = {static_cast<unsigned>(grid), 1, 1};

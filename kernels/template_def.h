@@ -45,6 +45,17 @@ struct TemplateDef {
 };
 
 namespace templates {
+// Many sequences, most of them short (a mean of at most 64 queries, or keys
+// with `keys`), and a tail reaching 512 or more: powerlaw_short's class,
+// which fwd_sm90 serves with packed tiles and bwd_sm90 with split key tiles.
+inline bool HeavyTailedShort(const ShapeKey& s, bool keys) {
+  const bool k = keys && s.cross;  // self-attention: the keys are the queries
+  const int64_t total = k ? s.total_k : s.total_q;
+  const int64_t longest = k ? s.max_len_k : s.max_len_q;
+  const int64_t mean = s.batch > 0 ? total / s.batch : longest;
+  return s.batch >= 64 && mean > 0 && mean <= 64 && longest >= 512;
+}
+
 TemplateDef FwdMmaTemplate();
 TemplateDef BwdMmaTemplate();
 TemplateDef FwdStreamTemplate();

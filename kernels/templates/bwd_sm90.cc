@@ -21,17 +21,6 @@ KfBwdSm90Layout Layout(const std::map<std::string, int>& k, int d) {
   return kf_bwd_sm90_layout(d, Knob(k, "BLOCK_M"), Knob(k, "BLOCK_N"), Knob(k, "STAGES"));
 }
 
-// Many sequences of a few keys on average with a tail of long ones
-// (powerlaw_short): the few heavy key tiles of the tail can be split
-// (SPLIT=1). Elsewhere SPLIT=1's code costs 1-2% with nothing to split
-// (notes/bwd.md, v8).
-bool HeavyTailedKeys(const ShapeKey& s) {
-  const int64_t keys = s.cross ? s.total_k : s.total_q;
-  const int64_t longest = s.cross ? s.max_len_k : s.max_len_q;
-  const int64_t mean = s.batch > 0 ? keys / s.batch : longest;
-  return s.batch >= 64 && mean > 0 && mean <= 64 && longest >= 512;
-}
-
 }  // namespace
 
 TemplateDef BwdSm90Template() {
@@ -115,11 +104,13 @@ TemplateDef BwdSm90Template() {
   // block; BLOCK_M=64 measured 0.89-0.92x of it, notes/bwd.md v5); D=128:
   // BLOCK_M=64 (the only setting that fits). ORDER=1 at both masks now that
   // tiles come from a counter (v5: 1.05-1.17x on the causal shapes).
-  // SPLIT=1 for heavy-tailed batches of short sequences (HeavyTailedKeys):
-  // powerlaw_short 190 -> 182 us, its 1929-key sequence alone 147 -> 100 (v8).
+  // SPLIT=1 for heavy-tailed batches of short sequences (HeavyTailedShort
+  // on keys): the few heavy key tiles of the tail are split, powerlaw_short
+  // 190 -> 182 us, its 1929-key sequence alone 147 -> 100; elsewhere SPLIT=1's
+  // code costs 1-2% with nothing to split (notes/bwd.md, v8).
   def.default_knobs = [](const ShapeKey& s) -> std::map<std::string, int> {
     return {{"BLOCK_M", s.head_dim == 64 ? 128 : 64}, {"BLOCK_N", 128}, {"STAGES", 2},
-            {"ORDER", 1}, {"SPLIT", HeavyTailedKeys(s) ? 1 : 0}};
+            {"ORDER", 1}, {"SPLIT", HeavyTailedShort(s, /*keys=*/true) ? 1 : 0}};
   };
   def.preference = [](const ShapeKey& s) {
     if (s.op != Op::kBackward || s.arch != "sm_90a") return 0;

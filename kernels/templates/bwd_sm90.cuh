@@ -707,34 +707,20 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
           if ((tid & 127) == 0) bulk_wait_all();
           __threadfence();
           consumer_sync();
+          // Counted here: a split half, the query blocks its own steps of
+          // head h visited (steps [j_lo, j_hi); the other half counts the
+          // rest); a whole tile, every query block it visits.
 #if KF_SPLIT
-          // A split half counts only the query blocks its own steps of head
-          // h visited (the other half counts the rest): steps [j_lo, j_hi).
-          for (int b0 = j_lo; b0 < j_hi; b0 += 256) {
-            const int mm = b0 + ct < j_hi
-                               ? kfh::key_tile_block<kBM, kBN, true>(p, T, b0 + ct) : T.m_blocks;
-            int done = 0;
-            if (mm < T.m_blocks && T.pack) {
-              done = 1;
-            } else if (mm < T.m_blocks) {
-              int* counter = (int*)p.workspace + (long long)(T.qbase + mm) * p.heads + h;
-              done = ((atomicAdd(counter, 1) + 1) & kCountMask) ==
-                     kfh::key_blocks_into<kBM, kBN>(T.lq, T.lk, mm, p.causal);
-              __threadfence();
-            }
-            flags[ct] = done;
-            consumer_sync();
-            for (int j = 0; j < 256 && b0 + j < j_hi; ++j) {
-              if (flags[j]) {
-                const int mj = kfh::key_tile_block<kBM, kBN, true>(p, T, b0 + j);
-                write_dq(p, T.q0, T.lq, mj * kBM, h, false, ct);
-              }
-            }
-            consumer_sync();
-          }
+          const int c_lo = j_lo, c_hi = j_hi;
+#define KF9_COUNTED(j) kfh::key_tile_block<kBM, kBN, true>(p, T, j)
+#define KF9_COUNTED_MM(b) (b + ct < c_hi ? KF9_COUNTED(b + ct) : T.m_blocks)
 #else
-          for (int b0 = T.m_first; b0 < T.m_blocks; b0 += 256) {
-            const int mm = b0 + ct;
+          const int c_lo = T.m_first, c_hi = T.m_blocks;
+#define KF9_COUNTED(j) (j)
+#define KF9_COUNTED_MM(b) (b + ct)
+#endif
+          for (int b0 = c_lo; b0 < c_hi; b0 += 256) {
+            const int mm = KF9_COUNTED_MM(b0);
             int done = 0;
             if (mm < T.m_blocks && T.pack) {
               done = 1;
@@ -746,12 +732,13 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
             }
             flags[ct] = done;
             consumer_sync();
-            for (int j = 0; j < 256 && b0 + j < T.m_blocks; ++j) {
-              if (flags[j]) write_dq(p, T.q0, T.lq, (b0 + j) * kBM, h, false, ct);
+            for (int j = 0; j < 256 && b0 + j < c_hi; ++j) {
+              if (flags[j]) write_dq(p, T.q0, T.lq, KF9_COUNTED(b0 + j) * kBM, h, false, ct);
             }
             consumer_sync();
           }
-#endif
+#undef KF9_COUNTED
+#undef KF9_COUNTED_MM
         }
       }
       ++kt;

@@ -116,7 +116,7 @@ TemplateDef FwdMmaTemplate() {
   };
   // Batches of mostly tiny sequences are won by packed tiles, which this
   // template has on every arch; on sm_90a fwd_sm90's packed tiles rank above
-  // it where a long tail exists (fwd_sm90.cc, HeavyTailedShort); elsewhere
+  // it where a long tail exists (HeavyTailedShort, template_def.h); elsewhere
   // an arch-specific template should win when one exists.
   def.preference = [](const ShapeKey& s) {
     const int64_t mean_q = s.batch > 0 ? s.total_q / s.batch : s.max_len_q;

@@ -24,13 +24,6 @@ int SmemBytes(const std::map<std::string, int>& k, int d) {
       .dynamic_bytes;
 }
 
-// Many sequences, most of them short (mean <= 64 queries), and a tail
-// reaching 512 queries or more.
-bool HeavyTailedShort(const ShapeKey& s) {
-  const int64_t mean_q = s.batch > 0 ? s.total_q / s.batch : s.max_len_q;
-  return s.batch >= 64 && mean_q > 0 && mean_q <= 64 && s.max_len_q >= 512;
-}
-
 }  // namespace
 
 TemplateDef FwdSm90Template() {
@@ -115,7 +108,7 @@ TemplateDef FwdSm90Template() {
     if (s.max_len_q >= 2048) k["PERSISTENT"] = 0;
     // Heavy-tailed batches of short sequences: packed runs in a host-balanced
     // list, so the long sequences' tiles each get a CTA of their own.
-    if (HeavyTailedShort(s)) {
+    if (HeavyTailedShort(s, /*keys=*/false)) {
       k["PERSISTENT"] = 1;
       k["ORDER"] = 1;
       k["PACK"] = 1;
@@ -130,7 +123,7 @@ TemplateDef FwdSm90Template() {
     // 79.6 for fwd_mma; its 1929-query sequence alone 42 against 67 us).
     // Batches of tiny sequences only stay with fwd_mma (equal there, and it
     // runs several CTAs per SM).
-    if (HeavyTailedShort(s)) return 35;
+    if (HeavyTailedShort(s, /*keys=*/false)) return 35;
     return 20;
   };
   return def;

@@ -14,6 +14,7 @@
 #include <set>
 #include <vector>
 
+#include "kernels/catalog.h"
 #include "kernels/schedule.h"
 #include "kernels/templates/bwd_sm90_layout.h"
 #include "kernels/templates/sm90/parts_host_test.h"
@@ -98,19 +99,12 @@ TEST(BwdTilesPart, SplitHalvesCountEveryQueryBlockOnce) {
     for (int b = 0; b < 400; ++b) cu.push_back(cu.back() + 1 + b % 7);
     cu.push_back(cu.back() + 700);
     const int heads = 4;
-    Manifest m;
-    m.entry_point = "kf_attn_bwd";
-    m.threads = 384;
-    m.grid = GridPolicy::kPersistent;
-    m.tile_m = 64;
-    m.tile_n = 128;
-    m.archs = {"sm_90a"};
-    m.head_dims = {128};
-    m.ops = {"bwd"};
-    m.key_major = true;
-    m.pack_short = true;
-    m.tile_order = TileOrder::kGrouped;
-    m.split_slot_bytes = 256 * 128 * 4;
+    // the template's own manifest (grouped tiles, packed runs, split slots)
+    auto v = Instantiate(
+        "bwd_sm90", {{"BLOCK_M", 64}, {"BLOCK_N", 128}, {"STAGES", 2}, {"ORDER", 1}, {"SPLIT", 1}},
+        128);
+    ASSERT_TRUE(v.ok()) << v.status();
+    const Manifest& m = v->manifest;
     auto plan = PlanLaunch(m, cu, {}, heads, causal, "sm_90a", 132, 1, kv_heads);
     ASSERT_TRUE(plan.ok()) << plan.status();
     KfAttnParams p{};
