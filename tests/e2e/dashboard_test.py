@@ -236,16 +236,21 @@ class Page:
     def css(self, sel):
         return self.d.find_elements("css selector", sel)
 
-    def text(self, sel):
-        # The page re-renders on its refresh timer, so an element found here
-        # can be replaced before its text is read (seen in CI): look it up
-        # again then.
+    def text(self, sel, sub=None, index=0):
+        """The text of the index-th element matching sel (or of the first
+        element matching sub inside it). The page re-renders on its refresh
+        timer, so an element found here can be replaced before its text is
+        read (seen in CI, for cards and for table rows): every read looks the
+        element up again, and once more when it went stale. Hold selectors,
+        not elements."""
         from selenium.common.exceptions import StaleElementReferenceException
         for attempt in range(5):
             found = self.css(sel)
-            assert found, "nothing matches %s on %s" % (sel, self.d.current_url)
+            assert len(found) > index, "nothing matches %s [%d] on %s" % (
+                sel, index, self.d.current_url)
             try:
-                return found[0].text
+                el = found[index]
+                return el.find_element("css selector", sub).text if sub else el.text
             except StaleElementReferenceException:
                 if attempt == 4:
                     raise
@@ -409,18 +414,18 @@ def main():
         rows = page.css("#workers tbody tr")
         assert len(rows) == len(listed) == 2, [r.text for r in rows]
         for w in listed:
-            row = page.css('tr[data-worker="%s"]' % w.id)[0]
-            assert row.find_element("css selector", '[data-k="state"]').text == "connected", row.text
-            assert row.find_element("css selector", '[data-k="arch"]').text == w.arch, row.text
-            assert w.name in row.text, row.text
-        scripted = page.css('tr[data-worker="%s"]' % reg.worker_id)[0]
-        assert "NVIDIA H200" in scripted.text
+            row = 'tr[data-worker="%s"]' % w.id
+            assert page.text(row, '[data-k="state"]') == "connected", page.text(row)
+            assert page.text(row, '[data-k="arch"]') == w.arch, page.text(row)
+            assert w.name in page.text(row), page.text(row)
+        scripted = 'tr[data-worker="%s"]' % reg.worker_id
+        assert "NVIDIA H200" in page.text(scripted)
         usage = [w for w in listed if w.id == reg.worker_id][0].gpu_usage
         assert abs(usage.utilization - 0.37) < 1e-9, usage
-        shown = scripted.find_element("css selector", '[data-k="gpu-usage"]').text
+        shown = page.text(scripted, '[data-k="gpu-usage"]')
         assert shown == "37% \u00b7 41.00 GiB of 141.00 GiB", shown
         others = [w.id for w in listed if w.id != reg.worker_id]
-        assert page.css('tr[data-worker="%s"] [data-k="gpu-usage"]' % others[0])[0].text == \
+        assert page.text('tr[data-worker="%s"] [data-k="gpu-usage"]' % others[0]) == \
             "not reported"
         cards = page.text(".cards")
         assert page.text('[data-k="jobs-succeeded"]') == "2", cards
@@ -430,8 +435,8 @@ def main():
         # Jobs: the table's counts are the API's.
         page.open("#/jobs")
         for job in (gpu, comp):
-            row = page.css('tr[data-job="%s"]' % job.id)[0]
-            get = lambda k: row.find_element("css selector", '[data-k="%s"]' % k).text
+            row = 'tr[data-job="%s"]' % job.id
+            get = lambda k: page.text(row, '[data-k="%s"]' % k)
             assert get("state") == "succeeded"
             assert int(get("proposed")) == sum(p.proposed for p in job.progress)
             assert int(get("evaluated")) == sum(p.evaluated for p in job.progress)
@@ -445,29 +450,28 @@ def main():
         # best and the speedup against the anchor.
         page.open("#/jobs/" + gpu.id)
         p0 = gpu.progress[0]
-        row = page.css('#progress tr[data-bucket="%s"]' % GPU_BUCKET)[0]
+        row = '#progress tr[data-bucket="%s"]' % GPU_BUCKET
         for k in ("proposed", "evaluated", "verified", "failed", "compiled"):
-            assert int(row.find_element("css selector", '[data-k="%s"]' % k).text) == getattr(p0, k), k
-        assert row.find_element("css selector", '[data-k="best"]').text == us_text(p0.best_timing.median_us)
-        box = page.css('div.bucket[data-bucket="%s"]' % GPU_BUCKET)[0]
+            assert int(page.text(row, '[data-k="%s"]' % k)) == getattr(p0, k), k
+        assert page.text(row, '[data-k="best"]') == us_text(p0.best_timing.median_us)
+        box = 'div.bucket[data-bucket="%s"]' % GPU_BUCKET
         verified = con.execute("SELECT COUNT(*) FROM evaluations WHERE job = ? AND outcome = 'verified'",
                                (gpu.id,)).fetchone()[0]
-        assert len(box.find_elements("css selector", "svg.plot circle")) == verified, verified
-        assert box.find_elements("css selector", "svg.plot path.best")
-        assert us_text(served.timing.median_us) in box.find_element("css selector", '[data-k="served"]').text
-        speedup = number(box.find_element("css selector", '[data-k="speedup"]').text)
+        assert len(page.css(box + " svg.plot circle")) == verified, verified
+        assert page.css(box + " svg.plot path.best")
+        assert us_text(served.timing.median_us) in page.text(box, '[data-k="served"]')
+        speedup = number(page.text(box, '[data-k="speedup"]'))
         assert abs(speedup - ANCHOR_US / served.timing.median_us) < 0.006, speedup
         page.open("#/jobs/" + comp.id)
-        row = page.css('#progress tr')[1]
-        assert int(row.find_element("css selector", '[data-k="compiled"]').text) == comp.progress[0].compiled
+        assert int(page.text('#progress tr', '[data-k="compiled"]', 1)) == comp.progress[0].compiled
         assert "no verified results yet" in page.text("svg.plot")
 
         # Buckets: every bucket with a best or a job; the best is the served one.
         page.open("#/buckets")
         assert len(page.css("#buckets tbody tr")) == 2
-        row = page.css('#buckets tr[data-bucket="%s"]' % GPU_BUCKET)[0]
-        assert row.find_element("css selector", '[data-k="best"]').text == us_text(served.timing.median_us)
-        assert served.variant_id in row.text
+        row = '#buckets tr[data-bucket="%s"]' % GPU_BUCKET
+        assert page.text(row, '[data-k="best"]') == us_text(served.timing.median_us)
+        assert served.variant_id in page.text(row)
 
         # One bucket: best, history, evaluations with outcomes and ptxas
         # resources, variants with provenance.
@@ -479,11 +483,11 @@ def main():
         rows = page.css("table.evaluations tbody tr")
         assert len(rows) == len(evals), (len(rows), len(evals))
         for eid, outcome, regs, dsmem, cms in evals:
-            r = page.css('tr[data-evaluation="%d"]' % eid)[0]
-            assert r.find_element("css selector", '[data-k="outcome"]').text == outcome
-            assert int(r.find_element("css selector", '[data-k="registers"]').text) == regs
-            assert int(r.find_element("css selector", '[data-k="dynamic_smem"]').text) == dsmem
-            assert int(r.find_element("css selector", '[data-k="compile_ms"]').text) == round(cms)
+            r = 'tr[data-evaluation="%d"]' % eid
+            assert page.text(r, '[data-k="outcome"]') == outcome
+            assert int(page.text(r, '[data-k="registers"]')) == regs
+            assert int(page.text(r, '[data-k="dynamic_smem"]')) == dsmem
+            assert int(page.text(r, '[data-k="compile_ms"]')) == round(cms)
         for outcome, count in con.execute("SELECT outcome, COUNT(*) FROM evaluations WHERE bucket = ? "
                                           "GROUP BY 1", (GPU_BUCKET,)):
             assert number(page.text('#outcomes [data-outcome="%s"]' % outcome)) == count
