@@ -80,8 +80,9 @@ TEST(CatalogTest, DefaultVariantNotFoundForUnsupportedShape) {
 }
 
 TEST(CatalogTest, BackwardShapesGetTheKeyMajorBackwardTemplate) {
-  // On sm_90a the wgmma backward where sequences average 64 keys or more or
-  // are short enough to pack, bwd_mma for long queries over a few keys
+  // On sm_90a the wgmma backward where sequences average 64 keys or more,
+  // are short enough to pack or have their keys in one key block, bwd_mma
+  // for long queries over a few hundred keys
   // (bwd_sm90.cc, preference); bwd_mma on other archs.
   ShapeKey s = Shape(128, "sm_90a", 1024);  // 512 keys on average
   s.op = Op::kBackward;
@@ -92,9 +93,12 @@ TEST(CatalogTest, BackwardShapesGetTheKeyMajorBackwardTemplate) {
   s = Shape(128, "sm_90a", 16);  // 8 keys, 8 queries: packed
   s.op = Op::kBackward;
   EXPECT_EQ(DefaultVariant(s)->template_name, "bwd_sm90");
-  s.cross = true;  // 1024 queries over 8 keys on average
+  s.cross = true;  // 1024 queries over 8 keys on average: one key block each
   s.max_len_q = 2048;
   s.total_q = s.batch * 1024;
+  EXPECT_EQ(DefaultVariant(s)->template_name, "bwd_sm90");
+  s.max_len_k = 300;  // over 40 keys on average, up to 300
+  s.total_k = s.batch * 40;
   EXPECT_EQ(DefaultVariant(s)->template_name, "bwd_mma");
   s = Shape(128, "sm_80", 1024);
   s.op = Op::kBackward;
@@ -134,6 +138,52 @@ TEST(CatalogTest, HeavyTailedBackwardBatchesSplitTheirHeavyKeyTiles) {
   ASSERT_TRUE(v.ok()) << v.status();
   EXPECT_EQ(v->knobs.at("SPLIT"), 0);
   EXPECT_EQ(v->manifest.split_slot_bytes, 0);
+}
+
+// bwd_sm90 stores dQ straight (DQ_DIRECT=1) where every sequence's keys fit
+// one 128-key block, and takes its tiles longest first over every group
+// (ORDER=0) for a causal batch of at most 32 (sequence, kv head) groups
+// (notes/bwd.md, v9).
+TEST(CatalogTest, BwdSm90DefaultsForShortKeysAndFewLongCausalSequences) {
+  ShapeKey s = Shape(128, "sm_90a", 2048);
+  s.op = Op::kBackward;
+  s.cross = true;
+  s.batch = 512;
+  s.total_q = 512 * 1536;
+  s.max_len_k = 16;  // long queries over a few keys
+  s.total_k = 512 * 8;
+  auto v = DefaultVariant(s);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->template_name, "bwd_sm90");  // (bwd_mma before DQ_DIRECT)
+  EXPECT_EQ(v->knobs.at("DQ_DIRECT"), 1);
+  s.max_len_k = 129;  // a second key block
+  EXPECT_EQ(DefaultKnobs("bwd_sm90", s).at("DQ_DIRECT"), 0);
+  s = Shape(64, "sm_90a", 16);  // tiny self attention: packed runs
+  s.op = Op::kBackward;
+  s.batch = 4096;
+  s.total_q = s.total_k = 4096 * 8;
+  v = DefaultVariant(s);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->knobs.at("DQ_DIRECT"), 1);
+  EXPECT_EQ(v->knobs.at("BLOCK_M"), 128);  // (DQ_DIRECT needs it at head dim 64)
+
+  s = Shape(128, "sm_90a", 32768);  // one long causal sequence, 8 heads
+  s.op = Op::kBackward;
+  s.causal = true;
+  s.batch = 1;
+  s.heads = s.kv_heads = 8;
+  s.total_q = s.total_k = 32768;
+  v = DefaultVariant(s);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->knobs.at("ORDER"), 0);
+  EXPECT_EQ(v->knobs.at("SPLIT"), 0);
+  s.causal = false;
+  EXPECT_EQ(DefaultVariant(s)->knobs.at("ORDER"), 1);
+  s.causal = true;
+  s.batch = 8;  // 64 groups
+  s.total_q = s.total_k = 8 * 4096;
+  s.max_len_q = s.max_len_k = 4096;
+  EXPECT_EQ(DefaultVariant(s)->knobs.at("ORDER"), 1);
 }
 
 TEST(CatalogTest, DefaultKnobsAreValidForEveryHeadDim) {

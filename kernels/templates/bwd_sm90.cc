@@ -21,6 +21,24 @@ KfBwdSm90Layout Layout(const std::map<std::string, int>& k, int d) {
   return kf_bwd_sm90_layout(d, Knob(k, "BLOCK_M"), Knob(k, "BLOCK_N"), Knob(k, "STAGES"));
 }
 
+// Every sequence's keys fit one 128-key block (self attention: its
+// queries), so no query block has a second key block: DQ_DIRECT's case.
+bool KeysFitOneBlock(const ShapeKey& s) {
+  const int64_t longest = s.cross ? s.max_len_k : s.max_len_q;
+  return longest <= 128;
+}
+
+// A causal batch of few (sequence, kv head) groups, at most 32: ORDER=0
+// (tiles longest first over every group) then runs the same key blocks of
+// every group side by side, each group's near its diagonal, so the query
+// rows in flight stay few; ORDER=1 runs one group's key blocks together,
+// which a causal mask spreads over a long sequence's whole length
+// (one_long_causal: 1.19x with ORDER=0; 8 sequences of 4096 keys, 64
+// groups: 0.99x, and 0.81x on hstu_prod_causal's 512; notes/bwd.md v9).
+bool FewCausalGroups(const ShapeKey& s) {
+  return s.causal && s.batch * s.kv_heads <= 32;
+}
+
 }  // namespace
 
 TemplateDef BwdSm90Template() {
@@ -44,6 +62,10 @@ TemplateDef BwdSm90Template() {
       // 1: the host may split the heaviest key tiles in two halves on two
       // CTAs when they are few (notes/bwd.md v8); needs ORDER=1.
       {"SPLIT", {0, 1}, 0},
+      // 1: tiles whose keys fit their one key block store each step's dQ
+      // slice as bf16 (no dq_accum round trip, no conversion); long queries
+      // over short keys (notes/bwd.md v9). Not with BLOCK_M=64 at head dim 64.
+      {"DQ_DIRECT", {0, 1}, 0},
   };
   def.info.description =
       "Hopper backward (FA3-style): a CTA per key block of 128 keys (runs of short sequences "
@@ -64,6 +86,11 @@ TemplateDef BwdSm90Template() {
       return absl::InvalidArgumentError(
           "bwd_sm90: SPLIT=1 needs ORDER=1 (a split half counts the query blocks its own steps "
           "visit, in the staggered order)");
+    }
+    if (Knob(k, "DQ_DIRECT") == 1 && bm == 64 && d == 64) {
+      return absl::InvalidArgumentError(
+          "bwd_sm90: DQ_DIRECT=1 needs each consumer's dQ slice summed over all keys; with "
+          "BLOCK_M=64 at head_dim 64 both consumers add their own keys' share (use BLOCK_M=128)");
     }
     const int bytes = Layout(k, d).dynamic_bytes;
     if (bytes > 232448) {
@@ -108,9 +135,14 @@ TemplateDef BwdSm90Template() {
   // on keys): the few heavy key tiles of the tail are split, powerlaw_short
   // 190 -> 182 us, its 1929-key sequence alone 147 -> 100; elsewhere SPLIT=1's
   // code costs 1-2% with nothing to split (notes/bwd.md, v8).
+  // DQ_DIRECT=1 where every sequence's keys fit one 128-key block (v9).
+  // ORDER=0 for a causal batch of at most 32 (sequence, kv head) groups
+  // (one_long_causal, 32768 keys: 12827 us against ORDER=1's 15233; v9).
   def.default_knobs = [](const ShapeKey& s) -> std::map<std::string, int> {
+    const int order = FewCausalGroups(s) ? 0 : 1;
     return {{"BLOCK_M", s.head_dim == 64 ? 128 : 64}, {"BLOCK_N", 128}, {"STAGES", 2},
-            {"ORDER", 1}, {"SPLIT", HeavyTailedShort(s, /*keys=*/true) ? 1 : 0}};
+            {"ORDER", order}, {"SPLIT", order == 1 && HeavyTailedShort(s, /*keys=*/true) ? 1 : 0},
+            {"DQ_DIRECT", KeysFitOneBlock(s) ? 1 : 0}};
   };
   def.preference = [](const ShapeKey& s) {
     if (s.op != Op::kBackward || s.arch != "sm_90a") return 0;
@@ -121,13 +153,15 @@ TemplateDef BwdSm90Template() {
     // (4 keys on average: 195 us against 778); it passes every sanitizer
     // gate (WorkerGpuSequence.BwdSm90PassesEveryGate). So above bwd_mma (10)
     // from a mean of 64 keys per sequence, or where the sequences are short
-    // enough to pack (a mean of at most 128 queries); below it for long
-    // queries over a few keys, which neither packs nor fills a key block
-    // (not measured).
+    // enough to pack (a mean of at most 128 queries), or where every
+    // sequence's keys fit one key block (long queries over 1-16 keys: 3372
+    // us against bwd_mma's 4437 before DQ_DIRECT, notes/bwd.md v9); below it
+    // for long queries over a few hundred keys, which neither packs nor fills
+    // a key block (not measured).
     const int64_t keys = s.cross ? s.total_k : s.total_q;  // self: keys are the queries
     const int64_t mean_keys = s.batch > 0 ? keys / s.batch : 0;
     const int64_t mean_queries = s.batch > 0 ? s.total_q / s.batch : 0;
-    return mean_keys >= 64 || mean_queries <= 128 ? 11 : 9;
+    return mean_keys >= 64 || mean_queries <= 128 || KeysFitOneBlock(s) ? 11 : 9;
   };
   return def;
 }

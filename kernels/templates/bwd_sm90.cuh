@@ -94,6 +94,18 @@
 #ifndef KF_SPLIT
 #define KF_SPLIT 0
 #endif
+// KF_DQ_DIRECT = 1: where a tile's keys fit its one key block (T.lk <=
+// BLOCK_N: a sequence of at most BLOCK_N keys, or a packed run), no other key
+// block adds into its query blocks, so each step's dQ slice is the whole sum:
+// it is stored as bf16 straight from the staging buffer, with no bulk
+// reduce-add into dq_accum, no counting and no conversion at the head's end,
+// and the producer computes delta without claiming or publishing it
+// (long queries over short keys: notes/bwd.md v9). A knob, not the default
+// everywhere: a branch of this kind in the step loop cost the plain shapes
+// 10-13% when ptxas rescheduled the loop (v8).
+#ifndef KF_DQ_DIRECT
+#define KF_DQ_DIRECT 0
+#endif
 #ifndef KF_PRODUCER_REGS
 #define KF_PRODUCER_REGS 40
 #endif
@@ -116,6 +128,9 @@
 #endif
 #if (KF_ORDER != 0) && (KF_ORDER != 1)
 #error "bwd_sm90: KF_ORDER must be 0 or 1"
+#endif
+#if KF_DQ_DIRECT && (KF_BLOCK_M == 64) && (KF_HEAD_DIM == 64)
+#error "bwd_sm90: KF_DQ_DIRECT needs a dQ slice summed over all keys (BLOCK_M 128 at D = 64)"
 #endif
 #if KF_SPLIT && !KF_ORDER
 #error "bwd_sm90: KF_SPLIT needs KF_ORDER 1 (a half counts the query blocks its steps visit)"
@@ -377,8 +392,9 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         // below are the host's zeros: "missing").
         if (t == 0) {
           flags[256 + (it & 1)] =
-              T.qbase < 0 ? kDeltaClaim
-                          : atomicOr((int*)p.workspace + (long long)(T.qbase + m0 / kBM) * p.heads + h,
+              T.qbase < 0 || (KF_DQ_DIRECT && T.lk <= kBN)
+                  ? kDeltaClaim
+                  : atomicOr((int*)p.workspace + (long long)(T.qbase + m0 / kBM) * p.heads + h,
                                      kDeltaClaim);
         }
         unsigned word = kDeltaTag;  // rows past the end: delta 0
@@ -688,15 +704,21 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         // producer may load the next tile's while this one's dQ slice, head
         // counters, conversions and dK/dV stores still run.
         if (u == KF9_STEPS - 1) mbar_arrive(bar_kv_empty);
+#if KF_DQ_DIRECT
+        const bool direct = T.lk <= kBN;
+        kfh::add_dq<kD, kBM, true>(p, dq, T.q0, T.lq, m0, h, w, warp, lane, sDq, direct);
+#else
+        constexpr bool direct = false;
         kfh::add_dq<kD, kBM>(p, dq, T.q0, T.lq, m0, h, w, warp, lane, sDq);
+#endif
 
 #if KF_SPLIT
         int j_lo, j_hi;  // this tile's (or half's) steps of head h
-        if (kfh::head_steps_end(T, i, j_lo, j_hi)) {  // the head's last step here
+        if (!direct && kfh::head_steps_end(T, i, j_lo, j_hi)) {  // the head's last step here
 #elif KF_ORDER
-        if (i % T.visited == T.visited - 1) {  // the head's last step
+        if (!direct && i % T.visited == T.visited - 1) {  // the head's last step
 #else
-        if (m == T.m_blocks - 1) {
+        if (!direct && m == T.m_blocks - 1) {
 #endif
           // Head h is done: count this key block into each of its query
           // blocks behind one fence; the key block completing a count
@@ -835,6 +857,10 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
           }
         }
       };
+#if KF_DQ_DIRECT
+      // (the last step's direct dQ stores read this buffer, other threads' rows)
+      if (T.lk <= kBN) wg_sync(2 + w);
+#endif
       if constexpr (kD == 128) {
         stage(dk, scale, sDq);
         wg_sync(2 + w);

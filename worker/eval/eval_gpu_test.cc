@@ -220,6 +220,43 @@ TEST_F(EvalGpu, BwdSm90Verifies) {
                                                 evaluator_->device().arch),
                    split_cases::SplitCaseSeed(c));
   }
+  // DQ_DIRECT=1 (tiles whose keys fit one key block store dQ straight): the
+  // hostile batches mix such tiles with longer ones, tiny batches are packed
+  // runs, and long queries over short keys are the class it is for; the lone
+  // sequence of 6000 queries over 100 keys is one key tile, which SPLIT=1
+  // splits (two halves, each storing its own query blocks' dQ).
+  struct D { int d, h, kvh; bool causal, cross; int bm, split, kind; };  // kind: 0 default, 1 tiny, 2 long q, 3 lone
+  for (D c : {D{128, 4, 4, true, false, 64, 0, 0}, D{128, 4, 2, false, true, 64, 0, 0},
+              D{64, 4, 1, true, true, 128, 0, 0}, D{128, 4, 2, true, true, 64, 0, 1},
+              D{64, 2, 2, false, false, 128, 0, 1}, D{128, 4, 4, false, true, 64, 0, 2},
+              D{64, 4, 2, true, true, 128, 0, 2}, D{128, 2, 2, false, true, 64, 1, 3},
+              D{128, 4, 2, true, true, 64, 1, 3}}) {
+    SCOPED_TRACE(fmt::format("DQ_DIRECT=1 d{} h{}/{} causal {} cross {} BM{} SPLIT{} kind {}",
+                             c.d, c.h, c.kvh, c.causal, c.cross, c.bm, c.split, c.kind));
+    absl::StatusOr<Variant> v =
+        Instantiate("bwd_sm90",
+                    {{"BLOCK_M", c.bm}, {"BLOCK_N", 128}, {"STAGES", 2}, {"ORDER", 1},
+                     {"SPLIT", c.split}, {"DQ_DIRECT", 1}},
+                    c.d);
+    ASSERT_TRUE(v.ok()) << v.status();
+    ShapeKey shape = Shape(Op::kBackward, c.d, c.h, c.kvh, c.causal, c.cross);
+    if (c.kind == 1) MakeTiny(shape);
+    if (c.kind == 2) {
+      shape.batch = 40;
+      shape.max_len_q = 1500;
+      shape.total_q = 40 * 700;
+      shape.max_len_k = 100;
+      shape.total_k = 40 * 50;
+    }
+    if (c.kind == 3) {
+      shape.batch = 1;
+      shape.max_len_q = shape.total_q = 6000;
+      shape.max_len_k = shape.total_k = 100;
+    }
+    ExpectVerified(*v, shape,
+                   2700 + c.d + c.bm + 3 * c.h + 5 * c.kvh + 7 * c.causal + 11 * c.cross +
+                       13 * c.split + 17 * c.kind);
+  }
 }
 
 // fwd_sm90's host-balanced list (ORDER=1: a stop entry ends each CTA's

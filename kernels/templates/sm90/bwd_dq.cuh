@@ -40,6 +40,15 @@ __device__ __forceinline__ void bulk_wait_all() {
   asm volatile("fence.proxy.async.global;\n" ::: "memory");
 }
 
+__device__ __forceinline__ float4 ld_shared_f4(u32 a) {
+  float4 v;
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(a)
+               : "memory");
+  return v;
+}
+
 // dq_accum (the variant's own scratch) is kept in a layout of its own, so
 // that a consumer's 64 x 64 slice of a step is one contiguous range and one
 // bulk reduce-add: 64-column panels (h, column / 64), each total_q rows of 64
@@ -106,9 +115,15 @@ __device__ __forceinline__ void write_dq(const KfAttnParams& p, int q0, int lq, 
 // The caller keeps the buffer free: its previous bulk read is waited for
 // (bulk_wait_read) before the barrier that precedes this call. The slice is
 // dq_split_rows / dq_split_cols's. Named barrier 2 + w.
-template <int D, int BM>
+// With kMayStore and `store` (the query block has no other key block: the
+// slice is the whole sum), the 128 threads store it as scaled bf16 into dQ
+// instead, 16 bytes a thread, from the staging buffer; the caller then keeps
+// the buffer until every thread of the warpgroup has read it (the next
+// step's consumer barrier, or a warpgroup barrier before other use).
+template <int D, int BM, bool kMayStore = false>
 __device__ __forceinline__ void add_dq(const KfAttnParams& p, const float* dq, int q0, int lq,
-                                       int m0, int h, int w, int warp, int lane, u32 sdq) {
+                                       int m0, int h, int w, int warp, int lane, u32 sdq,
+                                       bool store = false) {
   const int row0 = m0 + (dq_split_rows<D, BM>() ? 64 * w : 0);  // first row of the slice
   const int col0 = dq_split_cols<D, BM>() ? 64 * w : 0;         // first head dim of the slice
   {
@@ -133,6 +148,35 @@ __device__ __forceinline__ void add_dq(const KfAttnParams& p, const float* dq, i
   // (every thread waits: with the others only arriving, ptxas 13.0 spilled
   // 128-144 B in this kernel)
   named_bar_sync(2 + w, 128);
+  if constexpr (kMayStore) {
+    if (store) {
+      // Thread t: 16-byte chunk t % 8 (columns 8c..8c+7, the staged fp32
+      // chunks 2c and 2c + 1) of rows t / 8 + 16k, whose row % 8 is t / 8 % 8
+      // for every k. (The addresses go through an opaque move: ptxas would
+      // otherwise keep them live over the tile, and spilled at D = 128.)
+      const int t = 32 * warp + lane;
+      const int c = t & 7;
+      const int rows = lq - row0 < 64 ? lq - row0 : 64;
+      const float sc = p.softmax_scale;
+      const int sw = ((t >> 3) & 7) << 1;
+      u32 at = sdq + (t >> 3) * 256;
+      u32 ca = ((2 * c) ^ sw) << 4, cb = ((2 * c + 1) ^ sw) << 4;
+      asm volatile("mov.b32 %0, %0;\nmov.b32 %1, %1;\nmov.b32 %2, %2;\n" : "+r"(at), "+r"(ca), "+r"(cb));
+      const long long ld = (long long)p.heads * D;
+      bf16* out = (bf16*)p.dq + ((long long)(q0 + row0 + (t >> 3)) * p.heads + h) * D + col0 + 8 * c;
+#pragma unroll 1
+      for (int k = 0; k < 4; ++k) {
+        if ((t >> 3) + 16 * k < rows) {
+          const float4 a = ld_shared_f4(at + k * 4096 + ca);
+          const float4 b = ld_shared_f4(at + k * 4096 + cb);
+          *(uint4*)(out + k * 16 * ld) =
+              make_uint4(pack_bf16(a.x * sc, a.y * sc), pack_bf16(a.z * sc, a.w * sc),
+                         pack_bf16(b.x * sc, b.y * sc), pack_bf16(b.z * sc, b.w * sc));
+        }
+      }
+      return;
+    }
+  }
   if (warp == 0 && lane == 0) {
     const int rows = lq - row0 < 64 ? lq - row0 : 64;
     if (rows > 0) {
