@@ -156,7 +156,20 @@ TEST(CatalogTest, BwdSm90DefaultsForShortKeysAndFewLongCausalSequences) {
   ASSERT_TRUE(v.ok()) << v.status();
   EXPECT_EQ(v->template_name, "bwd_sm90");  // (bwd_mma before DQ_DIRECT)
   EXPECT_EQ(v->knobs.at("DQ_DIRECT"), 1);
-  s.max_len_k = 129;  // a second key block
+  s.max_len_k = 129;  // a second key block for a few: most still fit one
+  EXPECT_EQ(DefaultKnobs("bwd_sm90", s).at("DQ_DIRECT"), 1);
+  s.max_len_k = 200;  // most sequences' keys in one block (a mean of 100)
+  s.total_k = 512 * 100;
+  EXPECT_EQ(DefaultKnobs("bwd_sm90", s).at("DQ_DIRECT"), 1);
+  s.op = Op::kForward;  // and the forward's 64-key blocks, three stages, persistent
+  v = DefaultVariant(s);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->template_name, "fwd_sm90");
+  EXPECT_EQ(v->knobs.at("BLOCK_N"), 64);
+  EXPECT_EQ(v->knobs.at("STAGES"), 3);
+  EXPECT_EQ(v->knobs.at("PERSISTENT"), 1);
+  s.op = Op::kBackward;
+  s.total_k = 512 * 180;  // a mean of 180: most need two
   EXPECT_EQ(DefaultKnobs("bwd_sm90", s).at("DQ_DIRECT"), 0);
   s = Shape(64, "sm_90a", 16);  // tiny self attention: packed runs
   s.op = Op::kBackward;

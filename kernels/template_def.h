@@ -45,6 +45,15 @@ struct TemplateDef {
 };
 
 namespace templates {
+// Mean keys (self attention: the queries) and mean queries per sequence.
+inline int64_t MeanKeys(const ShapeKey& s) {
+  const int64_t keys = s.cross ? s.total_k : s.total_q;  // self: keys are the queries
+  return s.batch > 0 ? keys / s.batch : s.max_len_k;
+}
+inline int64_t MeanQueries(const ShapeKey& s) {
+  return s.batch > 0 ? s.total_q / s.batch : s.max_len_q;
+}
+
 // Many sequences, most of them short (a mean of at most 64 queries, or keys
 // with `keys`), and a tail reaching 512 or more: powerlaw_short's class,
 // which fwd_sm90 serves with packed tiles and bwd_sm90 with split key tiles.

@@ -28,6 +28,15 @@ bool KeysFitOneBlock(const ShapeKey& s) {
   return longest <= 128;
 }
 
+// DQ_DIRECT=1 also pays where most sequences' keys fit one key block (a mean
+// of at most 128): long queries over 1-200 keys (mean 100) 3481 us against
+// 3878. Not for heavy-tailed batches of short sequences (powerlaw_short:
+// 185.3 against 184.0, its long tail's steps lose what its packed runs
+// gain), which keep the split default (notes/bwd.md v9).
+bool MostKeysFitOneBlock(const ShapeKey& s) {
+  return KeysFitOneBlock(s) || (MeanKeys(s) <= 128 && !HeavyTailedShort(s, /*keys=*/true));
+}
+
 // A causal batch of few (sequence, kv head) groups, at most 32: ORDER=0
 // (tiles longest first over every group) then runs the same key blocks of
 // every group side by side, each group's near its diagonal, so the query
@@ -135,14 +144,15 @@ TemplateDef BwdSm90Template() {
   // on keys): the few heavy key tiles of the tail are split, powerlaw_short
   // 190 -> 182 us, its 1929-key sequence alone 147 -> 100; elsewhere SPLIT=1's
   // code costs 1-2% with nothing to split (notes/bwd.md, v8).
-  // DQ_DIRECT=1 where every sequence's keys fit one 128-key block (v9).
+  // DQ_DIRECT=1 where every sequence's keys fit one 128-key block, or most
+  // do (v9).
   // ORDER=0 for a causal batch of at most 32 (sequence, kv head) groups
   // (one_long_causal, 32768 keys: 12827 us against ORDER=1's 15233; v9).
   def.default_knobs = [](const ShapeKey& s) -> std::map<std::string, int> {
     const int order = FewCausalGroups(s) ? 0 : 1;
     return {{"BLOCK_M", s.head_dim == 64 ? 128 : 64}, {"BLOCK_N", 128}, {"STAGES", 2},
             {"ORDER", order}, {"SPLIT", order == 1 && HeavyTailedShort(s, /*keys=*/true) ? 1 : 0},
-            {"DQ_DIRECT", KeysFitOneBlock(s) ? 1 : 0}};
+            {"DQ_DIRECT", MostKeysFitOneBlock(s) ? 1 : 0}};
   };
   def.preference = [](const ShapeKey& s) {
     if (s.op != Op::kBackward || s.arch != "sm_90a") return 0;

@@ -106,6 +106,17 @@ TemplateDef FwdSm90Template() {
     // together, so K/V stay in L2 (measured 462 vs 374 TFLOP/s on
     // hstu_prod_causal with an LPT tile list that interleaves sequences).
     if (s.max_len_q >= 2048) k["PERSISTENT"] = 0;
+    // Long queries over short keys (a mean of at most 128 keys, 512 queries
+    // or more; fwd_stream takes those of at most 32): a tile has one or two
+    // key blocks, so 64-key blocks waste less of the last one and a third
+    // stage keeps loads in flight; persistent (1068 us against 1166 for the
+    // defaults and 1283 per tile on 512 sequences of 1024-2048 queries over
+    // 1-200 keys, H200 2026-12-02, kernels/notes/coverage.md).
+    if (MeanKeys(s) <= 128 && MeanQueries(s) >= 512) {
+      k["BLOCK_N"] = 64;
+      k["STAGES"] = 3;
+      k["PERSISTENT"] = 1;
+    }
     // Heavy-tailed batches of short sequences: packed runs in a host-balanced
     // list, so the long sequences' tiles each get a CTA of their own.
     if (HeavyTailedShort(s, /*keys=*/false)) {

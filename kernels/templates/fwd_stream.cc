@@ -22,13 +22,6 @@ int SmemBytes(const std::map<std::string, int>& k, int d) {
   return Knob(k, "STAGES") * stage;
 }
 
-int64_t MeanKeys(const ShapeKey& s) {
-  const int64_t keys = s.cross ? s.total_k : s.total_q;  // self: keys are the queries
-  return s.batch > 0 ? keys / s.batch : s.max_len_k;
-}
-
-int64_t MeanQueries(const ShapeKey& s) { return s.batch > 0 ? s.total_q / s.batch : s.max_len_q; }
-
 }  // namespace
 
 TemplateDef FwdStreamTemplate() {
