@@ -171,6 +171,10 @@ TEST(CatalogTest, BwdSm90DefaultsForShortKeysAndFewLongCausalSequences) {
   s.op = Op::kBackward;
   s.total_k = 512 * 180;  // a mean of 180: most need two
   EXPECT_EQ(DefaultKnobs("bwd_sm90", s).at("DQ_DIRECT"), 0);
+  s.cross = false;  // self attention of 1-256 (mean 128): the short ones fit, the rest weigh more
+  s.max_len_q = s.max_len_k = 256;
+  s.total_q = s.total_k = 512 * 128;
+  EXPECT_EQ(DefaultKnobs("bwd_sm90", s).at("DQ_DIRECT"), 0);
   s = Shape(64, "sm_90a", 16);  // tiny self attention: packed runs
   s.op = Op::kBackward;
   s.batch = 4096;

@@ -28,13 +28,16 @@ bool KeysFitOneBlock(const ShapeKey& s) {
   return longest <= 128;
 }
 
-// DQ_DIRECT=1 also pays where most sequences' keys fit one key block (a mean
-// of at most 128): long queries over 1-200 keys (mean 100) 3481 us against
-// 3878. Not for heavy-tailed batches of short sequences (powerlaw_short:
-// 185.3 against 184.0, its long tail's steps lose what its packed runs
-// gain), which keep the split default (notes/bwd.md v9).
+// DQ_DIRECT=1 also pays in cross attention where most sequences' keys fit
+// one key block (a mean of at most 128), whatever their queries: long queries
+// over 1-200 keys (mean 100) 3479 us against 3878. Not in self attention,
+// where the sequences that fit one block are also the ones with the fewest
+// query blocks (1-256 keys, mean 128: 1638 against 1594), nor for
+// heavy-tailed batches of short sequences (powerlaw_short: 185.3 against
+// 184.0), which keep the split default (notes/bwd.md v9).
 bool MostKeysFitOneBlock(const ShapeKey& s) {
-  return KeysFitOneBlock(s) || (MeanKeys(s) <= 128 && !HeavyTailedShort(s, /*keys=*/true));
+  return KeysFitOneBlock(s) ||
+         (s.cross && MeanKeys(s) <= 128 && !HeavyTailedShort(s, /*keys=*/true));
 }
 
 // A causal batch of few (sequence, kv head) groups, at most 32: ORDER=0
@@ -144,8 +147,8 @@ TemplateDef BwdSm90Template() {
   // on keys): the few heavy key tiles of the tail are split, powerlaw_short
   // 190 -> 182 us, its 1929-key sequence alone 147 -> 100; elsewhere SPLIT=1's
   // code costs 1-2% with nothing to split (notes/bwd.md, v8).
-  // DQ_DIRECT=1 where every sequence's keys fit one 128-key block, or most
-  // do (v9).
+  // DQ_DIRECT=1 where every sequence's keys fit one 128-key block, or in
+  // cross attention most do (v9).
   // ORDER=0 for a causal batch of at most 32 (sequence, kv head) groups
   // (one_long_causal, 32768 keys: 12827 us against ORDER=1's 15233; v9).
   def.default_knobs = [](const ShapeKey& s) -> std::map<std::string, int> {
