@@ -1,6 +1,6 @@
 // kforge "bwd_sm90": Hopper (sm_90a) jagged flash-attention backward, one launch.
 //
-// Notes, versions and measurements: kernels/notes/bwd.md (v1 .. v6).
+// Notes, versions and measurements: kernels/notes/bwd.md (v1 .. v9).
 // The backward contract (key-major tile list, dq_accum, delta, the dq
 // counters in the workspace) is bwd_mma's: kernels/CONTRACT.md "Backward".
 //
@@ -52,7 +52,7 @@
 //
 // Knobs (prepended #defines): KF_HEAD_DIM (64|128), KF_BLOCK_M (64|128; 128
 // only with D = 64), KF_BLOCK_N (128), KF_STAGES (1|2; the space has 2),
-// KF_ORDER (below).
+// KF_ORDER, KF_SPLIT, KF_DQ_DIRECT (below).
 // The shared-memory layout is kf_bwd_sm90_layout()
 // (templates/bwd_sm90_layout.h, prepended).
 // Entry point: extern "C" __global__ kf_attn_bwd(const __grid_constant__ KfAttnParams p).
