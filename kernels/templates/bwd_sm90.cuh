@@ -179,6 +179,7 @@ using kfh::u64;
 using kfh::bf16;
 using kfh::neg_inf;
 using kfh::smem_u32;
+using kfh::ld_shared_v4;
 using kfh::mbar_init;
 using kfh::mbar_arrive;
 using kfh::mbar_wait;
@@ -222,14 +223,6 @@ template <int N>
 __device__ __forceinline__ void reg_fence_u(u32* r) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
-}
-__device__ __forceinline__ uint4 ld_shared_v4(u32 a) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "r"(a)
-               : "memory");
-  return v;
 }
 __device__ __forceinline__ float bf16_lo(u32 w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf16_hi(u32 w) { return __uint_as_float(w & 0xffff0000u); }

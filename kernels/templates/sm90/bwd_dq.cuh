@@ -40,15 +40,6 @@ __device__ __forceinline__ void bulk_wait_all() {
   asm volatile("fence.proxy.async.global;\n" ::: "memory");
 }
 
-__device__ __forceinline__ float4 ld_shared_f4(u32 a) {
-  float4 v;
-  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "r"(a)
-               : "memory");
-  return v;
-}
-
 // dq_accum (the variant's own scratch) is kept in a layout of its own, so
 // that a consumer's 64 x 64 slice of a step is one contiguous range and one
 // bulk reduce-add: 64-column panels (h, column / 64), each total_q rows of 64
@@ -167,11 +158,12 @@ __device__ __forceinline__ void add_dq(const KfAttnParams& p, const float* dq, i
 #pragma unroll 1
       for (int k = 0; k < 4; ++k) {
         if ((t >> 3) + 16 * k < rows) {
-          const float4 a = ld_shared_f4(at + k * 4096 + ca);
-          const float4 b = ld_shared_f4(at + k * 4096 + cb);
+          const uint4 a = ld_shared_v4(at + k * 4096 + ca);
+          const uint4 b = ld_shared_v4(at + k * 4096 + cb);
+          auto f = [sc](u32 x) { return __uint_as_float(x) * sc; };
           *(uint4*)(out + k * 16 * ld) =
-              make_uint4(pack_bf16(a.x * sc, a.y * sc), pack_bf16(a.z * sc, a.w * sc),
-                         pack_bf16(b.x * sc, b.y * sc), pack_bf16(b.z * sc, b.w * sc));
+              make_uint4(pack_bf16(f(a.x), f(a.y)), pack_bf16(f(a.z), f(a.w)),
+                         pack_bf16(f(b.x), f(b.y)), pack_bf16(f(b.z), f(b.w)));
         }
       }
       return;

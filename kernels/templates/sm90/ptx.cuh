@@ -17,6 +17,15 @@ typedef unsigned short bf16;
 __device__ __forceinline__ float neg_inf() { return -__int_as_float(0x7f800000); }
 
 __device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+// 16 bytes from shared memory (one ld.shared.v4).
+__device__ __forceinline__ uint4 ld_shared_v4(u32 a) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(a)
+               : "memory");
+  return v;
+}
 
 // ------------------------------------------------------------- mbarriers
 __device__ __forceinline__ void mbar_init(u32 bar, int count) {
