@@ -71,6 +71,14 @@
 #ifndef KF_PACK
 #define KF_PACK 0
 #endif
+// KF_QAHEAD = 1 (persistent): a plain tile requests the next tile's Q as soon
+// as its last QK^T has read its own, so that the load flies during the
+// tile's last softmax, PV and O stores. Tiles of one or two key blocks
+// (long queries over short keys) otherwise spend most of their time waiting
+// for their Q (kernels/notes/sm90.md, QAHEAD).
+#ifndef KF_QAHEAD
+#define KF_QAHEAD 0
+#endif
 #define KF_CONSUMER_REGS (((504 - KF_PRODUCER_REGS) / 2) / 8 * 8)
 
 #if KF_BLOCK_M != 128
@@ -89,6 +97,11 @@
 #if KF_ORDER && !KF_PERSISTENT
 #error "fwd_sm90: KF_ORDER (the host-balanced list) needs the persistent grid"
 #endif
+#if KF_QAHEAD && !KF_PERSISTENT
+#error "fwd_sm90: KF_QAHEAD (the next tile's Q early) needs the persistent grid"
+#endif
+// The consumers look one tile ahead (the next tile's entry and geometry).
+#define KF9_AHEAD (KF_PACK || KF_QAHEAD)
 #define KF9_NEXT_TILE next_tile<KF_PERSISTENT != 0, KF_ORDER == 1, KF_PACK == 1>
 #define KF9_TILE_GEOM query_tile_geom<BM, BN, KF_PACK == 1>
 
@@ -133,6 +146,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_fwd(const __grid_constant__ 
   const FwdConsumer<D, BM, BN, S> consumer(p, smem, tid, wg, warp, lane);
   int it = 0;
   Tile tile;
+#if KF9_AHEAD
 #if KF_PACK
   // One tile ahead: the next tile's entry and offsets are read at the top of
   // this one, and when both are packed the next one's Q and member table are
@@ -143,12 +157,15 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_fwd(const __grid_constant__ 
   const u32 tabs =
       ((smem_u32(kf_smem_raw) + 1023u) & ~1023u) + L.tabs + consumer.cg * 2 * 2 * E * 4;
   const int* tabs_ptr = (const int*)(kf_smem_raw + (tabs - smem_u32(kf_smem_raw)));
+#endif
   Tile nxt;
   QueryTileGeom gn;
   bool more = KF9_NEXT_TILE(p, 0, nxt);
   if (more) KF9_TILE_GEOM(p, nxt, gn);
-  bool q_early = false;  // the next tile's Q and table are in flight
+  bool q_early = false;  // the next tile's Q (and table) are in flight
+#if KF_PACK
   int tb = 0;            // the table buffer of the next packed tile
+#endif
   for (int t = 1; more; ++t) {
     tile = nxt;
     const QueryTileGeom g = gn;
@@ -212,7 +229,15 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_fwd(const __grid_constant__ 
 #endif
     if (g.nb > 0) {
       // the consumer mainloop (steps and schedule: sm90/fwd_consumer.cuh)
+#if KF_QAHEAD
+      if (!q_here) consumer.issue_q(p, g, tile, row0);
+      consumer.finish_q();
+      // The next tile's Q may come in once this tile's last QK^T is done:
+      // a plain tile with keys (a packed one requests its table with it).
+      const bool q_next = more && !(KF_PACK && nxt.pack > 0) && gn.nb > 0;
+#else
       consumer.load_q(p, g, tile, row0);
+#endif
       float s[BN / 2];  // S, then P (fp32)
       u32 pr[BN / 4];   // P as bf16x2 A fragments
       // ---- first block
@@ -220,6 +245,12 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_fwd(const __grid_constant__ 
       wgmma_wait<0>();
       reg_fence<BN / 2>(s);
       consumer.release(smem.empty_k, it);
+#if KF_QAHEAD
+      if (g.nb == 1 && q_next) {
+        consumer.issue_q_next(p, gn, nxt);
+        q_early = true;
+      }
+#endif
       {
         float sc_lo, sc_hi;
         consumer.softmax(p, g, row0, off, 0, s, sm, sc_lo, sc_hi);
@@ -233,6 +264,12 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_fwd(const __grid_constant__ 
         wgmma_wait<1>();
         reg_fence<BN / 2>(s);
         consumer.release(smem.empty_k, gi);
+#if KF_QAHEAD
+        if (j == g.nb - 1 && q_next) {
+          consumer.issue_q_next(p, gn, nxt);
+          q_early = true;
+        }
+#endif
         float sc_lo, sc_hi;
         consumer.softmax(p, g, row0, off, j, s, sm, sc_lo, sc_hi);
         wgmma_wait<0>();

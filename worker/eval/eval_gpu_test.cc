@@ -292,6 +292,49 @@ TEST_F(EvalGpu, FwdSm90BalancedAndPackedVerify) {
   }
 }
 
+// fwd_sm90 QAHEAD=1 (a plain tile requests the next tile's Q once its last
+// QK^T has read its own) on the hostile check batches: one and two key
+// blocks a tile (long queries over short keys, where it is served), longer
+// keys, both masks, GQA, both head dims, with the balanced list and beside
+// packed tiles (a packed tile's Q is never requested by a plain one).
+TEST_F(EvalGpu, FwdSm90QaheadVerifies) {
+  if (evaluator_->device().arch != "sm_90a") GTEST_SKIP() << "fwd_sm90 needs sm_90a";
+  bool listed = false;
+  for (const auto& t : ListTemplates()) listed = listed || t.name == "fwd_sm90";
+  if (!listed) GTEST_SKIP() << "fwd_sm90 is not in this build";
+  struct S { int d, h, kvh; bool causal, cross, short_keys; int bn, stages, order, pack; bool tiny; };
+  for (S s : {S{128, 4, 4, false, true, true, 64, 3, 0, 0, false},
+              S{128, 4, 1, true, true, true, 64, 3, 0, 0, false},
+              S{64, 4, 2, false, true, true, 64, 3, 0, 0, false},
+              S{128, 4, 4, true, false, false, 128, 2, 0, 0, false},
+              S{64, 2, 2, false, false, false, 192, 2, 1, 0, false},
+              S{128, 4, 2, false, true, false, 96, 4, 1, 0, false},
+              S{128, 4, 4, true, false, false, 128, 2, 1, 1, true},
+              S{64, 4, 1, false, true, false, 128, 2, 1, 1, false}}) {
+    SCOPED_TRACE(fmt::format("d{} h{}/{} causal {} cross {} short keys {} BN{} STAGES{} ORDER{} "
+                             "PACK{} tiny {}",
+                             s.d, s.h, s.kvh, s.causal, s.cross, s.short_keys, s.bn, s.stages,
+                             s.order, s.pack, s.tiny));
+    absl::StatusOr<Variant> v =
+        Instantiate("fwd_sm90",
+                    {{"BLOCK_M", 128}, {"BLOCK_N", s.bn}, {"STAGES", s.stages}, {"PERSISTENT", 1},
+                     {"ORDER", s.order}, {"PACK", s.pack}, {"QAHEAD", 1}},
+                    s.d);
+    ASSERT_TRUE(v.ok()) << v.status();
+    ShapeKey shape = Shape(Op::kForward, s.d, s.h, s.kvh, s.causal, s.cross);
+    if (s.tiny) MakeTiny(shape);
+    if (s.short_keys) {  // 1-2 key blocks a tile
+      shape.max_len_q = 2048;
+      shape.total_q = 12 * 1500;
+      shape.max_len_k = 200;
+      shape.total_k = 12 * 100;
+    }
+    ExpectVerified(*v, shape,
+                   3100 + s.d + s.bn + 3 * s.h + 5 * s.kvh + 7 * s.causal + 11 * s.cross +
+                       13 * s.short_keys + 17 * s.order + 19 * s.pack + 23 * s.tiny);
+  }
+}
+
 // The query-streaming forward (fwd_stream) on the hostile check batches:
 // its served tiles (64 rows, 16 keys, 3 stages) and the corners of its knob
 // space (8 warps, one key block per stage up to 64 keys, 2-4 stages, 128

@@ -72,6 +72,14 @@ struct FwdConsumer {
     fence_proxy_async();
     named_bar_sync(1 + cg, 128);
   }
+  // QAHEAD=1: the next tile's Q, once this tile's last QK^T has completed in
+  // this thread's warp. The barrier first: a thread's copies land in rows
+  // that other warps' wgmma read, and each warp knows only its own wait.
+  __device__ __forceinline__ void issue_q_next(const KfAttnParams& p, const QueryTileGeom& gn,
+                                               const Tile& nxt) const {
+    named_bar_sync(1 + cg, 128);
+    issue_q(p, gn, nxt, gn.m0 + 64 * cg);
+  }
   // Packed tiles (PACK=1), so that a tile's Q can be requested while the
   // tile before it finishes: issue_q plus the run's member offsets (tab_q /
   // tab_k: the tile's entries of cu_seqlens_q / _k, packed_rows.cuh), all by
