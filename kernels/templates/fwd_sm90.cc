@@ -135,14 +135,13 @@ TemplateDef FwdSm90Template() {
       k["PERSISTENT"] = 1;
       k["ORDER"] = 1;
       k["PACK"] = 1;
-    }
-    // A plain persistent tile requests the next tile's Q once its last QK^T
-    // has read its own (H200, 2026-12-02, kernels/notes/sm90.md: 1003 us
-    // against 1068 on long queries over 1-200 keys, 1-8% on the public
-    // persistent shapes). Not with packed runs (they request their own, 1%
-    // slower), nor with 8 or more query heads a kv head (2837 us against 2773
-    // on 16 heads over 2, head dim 64).
-    if (k["PERSISTENT"] == 1 && k.count("PACK") == 0 && s.heads < 8 * s.kv_heads) {
+    } else if (k["PERSISTENT"] == 1 && s.heads < 8 * s.kv_heads) {
+      // A plain persistent tile requests the next tile's Q once its last QK^T
+      // has read its own (H200, 2026-12-02, kernels/notes/sm90.md: 1003 us
+      // against 1068 on long queries over 1-200 keys, 1-8% on the public
+      // persistent shapes). Not with packed runs (they request their own, 1%
+      // slower), nor with 8 or more query heads a kv head (2837 us against
+      // 2773 on 16 heads over 2, head dim 64).
       k["QAHEAD"] = 1;
     }
     return k;
