@@ -525,6 +525,15 @@ absl::Status Kernel::Launch(const KfAttnParams& params, Dim3 grid, Dim3 block, i
   return LaunchRaw(args, grid, block, dynamic_smem, stream);
 }
 
+absl::Status Kernel::Launch(const KfAttnParams& params, std::span<const TensorMap> maps,
+                            Dim3 grid, Dim3 block, int dynamic_smem, const Stream& stream) const {
+  if (maps.empty()) return Launch(params, grid, block, dynamic_smem, stream);
+  // The maps are one parameter: n x 128 contiguous bytes, as the kernel
+  // declares them (a struct of n maps), copied by the driver at launch.
+  void* args[] = {const_cast<KfAttnParams*>(&params), const_cast<TensorMap*>(maps.data())};
+  return LaunchRaw(args, grid, block, dynamic_smem, stream);
+}
+
 absl::Status Kernel::LaunchRaw(void** args, Dim3 grid, Dim3 block, int dynamic_smem,
                                const Stream& stream) const {
   const DriverApi& api = driver_->api();
@@ -567,6 +576,66 @@ absl::StatusOr<TensorMap> EncodeTensorMapTiled(const Driver& driver, const Tenso
             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
         "cuTensorMapEncodeTiled");
   return map;
+}
+
+absl::StatusOr<TensorMap> EncodeAttnTensorMap(const Driver& driver, const KfAttnParams& p,
+                                              const TensorMapRequest& r) {
+  const bool kv = r.tensor == "k" || r.tensor == "v";
+  const void* address = r.tensor == "q"      ? p.q
+                        : r.tensor == "k"    ? p.k
+                        : r.tensor == "v"    ? p.v
+                        : r.tensor == "o"    ? p.o
+                        : r.tensor == "dout" ? p.dout
+                                             : nullptr;
+  if (!IsMappableTensor(r.tensor)) {
+    return absl::InvalidArgumentError(
+        fmt::format("tensor map of \"{}\": not q, k, v, o or dout", r.tensor));
+  }
+  if (r.box_rows < 1 || r.box_rows > 256) {
+    return absl::InvalidArgumentError(
+        fmt::format("tensor map of {}: box_rows {} is outside [1, 256]", r.tensor, r.box_rows));
+  }
+  const int64_t rows = kv ? p.total_k : p.total_q;
+  const int64_t cols = int64_t(kv ? p.kv_heads : p.heads) * p.head_dim;
+  if (rows <= 0) return TensorMap{};  // nothing to read: no box is ever loaded
+  if (address == nullptr || reinterpret_cast<uintptr_t>(address) % 16 != 0) {
+    return absl::InvalidArgumentError(fmt::format(
+        "tensor map of {}: address {} is {} (TMA needs a 16-byte aligned tensor)", r.tensor,
+        address, address == nullptr ? "null" : "not 16-byte aligned"));
+  }
+  if (cols <= 0 || cols % 64 != 0) {
+    return absl::InvalidArgumentError(fmt::format(
+        "tensor map of {}: {} columns (heads x head_dim) are not a multiple of the 64-column box",
+        r.tensor, cols));
+  }
+  TensorMapSpec spec;
+  spec.dtype = TensorMapSpec::DType::kBF16;
+  spec.rank = 2;
+  spec.global_address = address;
+  spec.dims[0] = uint64_t(cols);
+  spec.dims[1] = uint64_t(rows);
+  spec.strides_bytes[0] = uint64_t(cols) * 2;
+  spec.box[0] = 64;
+  spec.box[1] = uint32_t(r.box_rows);
+  spec.swizzle_bytes = 128;
+  auto map = EncodeTensorMapTiled(driver, spec);
+  if (!map.ok()) {
+    return absl::Status(map.status().code(),
+                        fmt::format("tensor map of {}: {}", r.tensor, std::string(map.status().message())));
+  }
+  return map;
+}
+
+absl::StatusOr<std::vector<TensorMap>> EncodeAttnTensorMaps(
+    const Driver& driver, const KfAttnParams& params, std::span<const TensorMapRequest> requests) {
+  std::vector<TensorMap> maps;
+  maps.reserve(requests.size());
+  for (const TensorMapRequest& r : requests) {
+    auto m = EncodeAttnTensorMap(driver, params, r);
+    if (!m.ok()) return m.status();
+    maps.push_back(*m);
+  }
+  return maps;
 }
 
 }  // namespace kforge::gpu

@@ -24,14 +24,17 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/tensor_map.h"
 #include "kforge/attn_params.h"
 
 namespace kforge::gpu {
 
 struct DriverApi;  // the resolved function table (driver_api.h, internal)
+struct TensorMap;  // a TMA descriptor (below)
 
 struct DeviceInfo {
   int ordinal = 0;
@@ -262,6 +265,11 @@ class Kernel {
   // kernels are declared `__global__ void f(const __grid_constant__ KfAttnParams p)`.
   absl::Status Launch(const KfAttnParams& params, Dim3 grid, Dim3 block, int dynamic_smem,
                       const Stream& stream) const;
+  // A variant with tensor maps (manifest "tensor_maps"): `maps` follow
+  // `params` as the kernel's second parameter, in order (CONTRACT.md
+  // "Tensor maps"). An empty `maps` is the single-argument launch above.
+  absl::Status Launch(const KfAttnParams& params, std::span<const TensorMap> maps,
+                      Dim3 grid, Dim3 block, int dynamic_smem, const Stream& stream) const;
   // General form: `args` as cuLaunchKernel's kernelParams.
   absl::Status LaunchRaw(void** args, Dim3 grid, Dim3 block, int dynamic_smem,
                          const Stream& stream) const;
@@ -317,5 +325,17 @@ struct TensorMapSpec {
 // cuTensorMapEncodeTiled (element strides 1, no interleave, L2 promotion
 // 128B, out-of-bounds elements read as zero).
 absl::StatusOr<TensorMap> EncodeTensorMapTiled(const Driver& driver, const TensorMapSpec& spec);
+
+// The contract's map of one tensor of `params` (CONTRACT.md "Tensor maps"):
+// 2-D bf16 over the packed tensor, dims {heads * head_dim (kv_heads for k
+// and v), total rows}, boxes of 64 columns x box_rows rows, 128-byte
+// swizzle. A tensor of no rows gets an all-zero map (a kernel has no row to
+// read through it). INVALID_ARGUMENT names the tensor when its address is
+// null or not 16-byte aligned.
+absl::StatusOr<TensorMap> EncodeAttnTensorMap(const Driver& driver, const KfAttnParams& params,
+                                              const TensorMapRequest& request);
+// Every map a manifest asks for, in its order.
+absl::StatusOr<std::vector<TensorMap>> EncodeAttnTensorMaps(
+    const Driver& driver, const KfAttnParams& params, std::span<const TensorMapRequest> requests);
 
 }  // namespace kforge::gpu

@@ -71,6 +71,22 @@ TEST(CatalogTest, DefaultVariantPassesStaticChecksOnEveryArch) {
   }
 }
 
+// bwd_sm90 with TMA (a second kernel parameter of tensor maps, manifest
+// tensor_maps and the feature "tma") passes the static checks on sm_90a.
+TEST(CatalogTest, BwdSm90TmaVariantPassesStaticChecks) {
+  for (int d : {64, 128}) {
+    for (int tma : {1, 2}) {
+      ShapeKey s = Shape(d, "sm_90a", 1024);
+      s.op = Op::kBackward;
+      auto v = Instantiate("bwd_sm90", {{"BLOCK_M", d == 64 ? 128 : 64}, {"TMA", tma}, {"CSKIP", 1}}, d);
+      ASSERT_TRUE(v.ok()) << v.status();
+      EXPECT_EQ(v->manifest.tensor_maps.size(), 2u);
+      auto c = CheckVariant(v->source, v->manifest, "sm_90a", s);
+      EXPECT_TRUE(c.ok()) << "d" << d << " TMA=" << tma << ": " << c;
+    }
+  }
+}
+
 TEST(CatalogTest, DefaultVariantNotFoundForUnsupportedShape) {
   ShapeKey s = Shape(96, "sm_90a", 1024);
   EXPECT_EQ(DefaultVariant(s).status().code(), absl::StatusCode::kNotFound);

@@ -90,7 +90,7 @@ absl::StatusOr<Manifest> ParseManifest(std::string_view text) {
       "contract_version", "entry_point", "threads", "dynamic_smem_bytes", "grid",
       "tile_m", "tile_n", "workspace", "archs", "features", "head_dims", "ops",
       "causal", "noncausal", "gqa", "ctas_per_sm", "pack_short", "tile_order", "key_major",
-      "split_slot_bytes"};
+      "split_slot_bytes", "tensor_maps"};
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (!kKnown.count(it.key())) return Bad(fmt::format("unknown key \"{}\"", it.key()));
   }
@@ -223,6 +223,34 @@ absl::StatusOr<Manifest> ParseManifest(std::string_view text) {
   if (m.split_slot_bytes > 0 && !m.key_major) {
     return Bad("split_slot_bytes: split key tiles need key_major");
   }
+  if (j.contains("tensor_maps")) {
+    const json& t = j["tensor_maps"];
+    if (!t.is_array()) return Bad("tensor_maps: must be an array of {tensor, box_rows}");
+    if (t.size() > size_t(kMaxTensorMaps)) {
+      return Bad(fmt::format("tensor_maps: {} maps, at most {}", t.size(), kMaxTensorMaps));
+    }
+    for (const json& e : t) {
+      if (!e.is_object() || !e.contains("tensor") || !e["tensor"].is_string() ||
+          !e.contains("box_rows") || !e["box_rows"].is_number_integer() || e.size() != 2) {
+        return Bad("tensor_maps: each entry must be {\"tensor\": name, \"box_rows\": n}");
+      }
+      TensorMapRequest r{e["tensor"].get<std::string>(), 0};
+      if (!IsMappableTensor(r.tensor)) {
+        return Bad(fmt::format("tensor_maps: \"{}\" is not q, k, v, o or dout", r.tensor));
+      }
+      const int64_t rows = e["box_rows"].get<int64_t>();
+      if (rows < 1 || rows > 256) {
+        return Bad(fmt::format("tensor_maps: box_rows {} of \"{}\" is outside [1, 256]", rows,
+                               r.tensor));
+      }
+      r.box_rows = int(rows);
+      m.tensor_maps.push_back(std::move(r));
+    }
+    if (!m.tensor_maps.empty() &&
+        std::find(m.features.begin(), m.features.end(), "tma") == m.features.end()) {
+      return Bad("tensor_maps: a variant that reads tensor maps must list the feature \"tma\"");
+    }
+  }
   return m;
 }
 
@@ -249,6 +277,11 @@ std::string ManifestToJson(const Manifest& m) {
   j["tile_order"] = std::string(TileOrderName(m.tile_order));
   if (m.key_major) j["key_major"] = true;
   if (m.split_slot_bytes > 0) j["split_slot_bytes"] = m.split_slot_bytes;
+  if (!m.tensor_maps.empty()) {
+    json t = json::array();
+    for (const auto& r : m.tensor_maps) t.push_back({{"tensor", r.tensor}, {"box_rows", r.box_rows}});
+    j["tensor_maps"] = std::move(t);
+  }
   return j.dump();
 }
 

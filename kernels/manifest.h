@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/tensor_map.h"
 
 namespace kforge {
 
@@ -80,6 +81,10 @@ struct Manifest {
   // partials; CONTRACT.md "Backward"), and each split pair needs this many
   // bytes of workspace for the partial the first half leaves.
   int64_t split_slot_bytes = 0;
+  // TMA: one 2-D tensor map per entry, which the host encodes for every
+  // launch and passes as the kernel's second parameter, after KfAttnParams
+  // (CONTRACT.md "Tensor maps"). Needs the feature "tma".
+  std::vector<TensorMapRequest> tensor_maps;
 };
 
 // Parses and validates the field types and ranges (not arch limits: see

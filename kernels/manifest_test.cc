@@ -67,6 +67,49 @@ TEST(ManifestTest, RejectsWithReason) {
   EXPECT_FALSE(ParseManifest(R"({"entry_point":"x"})").ok());
 }
 
+// Tensor maps (CONTRACT.md "Tensor maps"): the list round-trips in order,
+// and a map of an unknown tensor, a box out of range, a malformed entry or a
+// variant without the feature "tma" is refused with the reason.
+TEST(ManifestTest, TensorMapsRoundTripAndAreChecked) {
+  const std::string bwd = R"({"entry_point":"kf_attn_bwd","threads":384,"tile_m":64,
+      "tile_n":128,"grid":"persistent","archs":["sm_90a"],"head_dims":[128],"ops":["bwd"],
+      "key_major":true,"features":["wgmma","tma"],"tensor_maps":)";
+  auto m = ParseManifest(bwd + R"([{"tensor":"q","box_rows":64},{"tensor":"dout","box_rows":64}]})");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->tensor_maps, (std::vector<TensorMapRequest>{{"q", 64}, {"dout", 64}}));
+  auto again = ParseManifest(ManifestToJson(*m));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->tensor_maps, m->tensor_maps);
+  // none asked for: the key is left out, as before the field existed
+  auto plain = ParseManifest(kGood);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(ManifestToJson(*plain).find("tensor_maps"), std::string::npos);
+
+  const std::pair<std::string, std::string> bad[] = {
+      {R"([{"tensor":"lse","box_rows":64}]})", "\"lse\" is not q, k, v, o or dout"},
+      {R"([{"tensor":"q","box_rows":0}]})", "box_rows 0"},
+      {R"([{"tensor":"q","box_rows":257}]})", "box_rows 257"},
+      {R"([{"tensor":"q"}]})", "each entry must be"},
+      {R"([{"tensor":"q","box_rows":64,"swizzle":128}]})", "each entry must be"},
+      {R"({"tensor":"q","box_rows":64}})", "must be an array"},
+  };
+  for (const auto& [tail, why] : bad) {
+    auto r = ParseManifest(bwd + tail);
+    ASSERT_FALSE(r.ok()) << tail;
+    EXPECT_NE(r.status().message().find(why), std::string::npos) << r.status();
+  }
+  std::string nine = "[";
+  for (int i = 0; i < 9; ++i) nine += std::string(i ? "," : "") + R"({"tensor":"q","box_rows":64})";
+  auto many = ParseManifest(bwd + nine + "]}");
+  ASSERT_FALSE(many.ok());
+  EXPECT_NE(many.status().message().find("at most 8"), std::string::npos) << many.status();
+  std::string no_tma = bwd + R"([{"tensor":"q","box_rows":64}]})";
+  no_tma.replace(no_tma.find(R"(,"tma")"), 6, "");
+  auto r = ParseManifest(no_tma);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("\"tma\""), std::string::npos) << r.status();
+}
+
 TEST(ManifestTest, FeaturesAndLimitsPerArch) {
   EXPECT_TRUE(ArchHasFeature("sm_90a", "wgmma"));
   EXPECT_FALSE(ArchHasFeature("sm_90", "wgmma"));

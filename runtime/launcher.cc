@@ -324,7 +324,17 @@ absl::Status Launcher::Run(const Request& r, const ResolvedKernel& k) {
       p.lse = lse_scratch ? static_cast<float*>(ptr(lse_at)) : a.lse;
     }
     if (plan->empty) return absl::OkStatus();
-    if (absl::Status s = kernel.Launch(p, {plan->grid[0], plan->grid[1], plan->grid[2]},
+    // TMA variants: the maps of the caller's tensors, encoded for this call
+    // (a host call; a tensor TMA cannot address is the caller's error).
+    auto maps = gpu::EncodeAttnTensorMaps(*driver_, p, m.tensor_maps);
+    if (!maps.ok()) {
+      return maps.status().code() == absl::StatusCode::kInvalidArgument
+                 ? ToStatus(KF_ERR_INVALID_ARGUMENT,
+                            fmt::format("kernel {}: {}", k.entry.variant_id,
+                                        std::string(maps.status().message())))
+                 : Cuda(maps.status());
+    }
+    if (absl::Status s = kernel.Launch(p, *maps, {plan->grid[0], plan->grid[1], plan->grid[2]},
                                        {plan->threads}, plan->dynamic_smem_bytes, stream);
         !s.ok())
       return Cuda(s);

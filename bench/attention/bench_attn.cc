@@ -399,13 +399,17 @@ class Bench {
   struct Launch {
     LaunchPlan plan;
     KfAttnParams params;
+    std::vector<gpu::TensorMap> maps;  // the manifest's tensor maps, encoded before timing
   };
 
   absl::StatusOr<Launch> Plan(const Candidate& c, const Problem& pr, Data& d) {
     auto plan = PlanLaunch(c.variant.manifest, pr.cu_q, pr.cu_k, pr.heads, pr.causal, info_.arch,
                            info_.sm_count, CtasPerSm(c));
     if (!plan.ok()) return plan.status();
-    Launch l{*std::move(plan), Params(pr, d)};
+    Launch l{*std::move(plan), Params(pr, d), {}};
+    auto maps = gpu::EncodeAttnTensorMaps(driver_, l.params, c.variant.manifest.tensor_maps);
+    if (!maps.ok()) return maps.status();
+    l.maps = *std::move(maps);
     if (!l.plan.tiles.empty()) {
       if (d.tiles.size() < l.plan.tiles.size() * 4) {
         auto t = gpu::DeviceBuffer::Allocate(driver_, l.plan.tiles.size() * 4);
@@ -422,7 +426,7 @@ class Bench {
   absl::Status Run(const Candidate& c, const Launch& l) {
     BENCH_TRY(counter_.Fill32(0, stream_));
     if (l.plan.empty) return absl::OkStatus();
-    return c.kernel.Launch(l.params, {l.plan.grid[0], l.plan.grid[1], l.plan.grid[2]},
+    return c.kernel.Launch(l.params, l.maps, {l.plan.grid[0], l.plan.grid[1], l.plan.grid[2]},
                            {l.plan.threads}, l.plan.dynamic_smem_bytes, stream_);
   }
 
@@ -475,7 +479,8 @@ class Bench {
         reps, [&] { return counter_.Fill32(0, stream_); },
         [&]() -> absl::Status {
           if (l->plan.empty) return absl::OkStatus();
-          return c.kernel.Launch(l->params, {l->plan.grid[0], l->plan.grid[1], l->plan.grid[2]},
+          return c.kernel.Launch(l->params, l->maps,
+                                 {l->plan.grid[0], l->plan.grid[1], l->plan.grid[2]},
                                  {l->plan.threads}, l->plan.dynamic_smem_bytes, stream_);
         });
   }
@@ -626,6 +631,7 @@ class Bench {
   struct BwdLaunch {
     LaunchPlan plan;
     KfAttnParams params;
+    std::vector<gpu::TensorMap> maps;  // the manifest's tensor maps, encoded before timing
     uint64_t scratch = 0;  // the range zeroed before every launch
     size_t scratch_bytes = 0;
   };
@@ -650,7 +656,10 @@ class Bench {
     auto plan = PlanLaunch(m, pr.cu_q, pr.cu_k, pr.heads, pr.causal, info_.arch, info_.sm_count,
                            ctas_per_sm, pr.kv_heads);
     if (!plan.ok()) return plan.status();
-    BwdLaunch l{*std::move(plan), BwdParams(pr, d)};
+    BwdLaunch l{*std::move(plan), BwdParams(pr, d), {}};
+    auto maps = gpu::EncodeAttnTensorMaps(driver_, l.params, m.tensor_maps);
+    if (!maps.ok()) return maps.status();
+    l.maps = *std::move(maps);
     auto align = [](size_t x) { return (x + 255) / 256 * 256; };
     const size_t tq = pr.cu_q.back();
     const size_t counter_at = 0;
@@ -689,7 +698,7 @@ class Bench {
   absl::Status RunBwd(const Candidate& c, const BwdLaunch& l) {
     BENCH_TRY(gpu::FillAsync8(driver_, l.scratch, 0, l.scratch_bytes, stream_));
     if (l.plan.empty) return absl::OkStatus();
-    return c.kernel.Launch(l.params, {l.plan.grid[0], l.plan.grid[1], l.plan.grid[2]},
+    return c.kernel.Launch(l.params, l.maps, {l.plan.grid[0], l.plan.grid[1], l.plan.grid[2]},
                            {l.plan.threads}, l.plan.dynamic_smem_bytes, stream_);
   }
 

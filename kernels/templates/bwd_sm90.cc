@@ -78,6 +78,14 @@ TemplateDef BwdSm90Template() {
       // slice as bf16 (no dq_accum round trip, no conversion); long queries
       // over short keys (notes/bwd.md v9). Not with BLOCK_M=64 at head dim 64.
       {"DQ_DIRECT", {0, 1}, 0},
+      // 1: consumer 1 skips the steps whose 64 keys are all masked (causal
+      // diagonal steps, tail key blocks of at most 64 keys), and dQ leaves
+      // its keys out (notes/bwd.md v10).
+      {"CSKIP", {0, 1}, 0},
+      // 1: Q and dO of whole query blocks by TMA (the host's tensor maps);
+      // 2: the same with the producer on 24 registers, the consumers on 240
+      // (notes/bwd.md v10).
+      {"TMA", {0, 1, 2}, 0},
   };
   def.info.description =
       "Hopper backward (FA3-style): a CTA per key block of 128 keys (runs of short sequences "
@@ -130,6 +138,11 @@ TemplateDef BwdSm90Template() {
     m.tile_n = Knob(k, "BLOCK_N");
     m.archs = archs;
     m.features = {"wgmma", "setmaxnreg", "cp_async"};
+    if (Knob(k, "TMA") > 0) {
+      // the kernel's second parameter: maps of q and dout, boxes of one query block
+      m.features.push_back("tma");
+      m.tensor_maps = {{"q", Knob(k, "BLOCK_M")}, {"dout", Knob(k, "BLOCK_M")}};
+    }
     m.head_dims = {d};
     m.ops = {"bwd"};
     m.causal = m.noncausal = m.gqa = true;
@@ -155,7 +168,7 @@ TemplateDef BwdSm90Template() {
     const int order = FewCausalGroups(s) ? 0 : 1;
     return {{"BLOCK_M", s.head_dim == 64 ? 128 : 64}, {"BLOCK_N", 128}, {"STAGES", 2},
             {"ORDER", order}, {"SPLIT", order == 1 && HeavyTailedShort(s, /*keys=*/true) ? 1 : 0},
-            {"DQ_DIRECT", MostKeysFitOneBlock(s) ? 1 : 0}};
+            {"DQ_DIRECT", MostKeysFitOneBlock(s) ? 1 : 0}, {"CSKIP", 0}, {"TMA", 0}};
   };
   def.preference = [](const ShapeKey& s) {
     if (s.op != Op::kBackward || s.arch != "sm_90a") return 0;

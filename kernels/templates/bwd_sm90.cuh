@@ -106,8 +106,35 @@
 #ifndef KF_DQ_DIRECT
 #define KF_DQ_DIRECT 0
 #endif
+// KF_CSKIP = 1: consumer 1 skips a step whose 64 keys are all masked (past
+// the sequence, in a tail key block of at most 64 keys, or under a causal
+// mask after the step's last query: the diagonal step of every key block).
+// Its S^T, dP^T, dV and dK wgmmas and the dS math are left out, and both
+// consumers' dQ leave out its 64 keys (a zero half of dS): the tensor cores,
+// which the two warpgroups share, then run consumer 0's alone. Consumer 0
+// always has a visible key in a visited step (the tile's first visited query
+// block sees key n0). Not for packed runs (their windows mask per row).
+#ifndef KF_CSKIP
+#define KF_CSKIP 0
+#endif
+// KF_TMA = 1: a step's Q and dO tiles come by TMA (two boxes each at D =
+// 128) through the maps the host passes as the second kernel parameter
+// (manifest tensor_maps q, dout; CONTRACT.md "Tensor maps"), issued by one
+// producer thread and completing on the stage's land barrier, instead of
+// 16 cp.async a producer thread. A tail block (rows past the sequence, which
+// TMA would fill from the next sequence) keeps the cp.async copy and its
+// zero fill, so every tile the consumers read is what it was.
+// KF_TMA = 2: the same, with the producer on 24 registers and the consumers
+// on 240 (what the issue loop no longer needs).
+#ifndef KF_TMA
+#define KF_TMA 0
+#endif
 #ifndef KF_PRODUCER_REGS
+#if KF_TMA == 2
+#define KF_PRODUCER_REGS 24
+#else
 #define KF_PRODUCER_REGS 40
+#endif
 #endif
 #define KF_CONSUMER_REGS (((504 - KF_PRODUCER_REGS) / 2) / 8 * 8)
 
@@ -131,6 +158,9 @@
 #endif
 #if KF_DQ_DIRECT && (KF_BLOCK_M == 64) && (KF_HEAD_DIM == 64)
 #error "bwd_sm90: KF_DQ_DIRECT needs a dQ slice summed over all keys (BLOCK_M 128 at D = 64)"
+#endif
+#if (KF_TMA < 0) || (KF_TMA > 2)
+#error "bwd_sm90: KF_TMA must be 0, 1 or 2"
 #endif
 #if KF_SPLIT && !KF_ORDER
 #error "bwd_sm90: KF_SPLIT needs KF_ORDER 1 (a half counts the query blocks its steps visit)"
@@ -277,9 +307,19 @@ __device__ void write_dq(const KfAttnParams& p, int q0, int lq, int m0, int h, b
 
 }  // namespace kf9
 
+#if KF_TMA
+// The kernel's second parameter: the manifest's tensor_maps, in its order.
+struct KfBwdSm90Maps {
+  kfh::TmaMap q, dout;
+};
+#define KF9_MAPS_PARAM , const __grid_constant__ KfBwdSm90Maps maps
+#else
+#define KF9_MAPS_PARAM
+#endif
+
 // (launch bounds through a macro: kernels/check.cc's entry regex stops at '(')
 #define KF_LAUNCH_BOUNDS __launch_bounds__(384, 1)
-extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ KfAttnParams p) {
+extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ KfAttnParams p KF9_MAPS_PARAM) {
   using namespace kf9;
   constexpr KfBwdSm90Layout L = kf_bwd_sm90_layout(kD, kBM, kBN, kS);
   static_assert(L.dynamic_bytes <= 232448, "bwd_sm90: shared memory over sm_90a's limit");
@@ -302,12 +342,14 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
   const u32 bar_kv_empty = bar_kv_full + 8;                                         \
   const u32 bar_tile_full = bar_kv_empty + 8;                                       \
   const u32 bar_tile_empty = bar_tile_full + 16;                                    \
+  const u32 bar_land = bar_tile_empty + 16;                                         \
   float* const lse_s = (float*)(base_ptr + L.lse);                                  \
   float* const delta_s = (float*)(base_ptr + L.delta);                              \
   int* const win_s = (int*)(base_ptr + L.win);                                      \
   int* const flags = (int*)(base_ptr + L.flags);                                    \
   (void)sK; (void)sV; (void)bar_full; (void)bar_empty; (void)bar_kv_full;           \
-  (void)bar_kv_empty; (void)bar_tile_full; (void)bar_tile_empty; (void)lse_s;    \
+  (void)bar_kv_empty; (void)bar_tile_full; (void)bar_tile_empty; (void)bar_land; \
+  (void)lse_s;                                                                      \
   (void)delta_s; (void)win_s; (void)flags
 
   const int tid = threadIdx.x;
@@ -326,6 +368,10 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
       mbar_init(bar_tile_full + 8 * s, 1);  // the producer's thread 0
       mbar_init(bar_tile_empty + 8 * s, 256);  // every consumer thread
     }
+#if KF_TMA
+    // thread 0's arrival (with the TMA bytes, or alone for a cp.async step)
+    for (int s = 0; s < kS; ++s) mbar_init(bar_land + 8 * s, 1);
+#endif
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
@@ -366,11 +412,34 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         mbar_wait(bar_empty + 8 * s, ((it / kS) & 1) ^ 1);
         const u32 sQ = base + L.stage + s * L.stage_bytes;
         const long long row0 = ((long long)(T.q0 + m0) * p.heads + h) * kD;
-        kfh::load_tile<kD, kBM, 128, kBM * kD / 1024>(sQ, (const bf16*)p.q + row0, KF9_LDQ,
-                                                      T.lq - m0, t, (const bf16*)p.q);
-        kfh::load_tile<kD, kBM, 128, kBM * kD / 1024>(sQ + L.tile_q_bytes,
-                                                      (const bf16*)p.dout + row0, KF9_LDQ,
-                                                      T.lq - m0, t, (const bf16*)p.dout);
+#if KF_TMA
+        // A whole block by TMA (thread 0: the bytes on the land barrier, then
+        // the boxes); a tail block by cp.async with its rows past the
+        // sequence zero-filled, thread 0 completing the land phase at once.
+        const bool by_tma = m0 + kBM <= T.lq;
+        if (by_tma) {
+          if (t == 0) {
+            kfh::mbar_arrive_expect_tx(bar_land + 8 * s, 2 * L.tile_q_bytes);
+#pragma unroll
+            for (int pn = 0; pn < kD / 64; ++pn) {
+              kfh::tma_load_2d(sQ + pn * (kBM * 128), &maps.q, h * kD + 64 * pn, T.q0 + m0,
+                               bar_land + 8 * s);
+              kfh::tma_load_2d(sQ + L.tile_q_bytes + pn * (kBM * 128), &maps.dout,
+                               h * kD + 64 * pn, T.q0 + m0, bar_land + 8 * s);
+            }
+          }
+        } else
+#endif
+        {
+          kfh::load_tile<kD, kBM, 128, kBM * kD / 1024>(sQ, (const bf16*)p.q + row0, KF9_LDQ,
+                                                        T.lq - m0, t, (const bf16*)p.q);
+          kfh::load_tile<kD, kBM, 128, kBM * kD / 1024>(sQ + L.tile_q_bytes,
+                                                        (const bf16*)p.dout + row0, KF9_LDQ,
+                                                        T.lq - m0, t, (const bf16*)p.dout);
+#if KF_TMA
+          if (t == 0) mbar_arrive(bar_land + 8 * s);
+#endif
+        }
         // delta (notes/bwd.md, v3, v4b): thread 0 claims the query block in
         // its workspace counter; the first visitor publishes each row as a
         // tagged word (kDeltaTag), so the words are loaded beside the claim
@@ -416,6 +485,10 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
           kfh::load_tile<kD, kBM, 128, 1>(sO, (const bf16*)p.o + row0, KF9_LDQ, T.lq - m0, t,
                                           (const bf16*)p.o);
           cp_async_wait_all();
+#if KF_TMA
+          // (a TMA-loaded dO: every thread reads chunks the copy engine wrote)
+          if (by_tma) mbar_wait(bar_land + 8 * s, (it / kS) & 1);
+#endif
           constexpr int kCpr = kD / 8;
           constexpr int kRpp = 128 / kCpr;
           const int c = t % kCpr;
@@ -527,6 +600,18 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         const u32 sdO = sQ + L.tile_q_bytes;
         const u32 sdS = base + L.ds + (it & 1) * L.ds_bytes;
         mbar_wait(bar_full + 8 * s, (it / kS) & 1);
+#if KF_TMA
+        mbar_wait(bar_land + 8 * s, (it / kS) & 1);
+#endif
+#if KF_CSKIP
+        // Consumer 1's keys n0 + 64 .. n0 + 127 all masked in this step (the
+        // same answer in both consumers: the dQ below depends on it).
+        const int q_last = (m0 + kBM < T.lq ? m0 + kBM : T.lq) - 1;
+        const bool skip1 = !T.pack && (n0 + 64 >= T.lk || (p.causal && n0 + 64 > q_last + T.shift));
+        const bool live = w == 0 || !skip1;
+        u32 pa[kBM / 4], da[kBM / 4];
+        if (live) {
+#endif
 
         // S^T = K_w Q^T and dP^T = V_w dO^T (A and B both K-major).
         float sacc[kBM / 2], dpacc[kBM / 2];
@@ -613,7 +698,9 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
             }
           }
         }
+#if !KF_CSKIP
         u32 pa[kBM / 4], da[kBM / 4];
+#endif
 #pragma unroll
         for (int k = 0; k < kBM / 4; ++k) {
           pa[k] = pack_bf16(sacc[2 * k], sacc[2 * k + 1]);
@@ -659,6 +746,9 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         // register budget).
         wgmma_wait<1>();
         reg_fence_u<kBM / 4>(pa);
+#if KF_CSKIP
+        }  // live
+#endif
         fence_proxy_async();
         // The previous step's bulk read of the dQ staging buffer is done
         // before the barrier, so every thread may rewrite it after.
@@ -676,9 +766,21 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
           const int nks = (kDqSplitM || kDqSplitN) ? kBN / 16 : 4;
           const u64 aS = make_desc(sdS + a_off, 16, 1024);
           const u64 bK = make_desc(sK + b_off, kBN * 128, 1024);
+#if KF_CSKIP
+          // consumer 1's keys (k-steps 4..7) left out of dQ when skipped; a
+          // consumer adding only its own keys' share then adds zeros
+          if (!(kDqSplitM || kDqSplitN) && !live) {
+#pragma unroll
+            for (int i = 0; i < 32; ++i) dq[i] = 0.f;
+          }
+#endif
 #pragma unroll
           for (int x = 0; x < kBN / 16; ++x) {
+#if KF_CSKIP
+            if (x < nks && !(skip1 && ks0 + x >= 4)) {
+#else
             if (x < nks) {
+#endif
               const int ks = ks0 + x;
               kfh::wgmma_ss<64, 1>(dq, aS + (u64)((ks >> 2) * (kBM * 128 / 16) + 2 * (ks & 3)),
                             bK + (u64)(ks * (16 * 128 / 16)), x > 0 ? 1 : 0);
@@ -689,7 +791,11 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         // dK complete (dQ may still run): da and this stage's Q, dO, LSE and
         // delta are free.
         wgmma_wait<1>();
+#if KF_CSKIP
+        if (live) reg_fence_u<kBM / 4>(da);
+#else
         reg_fence_u<kBM / 4>(da);
+#endif
         mbar_arrive(bar_empty + 8 * s);
         wgmma_wait<0>();
         reg_fence<32>(dq);

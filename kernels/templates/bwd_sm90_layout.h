@@ -29,7 +29,7 @@ struct KfBwdSm90Layout {
   int win;          // the consumers': a packed tile's row windows (BLOCK_N ints, lo | hi << 16)
   int pack;         //   and its members' query and key offsets (2 x kf_bwd_sm90_pack_entries())
   int bars;         // mbarriers (8 B each): full[S], empty[S], kv_full, kv_empty,
-                    //   tile_full[2], tile_empty[2]
+                    //   tile_full[2], tile_empty[2], land[S] (TMA: a stage's Q and dO in)
   int total;        // bytes used from the aligned base
   int dynamic_bytes;// dynamic shared memory to request
 };
@@ -61,7 +61,7 @@ constexpr KfBwdSm90Layout kf_bwd_sm90_layout(int d, int block_m, int block_n, in
   l.win = l.flags + 264 * 4;
   l.pack = l.win + block_n * 4;
   l.bars = l.pack + 2 * kf_bwd_sm90_pack_entries() * 4;
-  l.total = l.bars + (2 * stages + 6) * 8;
+  l.total = l.bars + (3 * stages + 6) * 8;
   l.dynamic_bytes = l.total + 1024;
   return l;
 }

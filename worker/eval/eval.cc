@@ -488,11 +488,15 @@ struct Evaluator::Impl {
     params.tile_counter = out.tile_counter.as<int>();
     params.workspace = out.plan.workspace_bytes > 0 ? out.workspace.get() : nullptr;
     params.workspace_bytes = out.plan.workspace_bytes;
+    // (host work, before the events: encoding is a host call, as the runtime makes it)
+    absl::StatusOr<std::vector<gpu::TensorMap>> maps =
+        gpu::EncodeAttnTensorMaps(*driver, params, c.manifest.tensor_maps);
+    if (!maps.ok()) return maps.status();
     if (timed) KF_RETURN_IF_ERROR(start.Record(stream));
     if (!out.plan.empty) {
       KF_RETURN_IF_ERROR(c.kernel.Launch(
-          params, {out.plan.grid[0], out.plan.grid[1], out.plan.grid[2]}, {out.plan.threads},
-          out.plan.dynamic_smem_bytes, stream));
+          params, *maps, {out.plan.grid[0], out.plan.grid[1], out.plan.grid[2]},
+          {out.plan.threads}, out.plan.dynamic_smem_bytes, stream));
     }
     if (timed) KF_RETURN_IF_ERROR(end.Record(stream));
     KF_RETURN_IF_ERROR(stream.Synchronize());

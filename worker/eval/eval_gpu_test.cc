@@ -259,6 +259,60 @@ TEST_F(EvalGpu, BwdSm90Verifies) {
   }
 }
 
+// bwd_sm90's consumer skip (CSKIP=1: consumer 1 leaves out steps whose keys
+// are all masked) and TMA loads of Q and dO (TMA=1, 2: whole query blocks by
+// TMA through the host's tensor maps, tail blocks by cp.async) on the
+// hostile batches: both masks, self and cross, GQA, both head dims and dQ
+// splits (BLOCK_M=64 at head dim 64: each consumer adds its own keys'
+// share), packed runs of tiny sequences, split key tiles and DQ_DIRECT.
+TEST_F(EvalGpu, BwdSm90SkipAndTmaVerify) {
+  if (evaluator_->device().arch != "sm_90a") GTEST_SKIP() << "bwd_sm90 needs sm_90a";
+  bool listed = false;
+  for (const auto& t : ListTemplates()) listed = listed || t.name == "bwd_sm90";
+  if (!listed) GTEST_SKIP() << "bwd_sm90 is not in this build";
+  // kind: 0 the default batch, 1 tiny (packed runs), 2 long queries over short
+  // keys, 3 the first heavy-tailed split case's batch
+  struct S { int d, h, kvh; bool causal, cross; int bm, order, cskip, tma, split, direct, kind; };
+  for (S s : {S{128, 4, 4, true, false, 64, 1, 1, 0, 0, 0, 0},
+              S{128, 4, 2, false, true, 64, 1, 1, 1, 0, 0, 0},
+              S{128, 2, 1, true, true, 64, 0, 1, 2, 0, 0, 0},
+              S{128, 4, 4, false, false, 64, 0, 0, 1, 0, 0, 0},
+              S{64, 4, 1, true, true, 128, 1, 1, 1, 0, 0, 0},
+              S{64, 4, 2, true, false, 64, 1, 1, 2, 0, 0, 0},
+              S{128, 4, 2, true, true, 64, 1, 1, 2, 0, 0, 1},
+              S{64, 2, 2, false, false, 128, 1, 1, 1, 0, 0, 1},
+              S{128, 4, 4, false, false, 64, 1, 1, 2, 1, 0, 3},
+              S{128, 4, 4, false, true, 64, 1, 1, 1, 0, 1, 2}}) {
+    SCOPED_TRACE(fmt::format("d{} h{}/{} causal {} cross {} BM{} ORDER{} CSKIP{} TMA{} SPLIT{} "
+                             "DQ_DIRECT{} kind {}",
+                             s.d, s.h, s.kvh, s.causal, s.cross, s.bm, s.order, s.cskip, s.tma,
+                             s.split, s.direct, s.kind));
+    absl::StatusOr<Variant> v = Instantiate(
+        "bwd_sm90",
+        {{"BLOCK_M", s.bm}, {"BLOCK_N", 128}, {"STAGES", 2}, {"ORDER", s.order},
+         {"SPLIT", s.split}, {"DQ_DIRECT", s.direct}, {"CSKIP", s.cskip}, {"TMA", s.tma}},
+        s.d);
+    ASSERT_TRUE(v.ok()) << v.status();
+    ShapeKey shape = Shape(Op::kBackward, s.d, s.h, s.kvh, s.causal, s.cross);
+    if (s.kind == 1) MakeTiny(shape);
+    if (s.kind == 2) {
+      shape.batch = 40;
+      shape.max_len_q = 1500;
+      shape.total_q = 40 * 700;
+      shape.max_len_k = 100;
+      shape.total_k = 40 * 50;
+    }
+    if (s.kind == 3) {
+      const split_cases::SplitCase& c = split_cases::kSplitCases[0];
+      shape = split_cases::HeavyTailedBwdShape(c.d, c.h, c.kvh, c.causal, c.cross,
+                                               evaluator_->device().arch);
+    }
+    ExpectVerified(*v, shape,
+                   3100 + s.d + s.bm + 3 * s.h + 5 * s.kvh + 7 * s.causal + 11 * s.cross +
+                       13 * s.order + 17 * s.cskip + 19 * s.tma + 23 * s.kind);
+  }
+}
+
 // fwd_sm90's host-balanced list (ORDER=1: a stop entry ends each CTA's
 // list) and packed tiles (PACK=1: runs of short sequences in one 128-row
 // tile, each row masked to its own sequence's keys) on the hostile check

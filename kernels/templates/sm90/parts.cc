@@ -13,6 +13,7 @@ extern const char sm90_fwd_epilogue_cuh[];
 extern const char sm90_packed_rows_cuh[];
 extern const char sm90_bwd_tiles_cuh[];
 extern const char sm90_bwd_dq_cuh[];
+extern const char sm90_tma_cuh[];
 extern const char fwd_sm90_cuh[];
 extern const char bwd_sm90_layout_h[];
 extern const char bwd_sm90_cuh[];
@@ -45,6 +46,7 @@ const std::vector<Part>& BwdSm90Parts() {
       {"sm90/packed_rows.cuh", embedded::sm90_packed_rows_cuh},
       {"sm90/bwd_tiles.cuh", embedded::sm90_bwd_tiles_cuh},
       {"sm90/bwd_dq.cuh", embedded::sm90_bwd_dq_cuh},
+      {"sm90/tma.cuh", embedded::sm90_tma_cuh},
       {"bwd_sm90_layout.h", embedded::bwd_sm90_layout_h},
       {"bwd_sm90.cuh", embedded::bwd_sm90_cuh},
   };
