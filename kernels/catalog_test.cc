@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "kernels/check.h"
 
 namespace kforge {
@@ -72,15 +74,17 @@ TEST(CatalogTest, DefaultVariantPassesStaticChecksOnEveryArch) {
 }
 
 // bwd_sm90 with TMA (a second kernel parameter of tensor maps, manifest
-// tensor_maps and the feature "tma") passes the static checks on sm_90a.
+// tensor_maps and the feature "tma") and without passes the static checks
+// on sm_90a.
 TEST(CatalogTest, BwdSm90TmaVariantPassesStaticChecks) {
   for (int d : {64, 128}) {
-    for (int tma : {1, 2}) {
+    for (int tma : {0, 1}) {
       ShapeKey s = Shape(d, "sm_90a", 1024);
       s.op = Op::kBackward;
       auto v = Instantiate("bwd_sm90", {{"BLOCK_M", d == 64 ? 128 : 64}, {"TMA", tma}, {"CSKIP", 1}}, d);
       ASSERT_TRUE(v.ok()) << v.status();
-      EXPECT_EQ(v->manifest.tensor_maps.size(), 2u);
+      EXPECT_EQ(v->manifest.tensor_maps.size(), tma ? 2u : 0u);
+      EXPECT_EQ(std::count(v->manifest.features.begin(), v->manifest.features.end(), "tma"), tma);
       auto c = CheckVariant(v->source, v->manifest, "sm_90a", s);
       EXPECT_TRUE(c.ok()) << "d" << d << " TMA=" << tma << ": " << c;
     }

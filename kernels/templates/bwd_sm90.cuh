@@ -1,10 +1,10 @@
 // kforge "bwd_sm90": Hopper (sm_90a) jagged flash-attention backward, one launch.
 //
-// Notes, versions and measurements: kernels/notes/bwd.md (v1 .. v9).
+// Notes, versions and measurements: kernels/notes/bwd.md (v1 .. v10).
 // The backward contract (key-major tile list, dq_accum, delta, the dq
 // counters in the workspace) is bwd_mma's: kernels/CONTRACT.md "Backward".
 //
-// Structure (FA3-style warp specialisation, cp.async instead of TMA):
+// Structure (FA3-style warp specialisation; Q and dO by TMA with KF_TMA):
 //   * 384 threads = 3 warpgroups. A CTA takes key-major tiles
 //     {b, kv head g, n_block, qbase} from p.tiles: its first is blockIdx.x,
 //     then the producer's thread 0 takes the next from p.tile_counter and
@@ -13,7 +13,9 @@
 //   * WG0, the producer (setmaxnreg.dec): per step (one query head of the
 //     group x one query block of BLOCK_M rows that sees a key of the block)
 //     it fills a stage of a KF_STAGES ring (full / empty mbarriers) with Q
-//     and dO (cp.async, rows past the sequence zero-filled), LSE * log2(e)
+//     and dO (KF_TMA: a whole query block by TMA, completing on the stage's
+//     land barrier; a tail block, or KF_TMA 0, by cp.async with the rows past
+//     the sequence zero-filled), LSE * log2(e)
 //     (+inf where P must be 0) and delta = rowsum(dO * O): the first key
 //     block to visit a query block claims it in the block's workspace
 //     counter, computes delta (O staged in smem like dO, one round trip)
@@ -52,10 +54,13 @@
 //
 // Knobs (prepended #defines): KF_HEAD_DIM (64|128), KF_BLOCK_M (64|128; 128
 // only with D = 64), KF_BLOCK_N (128), KF_STAGES (1|2; the space has 2),
-// KF_ORDER, KF_SPLIT, KF_DQ_DIRECT (below).
+// KF_ORDER, KF_SPLIT, KF_DQ_DIRECT, KF_CSKIP, KF_TMA (below; the space has
+// TMA 0 and 1).
 // The shared-memory layout is kf_bwd_sm90_layout()
 // (templates/bwd_sm90_layout.h, prepended).
-// Entry point: extern "C" __global__ kf_attn_bwd(const __grid_constant__ KfAttnParams p).
+// Entry point: extern "C" __global__ kf_attn_bwd(const __grid_constant__ KfAttnParams p),
+// with KF_TMA a second parameter, the tensor maps of q and dout
+// (kernels/CONTRACT.md "Tensor maps").
 #include "kforge/attn_params.h"
 
 #ifndef KF_HEAD_DIM

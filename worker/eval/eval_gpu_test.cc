@@ -260,8 +260,9 @@ TEST_F(EvalGpu, BwdSm90Verifies) {
 }
 
 // bwd_sm90's consumer skip (CSKIP=1: consumer 1 leaves out steps whose keys
-// are all masked) and TMA loads of Q and dO (TMA=1, 2: whole query blocks by
-// TMA through the host's tensor maps, tail blocks by cp.async) on the
+// are all masked) and TMA loads of Q and dO (TMA=1: whole query blocks by
+// TMA through the host's tensor maps, tail blocks by cp.async), each on and
+// off (the defaults have both on, as BwdSm90Verifies runs them), on the
 // hostile batches: both masks, self and cross, GQA, both head dims and dQ
 // splits (BLOCK_M=64 at head dim 64: each consumer adds its own keys'
 // share), packed runs of tiny sequences, split key tiles and DQ_DIRECT.
@@ -275,14 +276,14 @@ TEST_F(EvalGpu, BwdSm90SkipAndTmaVerify) {
   struct S { int d, h, kvh; bool causal, cross; int bm, order, cskip, tma, split, direct, kind; };
   for (S s : {S{128, 4, 4, true, false, 64, 1, 1, 0, 0, 0, 0},
               S{128, 4, 2, false, true, 64, 1, 1, 1, 0, 0, 0},
-              S{128, 2, 1, true, true, 64, 0, 1, 2, 0, 0, 0},
-              S{128, 4, 4, false, false, 64, 0, 0, 1, 0, 0, 0},
+              S{128, 2, 1, true, true, 64, 0, 0, 1, 0, 0, 0},
+              S{128, 4, 4, false, false, 64, 0, 0, 0, 0, 0, 0},
               S{64, 4, 1, true, true, 128, 1, 1, 1, 0, 0, 0},
-              S{64, 4, 2, true, false, 64, 1, 1, 2, 0, 0, 0},
-              S{128, 4, 2, true, true, 64, 1, 1, 2, 0, 0, 1},
-              S{64, 2, 2, false, false, 128, 1, 1, 1, 0, 0, 1},
-              S{128, 4, 4, false, false, 64, 1, 1, 2, 1, 0, 3},
-              S{128, 4, 4, false, true, 64, 1, 1, 1, 0, 1, 2}}) {
+              S{64, 4, 2, true, false, 64, 1, 1, 1, 0, 0, 0},
+              S{128, 4, 2, true, true, 64, 1, 1, 1, 0, 0, 1},
+              S{64, 2, 2, false, false, 128, 1, 0, 1, 0, 0, 1},
+              S{128, 4, 4, false, false, 64, 1, 1, 1, 1, 0, 3},
+              S{128, 4, 4, false, true, 64, 1, 1, 0, 0, 1, 2}}) {
     SCOPED_TRACE(fmt::format("d{} h{}/{} causal {} cross {} BM{} ORDER{} CSKIP{} TMA{} SPLIT{} "
                              "DQ_DIRECT{} kind {}",
                              s.d, s.h, s.kvh, s.causal, s.cross, s.bm, s.order, s.cskip, s.tma,
