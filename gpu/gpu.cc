@@ -578,15 +578,8 @@ absl::StatusOr<TensorMap> EncodeTensorMapTiled(const Driver& driver, const Tenso
   return map;
 }
 
-absl::StatusOr<TensorMap> EncodeAttnTensorMap(const Driver& driver, const KfAttnParams& p,
-                                              const TensorMapRequest& r) {
-  const bool kv = r.tensor == "k" || r.tensor == "v";
-  const void* address = r.tensor == "q"      ? p.q
-                        : r.tensor == "k"    ? p.k
-                        : r.tensor == "v"    ? p.v
-                        : r.tensor == "o"    ? p.o
-                        : r.tensor == "dout" ? p.dout
-                                             : nullptr;
+absl::StatusOr<std::optional<TensorMapSpec>> AttnTensorMapSpec(const KfAttnParams& p,
+                                                              const TensorMapRequest& r) {
   if (!IsMappableTensor(r.tensor)) {
     return absl::InvalidArgumentError(
         fmt::format("tensor map of \"{}\": not q, k, v, o or dout", r.tensor));
@@ -595,9 +588,15 @@ absl::StatusOr<TensorMap> EncodeAttnTensorMap(const Driver& driver, const KfAttn
     return absl::InvalidArgumentError(
         fmt::format("tensor map of {}: box_rows {} is outside [1, 256]", r.tensor, r.box_rows));
   }
+  const bool kv = r.tensor == "k" || r.tensor == "v";
+  const void* address = r.tensor == "q"   ? p.q
+                        : r.tensor == "k" ? p.k
+                        : r.tensor == "v" ? p.v
+                        : r.tensor == "o" ? static_cast<const void*>(p.o)
+                                          : p.dout;
   const int64_t rows = kv ? p.total_k : p.total_q;
   const int64_t cols = int64_t(kv ? p.kv_heads : p.heads) * p.head_dim;
-  if (rows <= 0) return TensorMap{};  // nothing to read: no box is ever loaded
+  if (rows <= 0) return std::nullopt;  // nothing to read: no box is ever loaded
   if (address == nullptr || reinterpret_cast<uintptr_t>(address) % 16 != 0) {
     return absl::InvalidArgumentError(fmt::format(
         "tensor map of {}: address {} is {} (TMA needs a 16-byte aligned tensor)", r.tensor,
@@ -618,7 +617,15 @@ absl::StatusOr<TensorMap> EncodeAttnTensorMap(const Driver& driver, const KfAttn
   spec.box[0] = 64;
   spec.box[1] = uint32_t(r.box_rows);
   spec.swizzle_bytes = 128;
-  auto map = EncodeTensorMapTiled(driver, spec);
+  return spec;
+}
+
+absl::StatusOr<TensorMap> EncodeAttnTensorMap(const Driver& driver, const KfAttnParams& p,
+                                              const TensorMapRequest& r) {
+  absl::StatusOr<std::optional<TensorMapSpec>> spec = AttnTensorMapSpec(p, r);
+  if (!spec.ok()) return spec.status();
+  if (!spec->has_value()) return TensorMap{};
+  auto map = EncodeTensorMapTiled(driver, **spec);
   if (!map.ok()) {
     return absl::Status(map.status().code(),
                         fmt::format("tensor map of {}: {}", r.tensor, std::string(map.status().message())));

@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -329,9 +330,13 @@ absl::StatusOr<TensorMap> EncodeTensorMapTiled(const Driver& driver, const Tenso
 // The contract's map of one tensor of `params` (CONTRACT.md "Tensor maps"):
 // 2-D bf16 over the packed tensor, dims {heads * head_dim (kv_heads for k
 // and v), total rows}, boxes of 64 columns x box_rows rows, 128-byte
-// swizzle. A tensor of no rows gets an all-zero map (a kernel has no row to
-// read through it). INVALID_ARGUMENT names the tensor when its address is
-// null or not 16-byte aligned.
+// swizzle; std::nullopt for a tensor of no rows (nothing can be read
+// through its map). INVALID_ARGUMENT names the tensor when the request is
+// not the contract's, or its address is null or not 16-byte aligned.
+// Needs no driver.
+absl::StatusOr<std::optional<TensorMapSpec>> AttnTensorMapSpec(const KfAttnParams& params,
+                                                              const TensorMapRequest& request);
+// That map, encoded; a tensor of no rows gets an all-zero map.
 absl::StatusOr<TensorMap> EncodeAttnTensorMap(const Driver& driver, const KfAttnParams& params,
                                               const TensorMapRequest& request);
 // Every map a manifest asks for, in its order.

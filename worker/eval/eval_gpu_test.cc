@@ -80,6 +80,16 @@ class EvalGpu : public ::testing::Test {
     k.total_k = k.cross ? 600 * 5 : 600 * 6;
   }
 
+  // 40 sequences of up to 1500 queries over up to 100 keys (long queries
+  // over short keys: every key tile fits one key block).
+  static void MakeLongQueriesShortKeys(ShapeKey& k) {
+    k.batch = 40;
+    k.max_len_q = 1500;
+    k.total_q = 40 * 700;
+    k.max_len_k = 100;
+    k.total_k = 40 * 50;
+  }
+
   // Evaluates a template's variant on the hostile check batches of `shape`
   // (three timed runs) and expects it verified.
   static void ExpectVerified(const Variant& v, const ShapeKey& shape, uint64_t seed) {
@@ -241,13 +251,7 @@ TEST_F(EvalGpu, BwdSm90Verifies) {
     ASSERT_TRUE(v.ok()) << v.status();
     ShapeKey shape = Shape(Op::kBackward, c.d, c.h, c.kvh, c.causal, c.cross);
     if (c.kind == 1) MakeTiny(shape);
-    if (c.kind == 2) {
-      shape.batch = 40;
-      shape.max_len_q = 1500;
-      shape.total_q = 40 * 700;
-      shape.max_len_k = 100;
-      shape.total_k = 40 * 50;
-    }
+    if (c.kind == 2) MakeLongQueriesShortKeys(shape);
     if (c.kind == 3) {
       shape.batch = 1;
       shape.max_len_q = shape.total_q = 6000;
@@ -296,13 +300,7 @@ TEST_F(EvalGpu, BwdSm90SkipAndTmaVerify) {
     ASSERT_TRUE(v.ok()) << v.status();
     ShapeKey shape = Shape(Op::kBackward, s.d, s.h, s.kvh, s.causal, s.cross);
     if (s.kind == 1) MakeTiny(shape);
-    if (s.kind == 2) {
-      shape.batch = 40;
-      shape.max_len_q = 1500;
-      shape.total_q = 40 * 700;
-      shape.max_len_k = 100;
-      shape.total_k = 40 * 50;
-    }
+    if (s.kind == 2) MakeLongQueriesShortKeys(shape);
     if (s.kind == 3) {
       const split_cases::SplitCase& c = split_cases::kSplitCases[0];
       shape = split_cases::HeavyTailedBwdShape(c.d, c.h, c.kvh, c.causal, c.cross,
