@@ -12,7 +12,9 @@ O=${OUT:-/tmp/ab}
 mkdir -p "$O"
 export LD_LIBRARY_PATH=$B/lib:/usr/local/cuda/lib64
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv,noheader
-echo "commit $(git rev-parse --short HEAD 2>/dev/null) $(date -u +%FT%TZ)"
+# (no commit here: the device machine's copy of .git need not be this
+# checkout's HEAD; record the commit that built the bundle yourself)
+date -u +%FT%TZ
 if [ -n "${TESTS:-}" ]; then
   timeout "${TEST_TIMEOUT:-300}" "$B/bin/eval_gpu_test" --gtest_filter="$TESTS" > "$O/eval.log" 2>&1
   echo "eval_gpu_test rc=$?"
