@@ -83,9 +83,6 @@ TemplateDef BwdSm90Template() {
       // its keys out (notes/bwd.md v10).
       {"CSKIP", {0, 1}, 1},
       // 1: Q and dO of whole query blocks by TMA (the host's tensor maps).
-      // (2, the producer on 24 registers and the consumers on 240, measured
-      // 0.87-0.99x of 1 on the H200: the producer spills, and the consumers
-      // do not spill at 232; the kernel keeps it for experiments only.)
       {"TMA", {0, 1}, 1},
   };
   def.info.description =

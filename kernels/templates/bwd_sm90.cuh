@@ -54,8 +54,7 @@
 //
 // Knobs (prepended #defines): KF_HEAD_DIM (64|128), KF_BLOCK_M (64|128; 128
 // only with D = 64), KF_BLOCK_N (128), KF_STAGES (1|2; the space has 2),
-// KF_ORDER, KF_SPLIT, KF_DQ_DIRECT, KF_CSKIP, KF_TMA (below; the space has
-// TMA 0 and 1).
+// KF_ORDER, KF_SPLIT, KF_DQ_DIRECT, KF_CSKIP, KF_TMA (below).
 // The shared-memory layout is kf_bwd_sm90_layout()
 // (templates/bwd_sm90_layout.h, prepended).
 // Entry point: extern "C" __global__ kf_attn_bwd(const __grid_constant__ KfAttnParams p),
@@ -128,18 +127,14 @@
 // producer thread and completing on the stage's land barrier, instead of
 // 16 cp.async a producer thread. A tail block (rows past the sequence, which
 // TMA would fill from the next sequence) keeps the cp.async copy and its
-// zero fill, so every tile the consumers read is what it was.
-// KF_TMA = 2: the same, with the producer on 24 registers and the consumers
-// on 240 (what the issue loop no longer needs).
+// zero fill, so every tile the consumers read is what it was. (The producer
+// on 24 registers and the consumers on 240 measured 0.87-0.99x of this: the
+// producer spills, the consumers spill nothing at 232; notes/bwd.md v10.)
 #ifndef KF_TMA
 #define KF_TMA 0
 #endif
 #ifndef KF_PRODUCER_REGS
-#if KF_TMA == 2
-#define KF_PRODUCER_REGS 24
-#else
 #define KF_PRODUCER_REGS 40
-#endif
 #endif
 #define KF_CONSUMER_REGS (((504 - KF_PRODUCER_REGS) / 2) / 8 * 8)
 
@@ -164,8 +159,8 @@
 #if KF_DQ_DIRECT && (KF_BLOCK_M == 64) && (KF_HEAD_DIM == 64)
 #error "bwd_sm90: KF_DQ_DIRECT needs a dQ slice summed over all keys (BLOCK_M 128 at D = 64)"
 #endif
-#if (KF_TMA < 0) || (KF_TMA > 2)
-#error "bwd_sm90: KF_TMA must be 0, 1 or 2"
+#if (KF_TMA != 0) && (KF_TMA != 1)
+#error "bwd_sm90: KF_TMA must be 0 or 1"
 #endif
 #if KF_SPLIT && !KF_ORDER
 #error "bwd_sm90: KF_SPLIT needs KF_ORDER 1 (a half counts the query blocks its steps visit)"
