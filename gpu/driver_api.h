@@ -54,6 +54,8 @@ struct DriverApi {
   CUresult (*EventElapsedTime)(float*, CUevent, CUevent);
   CUresult (*EventQuery)(CUevent);
   CUresult (*StreamWaitEvent)(CUstream, CUevent, unsigned int);
+  // Optional (nullptr when the driver lacks it): a kernel's parameter list, CUDA >= 12.4.
+  CUresult (*FuncGetParamInfo)(CUfunction, size_t, size_t*, size_t*);
   // Optional (nullptr when the driver lacks it): TMA descriptors, CUDA >= 12.
   CUresult (*TensorMapEncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
                                      const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,

@@ -125,6 +125,7 @@ absl::StatusOr<std::unique_ptr<Driver>> Driver::Load() {
   need(api->EventQuery, {"cuEventQuery"});
   need(api->StreamWaitEvent, {"cuStreamWaitEvent"});
   Resolve(h, api->TensorMapEncodeTiled, {"cuTensorMapEncodeTiled"});  // optional
+  Resolve(h, api->FuncGetParamInfo, {"cuFuncGetParamInfo"});          // optional
   if (!missing.empty()) {
     return absl::UnavailableError(
         fmt::format("CUDA driver too old: libcuda.so.1 lacks{}", missing));
@@ -471,7 +472,25 @@ absl::StatusOr<Kernel> Module::GetKernel(std::string_view name) const {
     return absl::NotFoundError(fmt::format("no entry point '{}' in the module", n));
   }
   KF_CU(r, "cuModuleGetFunction");
-  return Kernel(driver_, f, std::move(n));
+  Kernel k(driver_, f, std::move(n));
+  // The parameters the kernel declares, read once here: a launch passes
+  // only the contract's, and the driver copies each declared one from what
+  // it is given (cuFuncGetParamInfo answers INVALID_VALUE past the last).
+  if (api.FuncGetParamInfo != nullptr) {
+    std::vector<size_t> sizes;
+    for (size_t i = 0; i <= 64; ++i) {
+      size_t offset = 0, size = 0;
+      const CUresult q = api.FuncGetParamInfo(f, i, &offset, &size);
+      if (q == CUDA_ERROR_INVALID_VALUE) {
+        k.param_sizes_ = std::move(sizes);
+        k.params_known_ = true;
+        break;
+      }
+      if (q != CUDA_SUCCESS) break;  // the driver cannot tell: no check
+      sizes.push_back(size);
+    }
+  }
+  return k;
 }
 
 absl::StatusOr<DeviceRegion> Module::GetGlobal(std::string_view name) const {
@@ -519,17 +538,33 @@ absl::StatusOr<int> Kernel::MaxActiveBlocksPerSm(int threads, int dynamic_smem) 
   return blocks;
 }
 
+absl::Status CheckKernelParams(std::string_view kernel, std::span<const size_t> declared,
+                               std::span<const size_t> passed) {
+  bool ok = declared.size() <= passed.size();
+  for (size_t i = 0; ok && i < declared.size(); ++i) ok = declared[i] <= passed[i];
+  if (ok) return absl::OkStatus();
+  return absl::InvalidArgumentError(fmt::format(
+      "kernel {} declares {} parameter(s) of [{}] bytes, but a launch passes [{}]: the "
+      "contract's KfAttnParams, then the manifest's tensor maps if it asks for any",
+      kernel, declared.size(), fmt::join(declared, ", "), fmt::join(passed, ", ")));
+}
+
 absl::Status Kernel::Launch(const KfAttnParams& params, Dim3 grid, Dim3 block, int dynamic_smem,
                             const Stream& stream) const {
-  void* args[] = {const_cast<KfAttnParams*>(&params)};
-  return LaunchRaw(args, grid, block, dynamic_smem, stream);
+  return Launch(params, {}, grid, block, dynamic_smem, stream);
 }
 
 absl::Status Kernel::Launch(const KfAttnParams& params, std::span<const TensorMap> maps,
                             Dim3 grid, Dim3 block, int dynamic_smem, const Stream& stream) const {
-  if (maps.empty()) return Launch(params, grid, block, dynamic_smem, stream);
   // The maps are one parameter: n x 128 contiguous bytes, as the kernel
   // declares them (a struct of n maps), copied by the driver at launch.
+  const size_t passed[] = {sizeof(KfAttnParams), maps.size() * sizeof(TensorMap)};
+  if (params_known_) {
+    if (absl::Status s =
+            CheckKernelParams(name_, param_sizes_, std::span(passed, maps.empty() ? 1 : 2));
+        !s.ok())
+      return s;
+  }
   void* args[] = {const_cast<KfAttnParams*>(&params), const_cast<TensorMap*>(maps.data())};
   return LaunchRaw(args, grid, block, dynamic_smem, stream);
 }

@@ -264,6 +264,10 @@ class Kernel {
 
   // Launches the kernel with `params` as its single (by value) argument:
   // kernels are declared `__global__ void f(const __grid_constant__ KfAttnParams p)`.
+  // A kernel that declares more parameters, or a larger one, than a launch
+  // passes would have the driver copy them from memory past what it was
+  // given: both Launch forms refuse it (CheckKernelParams), where the
+  // driver can list a kernel's parameters.
   absl::Status Launch(const KfAttnParams& params, Dim3 grid, Dim3 block, int dynamic_smem,
                       const Stream& stream) const;
   // A variant with tensor maps (manifest "tensor_maps"): `maps` follow
@@ -279,6 +283,10 @@ class Kernel {
   friend class Module;
   Kernel(const Driver* driver, void* function, std::string name)
       : driver_(driver), function_(function), name_(std::move(name)) {}
+  // The sizes of the parameters the kernel declares, when the driver can
+  // tell (cuFuncGetParamInfo): the contract's launches check them.
+  std::vector<size_t> param_sizes_;
+  bool params_known_ = false;
   const Driver* driver_ = nullptr;
   void* function_ = nullptr;
   std::string name_;
@@ -305,6 +313,13 @@ class Module {
   const Driver* driver_ = nullptr;
   void* module_ = nullptr;
 };
+
+// OK when a kernel declaring parameters of `declared` bytes may be launched
+// with `passed` (one buffer of that many bytes a parameter): no more of them,
+// none larger. INVALID_ARGUMENT names the kernel and both lists otherwise.
+// Needs no driver.
+absl::Status CheckKernelParams(std::string_view kernel, std::span<const size_t> declared,
+                               std::span<const size_t> passed);
 
 // A TMA descriptor (CUtensorMap): 128 bytes, 64-byte aligned, passed to
 // kernels by value inside their parameters or copied to device memory.

@@ -93,6 +93,49 @@ extern "C" __global__ void kf_fill(const __grid_constant__ KfAttnParams p) {
   EXPECT_GE(*ms, 0.0f);
 }
 
+// A kernel that declares a parameter the contract's launch does not pass
+// (the driver would copy it from past the arguments it was given), or a
+// first one larger than KfAttnParams, is refused at launch by name; the
+// same kernel with a tensor-map parameter launches when its maps are passed.
+TEST_F(GpuRuntime, AKernelDeclaringMoreParametersThanALaunchPassesIsRefused) {
+  CompileRequest req;
+  req.arch = info_.arch;
+  req.source = R"(
+#include "kforge/attn_params.h"
+struct alignas(64) Map { unsigned long long w[16]; };
+struct Maps { Map a, b; };
+struct Big { KfAttnParams p; int more[64]; };
+extern "C" __global__ void two(const __grid_constant__ KfAttnParams p,
+                               const __grid_constant__ Maps m) {
+  if (threadIdx.x == 0 && p.lse != nullptr) p.lse[0] = (float)m.a.w[0];
+}
+extern "C" __global__ void big(const __grid_constant__ Big b) {
+  if (threadIdx.x == 0 && b.p.lse != nullptr) b.p.lse[0] = (float)b.more[63];
+}
+)";
+  absl::StatusOr<CompileResult> compiled = Compile(req);
+  ASSERT_TRUE(compiled.ok() && compiled->ok) << compiled->log;
+  absl::StatusOr<Module> module = Module::Load(*driver_, compiled->cubin);
+  ASSERT_TRUE(module.ok()) << module.status();
+  absl::StatusOr<Stream> stream = Stream::Create(*driver_);
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  KfAttnParams p{};
+  absl::StatusOr<Kernel> two = module->GetKernel("two");
+  ASSERT_TRUE(two.ok()) << two.status();
+  absl::Status s = two->Launch(p, {1}, {32}, 0, *stream);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("kernel two declares 2 parameter(s)"), std::string::npos) << s;
+  const TensorMap maps[2] = {};
+  EXPECT_TRUE(two->Launch(p, maps, {1}, {32}, 0, *stream).ok());
+  absl::StatusOr<Kernel> big = module->GetKernel("big");
+  ASSERT_TRUE(big.ok()) << big.status();
+  s = big->Launch(p, {1}, {32}, 0, *stream);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("kernel big declares 1 parameter(s)"), std::string::npos) << s;
+  EXPECT_TRUE(stream->Synchronize().ok());
+}
+
 TEST_F(GpuRuntime, CopiesRoundTripAndBoundsAreChecked) {
   absl::StatusOr<Stream> stream = Stream::Create(*driver_);
   ASSERT_TRUE(stream.ok());
