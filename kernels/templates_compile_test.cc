@@ -302,7 +302,8 @@ TEST(TemplatesCompileSm90, FwdSm90CubinsArePinned) {
 // bwd_sm90: every setting validate() accepts compiles with little spilling
 // and no wgmma serialization (kernels/notes/bwd.md, v5), and, with the NVRTC
 // that made them (13.0), to the cubins that passed every GPU test and gate
-// (v10, notes/bwd.md: the CSKIP=1 TMA=1 defaults). A
+// (v11, notes/bwd.md: P^T while dP^T runs; the CSKIP=1 TMA=1 defaults,
+// KVFIRST=1 with SPLIT=1's class). A
 // deliberate kernel change changes them: regenerate with
 // `kforge-kernels-compile --cubin-sha256 bwd_sm90` and say so in the commit.
 TEST(TemplatesCompileSm90, BwdSm90SettingsKeepTheWgmmaPipelineAndArePinned) {
@@ -312,21 +313,23 @@ TEST(TemplatesCompileSm90, BwdSm90SettingsKeepTheWgmmaPipelineAndArePinned) {
   const auto version = testing::GetNvrtcVersion();
   const bool pin = version.major == 13 && version.minor == 0;
   const std::map<std::string, std::string> pinned = {
-      {"d64 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQ_DIRECT=0 ORDER=0 SPLIT=0 STAGES=2 TMA=1", "c2c7ba934eab4fa4ecd7caf35658f818a99015676f39929623df38381eb09b89"},
-      {"d64 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQ_DIRECT=0 ORDER=1 SPLIT=0 STAGES=2 TMA=1", "d20a68f671487cbe2acd3e697f9de0bbdaf9e68ee8c989951386bd7ba45bf52f"},
-      {"d64 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQ_DIRECT=0 ORDER=1 SPLIT=1 STAGES=2 TMA=1", "b3c48040dee9f31c54639f50c61ea40586dde507decc7aea3cee7bf88d91272e"},
-      {"d64 BLOCK_M=128 BLOCK_N=128 CSKIP=1 DQ_DIRECT=0 ORDER=0 SPLIT=0 STAGES=2 TMA=1", "137e94318df8056de644d91b35971b968d6210abf0a07c6e14c8055db1da051a"},
-      {"d64 BLOCK_M=128 BLOCK_N=128 CSKIP=1 DQ_DIRECT=1 ORDER=0 SPLIT=0 STAGES=2 TMA=1", "be593145886862b85e8a3287fee2e2edb2f8d3e0eab01dc579626016dad70321"},
-      {"d64 BLOCK_M=128 BLOCK_N=128 CSKIP=1 DQ_DIRECT=0 ORDER=1 SPLIT=0 STAGES=2 TMA=1", "b44377cec90d1ba1f5515334b03c9eae0443253e744c0d7b98d85cbc0ac29cf5"},
-      {"d64 BLOCK_M=128 BLOCK_N=128 CSKIP=1 DQ_DIRECT=1 ORDER=1 SPLIT=0 STAGES=2 TMA=1", "e8927d3e44ab91de3c7a4877f46322931aa2d9b9b21e6be23755bce639337c6e"},
-      {"d64 BLOCK_M=128 BLOCK_N=128 CSKIP=1 DQ_DIRECT=0 ORDER=1 SPLIT=1 STAGES=2 TMA=1", "2dd53b65dd47e5e7b166b74dd537a9b6a031c72cbe4fac9f72a1d5eec68da43a"},
-      {"d64 BLOCK_M=128 BLOCK_N=128 CSKIP=1 DQ_DIRECT=1 ORDER=1 SPLIT=1 STAGES=2 TMA=1", "257046bb6bce54abbd5503b946a06382267ca9523906df76ab815bd76097f60c"},
-      {"d128 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQ_DIRECT=0 ORDER=0 SPLIT=0 STAGES=2 TMA=1", "3b95d743156bb143a45a1391c818d384420413a7294fd74e9711faa30dd52d14"},
-      {"d128 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQ_DIRECT=1 ORDER=0 SPLIT=0 STAGES=2 TMA=1", "be0db978e49cb170dcc3f110d49321cbe57bafef0f3611352648fa03c70a088e"},
-      {"d128 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQ_DIRECT=0 ORDER=1 SPLIT=0 STAGES=2 TMA=1", "9a6cfef37c1c190bd1576e662627c8da16102c3748374d94a65f2d7e9907b6b6"},
-      {"d128 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQ_DIRECT=1 ORDER=1 SPLIT=0 STAGES=2 TMA=1", "daddbc3850196bcc429a552d44d905b6427600781c540a521a6bdcd5f37604ec"},
-      {"d128 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQ_DIRECT=0 ORDER=1 SPLIT=1 STAGES=2 TMA=1", "d70b3d13acbc3b98f9f2a2cd18d80f45b292c16c83da8ed492644591a804f4e8"},
-      {"d128 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQ_DIRECT=1 ORDER=1 SPLIT=1 STAGES=2 TMA=1", "3f5efc21e03b10fa903216ef56d1acb347b9c4be3929cf4f62238934d502d339"},
+      {"d64 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQ_DIRECT=0 KVFIRST=0 ORDER=0 SPLIT=0 STAGES=2 TMA=1", "15c7b1093c4fd709030318d84549e7bca0d2869df375db522bf363f9a197bb5a"},
+      {"d64 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQ_DIRECT=0 KVFIRST=0 ORDER=1 SPLIT=0 STAGES=2 TMA=1", "7cb4378ad0d1d38937a1588d01881a343aa8d97bba51f36d99e6c077d4a6dde2"},
+      {"d64 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQ_DIRECT=0 KVFIRST=0 ORDER=1 SPLIT=1 STAGES=2 TMA=1", "1ff4dbd052f1edf9b55183ccc33d5a6eaa7be89344749030a52d08139d12770b"},
+      {"d64 BLOCK_M=128 BLOCK_N=128 CSKIP=1 DQ_DIRECT=0 KVFIRST=0 ORDER=0 SPLIT=0 STAGES=2 TMA=1", "1048bb1815a86d60cabce944dda72881f8039eb1f57678756a4093b682511806"},
+      {"d64 BLOCK_M=128 BLOCK_N=128 CSKIP=1 DQ_DIRECT=1 KVFIRST=0 ORDER=0 SPLIT=0 STAGES=2 TMA=1", "16e0b6944c6b6ce4a45239bb87e71dac706ddc7f319ac1ba581362e5ea27f947"},
+      {"d64 BLOCK_M=128 BLOCK_N=128 CSKIP=1 DQ_DIRECT=0 KVFIRST=0 ORDER=1 SPLIT=0 STAGES=2 TMA=1", "ffb507a8abfa97bfde69f5961aca8c33c4b958c01698a643e0be22a3825de0f9"},
+      {"d64 BLOCK_M=128 BLOCK_N=128 CSKIP=1 DQ_DIRECT=1 KVFIRST=0 ORDER=1 SPLIT=0 STAGES=2 TMA=1", "2e9cc6afaaf4d43e2ebecc404f69d0c8e20807bf5778ec14494e91f3492dd110"},
+      {"d64 BLOCK_M=128 BLOCK_N=128 CSKIP=1 DQ_DIRECT=0 KVFIRST=0 ORDER=1 SPLIT=1 STAGES=2 TMA=1", "3fdb76b58d5495d1d8034a5f0ba82b699a63908940d61826ab64fe8db04ad2ba"},
+      {"d64 BLOCK_M=128 BLOCK_N=128 CSKIP=1 DQ_DIRECT=1 KVFIRST=0 ORDER=1 SPLIT=1 STAGES=2 TMA=1", "f8d83ab59e0754b8214681bf32117a8625e2a9143dc56281ba78ba39d29f8ed8"},
+      {"d128 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQ_DIRECT=0 KVFIRST=0 ORDER=0 SPLIT=0 STAGES=2 TMA=1", "eb04d2ecb792df5228dd495da2f95710456354fdbde04933522c86a129ec015e"},
+      {"d128 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQ_DIRECT=1 KVFIRST=0 ORDER=0 SPLIT=0 STAGES=2 TMA=1", "1708efd21b87bb2d923d3d98c14437f787ecbef387bac7c083ef8cc4ff53459a"},
+      {"d128 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQ_DIRECT=0 KVFIRST=0 ORDER=1 SPLIT=0 STAGES=2 TMA=1", "5000abbd0959c6b4b72530dbefb31d0129f1db564e6058b03e3bac1c6e394f6b"},
+      {"d128 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQ_DIRECT=1 KVFIRST=0 ORDER=1 SPLIT=0 STAGES=2 TMA=1", "176d41ec727cf2673dde06d26c2f1163e35cc72f57eb09a8ea8359fba0790ff4"},
+      {"d128 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQ_DIRECT=0 KVFIRST=0 ORDER=1 SPLIT=1 STAGES=2 TMA=1", "c1a01a74dd35fd8f9fb190386dfcffcfa29ed6a864457eda91a83e67f03708d7"},
+      {"d128 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQ_DIRECT=1 KVFIRST=0 ORDER=1 SPLIT=1 STAGES=2 TMA=1", "4b830cc1948bb75cdc4ed2cc9ca70a40631ac95ea3ca0f1b707f53a691d2f4e5"},
+      {"d64 BLOCK_M=128 BLOCK_N=128 CSKIP=1 DQ_DIRECT=0 KVFIRST=1 ORDER=1 SPLIT=1 STAGES=2 TMA=1", "70905179ffc5b5d93caa8d2e4efdcbbf0fd38a8b6bb1850a28388dd9a57a9001"},
+      {"d128 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQ_DIRECT=0 KVFIRST=1 ORDER=1 SPLIT=1 STAGES=2 TMA=1", "f3342a50ad1de464a326c644cb22d5d1cc4c2d474fdb689f3c5e248a070dd0c0"},
   };
   std::vector<std::pair<std::string, std::string>> jobs;  // (setting, source)
   for (int d : {64, 128}) {
@@ -344,9 +347,16 @@ TEST(TemplatesCompileSm90, BwdSm90SettingsKeepTheWgmmaPipelineAndArePinned) {
         }
       }
     }
+    // the heavy-tailed short class's defaults: SPLIT=1 with KVFIRST=1
+    auto v = Instantiate("bwd_sm90",
+                         {{"BLOCK_M", d == 64 ? 128 : 64}, {"BLOCK_N", 128}, {"STAGES", 2},
+                          {"ORDER", 1}, {"SPLIT", 1}, {"KVFIRST", 1}},
+                         d);
+    ASSERT_TRUE(v.ok()) << v.status();
+    jobs.emplace_back(Describe(v->knobs, d), v->source);
   }
   // BLOCK_M=128 needs head dim 64, SPLIT=1 ORDER=1, DQ_DIRECT=1 not BLOCK_M=64 at d64
-  ASSERT_EQ(jobs.size(), 15u);
+  ASSERT_EQ(jobs.size(), 17u);
   ASSERT_EQ(jobs.size(), pinned.size());
   std::vector<std::string> sources;
   for (const auto& job : jobs) sources.push_back(job.second);
@@ -364,6 +374,7 @@ TEST(TemplatesCompileSm90, BwdSm90SettingsKeepTheWgmmaPipelineAndArePinned) {
     EXPECT_EQ(r.log.find("C7517"), std::string::npos) << what << "\n" << r.log;
     EXPECT_EQ(r.log.find("C7511"), std::string::npos) << what << "\n" << r.log;
     EXPECT_EQ(r.log.find("C7512"), std::string::npos) << what << "\n" << r.log;
+    EXPECT_EQ(r.log.find("C7520"), std::string::npos) << what << "\n" << r.log;
     ASSERT_TRUE(pinned.count(what)) << what;
     if (pin) EXPECT_EQ(Sha256Hex(r.cubin), pinned.at(what)) << what;
   });
@@ -409,6 +420,7 @@ TEST(TemplatesCompileSm90, BwdSm90SkipAndTmaSettingsCompile) {
     EXPECT_EQ(r.log.find("C7517"), std::string::npos) << what << "\n" << r.log;
     EXPECT_EQ(r.log.find("C7511"), std::string::npos) << what << "\n" << r.log;
     EXPECT_EQ(r.log.find("C7512"), std::string::npos) << what << "\n" << r.log;
+    EXPECT_EQ(r.log.find("C7520"), std::string::npos) << what << "\n" << r.log;
   });
 }
 

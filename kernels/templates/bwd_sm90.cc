@@ -80,10 +80,14 @@ TemplateDef BwdSm90Template() {
       {"DQ_DIRECT", {0, 1}, 0},
       // 1: consumer 1 skips the steps whose 64 keys are all masked (causal
       // diagonal steps, tail key blocks of at most 64 keys), and dQ leaves
-      // its keys out (notes/bwd.md v10).
+      // its keys out (notes/bwd.md v10). No effect with BLOCK_M=64 at head
+      // dim 64, where ptxas serialised it (v11).
       {"CSKIP", {0, 1}, 1},
       // 1: Q and dO of whole query blocks by TMA (the host's tensor maps).
       {"TMA", {0, 1}, 1},
+      // 1: a tile's K and V issued before its first stage's delta work (tiles
+      // of one or two steps gain; notes/bwd.md v11).
+      {"KVFIRST", {0, 1}, 0},
   };
   def.info.description =
       "Hopper backward (FA3-style): a CTA per key block of 128 keys (runs of short sequences "
@@ -162,14 +166,18 @@ TemplateDef BwdSm90Template() {
   // DQ_DIRECT=1 where every sequence's keys fit one 128-key block, or in
   // cross attention most do (v9).
   // CSKIP=1 and TMA=1 everywhere: together 1.005-1.015x on every public
-  // shape (H200, one call against CSKIP=0 TMA=0; v10).
+  // shape (H200, one call against CSKIP=0 TMA=0; v10). KVFIRST=1 with
+  // SPLIT=1's class (powerlaw_short 1.007-1.023x; 0.976-0.998x on the long
+  // shapes, v11).
   // ORDER=0 for a causal batch of at most 32 (sequence, kv head) groups
   // (one_long_causal, 32768 keys: 12827 us against ORDER=1's 15233; v9).
   def.default_knobs = [](const ShapeKey& s) -> std::map<std::string, int> {
     const int order = FewCausalGroups(s) ? 0 : 1;
+    const bool heavy_short = order == 1 && HeavyTailedShort(s, /*keys=*/true);
     return {{"BLOCK_M", s.head_dim == 64 ? 128 : 64}, {"BLOCK_N", 128}, {"STAGES", 2},
-            {"ORDER", order}, {"SPLIT", order == 1 && HeavyTailedShort(s, /*keys=*/true) ? 1 : 0},
-            {"DQ_DIRECT", MostKeysFitOneBlock(s) ? 1 : 0}, {"CSKIP", 1}, {"TMA", 1}};
+            {"ORDER", order}, {"SPLIT", heavy_short ? 1 : 0},
+            {"DQ_DIRECT", MostKeysFitOneBlock(s) ? 1 : 0}, {"CSKIP", 1}, {"TMA", 1},
+            {"KVFIRST", heavy_short ? 1 : 0}};
   };
   def.preference = [](const ShapeKey& s) {
     if (s.op != Op::kBackward || s.arch != "sm_90a") return 0;

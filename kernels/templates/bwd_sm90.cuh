@@ -27,7 +27,7 @@
 //     64w .. 64w+63 of the block and keeps their dK and dV (64 x D fp32) in
 //     registers over the whole tile. Per step, with wgmma:
 //        S^T  = K_w Q^T     (SS, M = 64 keys, N = BLOCK_M queries, K = D)
-//        dP^T = V_w dO^T    (SS)
+//        dP^T = V_w dO^T    (SS, its own group: P^T is computed while it runs)
 //        P^T  = exp2(S^T * scale_log2 - LSE_2), dS^T = P^T (dP^T - delta),
 //               masked only on tail / diagonal blocks
 //        dV  += P^T dO      (RS: P^T packed to bf16 from the accumulators;
@@ -54,7 +54,7 @@
 //
 // Knobs (prepended #defines): KF_HEAD_DIM (64|128), KF_BLOCK_M (64|128; 128
 // only with D = 64), KF_BLOCK_N (128), KF_STAGES (1|2; the space has 2),
-// KF_ORDER, KF_SPLIT, KF_DQ_DIRECT, KF_CSKIP, KF_TMA (below).
+// KF_ORDER, KF_SPLIT, KF_DQ_DIRECT, KF_CSKIP, KF_TMA, KF_KVFIRST (below).
 // The shared-memory layout is kf_bwd_sm90_layout()
 // (templates/bwd_sm90_layout.h, prepended).
 // Entry point: extern "C" __global__ kf_attn_bwd(const __grid_constant__ KfAttnParams p),
@@ -133,6 +133,15 @@
 #ifndef KF_TMA
 #define KF_TMA 0
 #endif
+// KF_KVFIRST = 1: a tile's K and V are issued right after its first stage's
+// Q and dO, before that stage's LSE / delta work (the claim, and for a first
+// visit O and the dot products), so those round trips overlap the K/V load
+// instead of preceding it. Tiles of one or two steps (heavy-tailed batches
+// of short sequences: powerlaw_short 1.007-1.023x) gain; where tiles are
+// long it cost 0.5-2.4% (notes/bwd.md v11).
+#ifndef KF_KVFIRST
+#define KF_KVFIRST 0
+#endif
 #ifndef KF_PRODUCER_REGS
 #define KF_PRODUCER_REGS 40
 #endif
@@ -162,6 +171,13 @@
 #if (KF_TMA != 0) && (KF_TMA != 1)
 #error "bwd_sm90: KF_TMA must be 0 or 1"
 #endif
+#if (KF_KVFIRST != 0) && (KF_KVFIRST != 1)
+#error "bwd_sm90: KF_KVFIRST must be 0 or 1"
+#endif
+// CSKIP as compiled: not with BLOCK_M 64 at head dim 64, where each consumer
+// adds its own keys' dQ share and a skipped one's zeros, a divergent path,
+// made ptxas serialise every wgmma (C7520, notes/bwd.md v11).
+#define KF9_CSKIP (KF_CSKIP && !(KF_BLOCK_M == 64 && KF_HEAD_DIM == 64))
 #if KF_SPLIT && !KF_ORDER
 #error "bwd_sm90: KF_SPLIT needs KF_ORDER 1 (a half counts the query blocks its steps visit)"
 #endif
@@ -440,6 +456,14 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
           if (t == 0) mbar_arrive(bar_land + 8 * s);
 #endif
         }
+#if KF_KVFIRST
+        if (u == 0) {
+          mbar_wait(bar_kv_empty, (kt & 1) ^ 1);
+          const long long off = ((long long)(T.k0 + n0) * p.kv_heads + T.g) * kD;
+          load_tile<kBN>(sK, (const bf16*)p.k + off, KF9_LDK, T.lk - n0, t, (const bf16*)p.k);
+          load_tile<kBN>(sV, (const bf16*)p.v + off, KF9_LDK, T.lk - n0, t, (const bf16*)p.v);
+        }
+#endif
         // delta (notes/bwd.md, v3, v4b): thread 0 claims the query block in
         // its workspace counter; the first visitor publishes each row as a
         // tagged word (kDeltaTag), so the words are loaded beside the claim
@@ -516,7 +540,15 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         }
         // The tile's K and V go after its first stage (which waits only for a
         // free stage; K/V wait for the consumers to finish the previous
-        // tile), so the stage's loads are in flight during that wait.
+        // tile), so the stage's loads are in flight during that wait; with
+        // KF_KVFIRST they were issued above, before the delta work.
+#if KF_KVFIRST
+        if (u == 0) {
+          cp_async_wait_all();
+          fence_proxy_async();
+          mbar_arrive(bar_kv_full);
+        }
+#else
         if (u == 0) {
           mbar_wait(bar_kv_empty, (kt & 1) ^ 1);
           const long long off = ((long long)(T.k0 + n0) * p.kv_heads + T.g) * kD;
@@ -526,6 +558,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
           fence_proxy_async();
           mbar_arrive(bar_kv_full);
         }
+#endif
         cp_async_wait_all();
         fence_proxy_async();
         mbar_arrive(bar_full + 8 * s);
@@ -603,7 +636,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
 #if KF_TMA
         mbar_wait(bar_land + 8 * s, (it / kS) & 1);
 #endif
-#if KF_CSKIP
+#if KF9_CSKIP
         // Consumer 1's keys n0 + 64 .. n0 + 127 all masked in this step (the
         // same answer in both consumers: the dQ below depends on it).
         const int q_last = (m0 + kBM < T.lq ? m0 + kBM : T.lq) - 1;
@@ -625,19 +658,20 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
             wgmma_ss_t0<kBM>(sacc, descKw + (u64)(panel * (kBN * 128 / 16) + 2 * kk),
                              dQ + (u64)(panel * (kBM * 128 / 16) + 2 * kk), ks > 0 ? 1 : 0);
           }
+          wgmma_commit();  // group: S^T
 #pragma unroll
           for (int ks = 0; ks < kD / 16; ++ks) {
             const int panel = ks >> 2, kk = ks & 3;
             wgmma_ss_t0<kBM>(dpacc, descVw + (u64)(panel * (kBN * 128 / 16) + 2 * kk),
                              ddO + (u64)(panel * (kBM * 128 / 16) + 2 * kk), ks > 0 ? 1 : 0);
           }
-          wgmma_commit();
-          wgmma_wait<0>();
+          wgmma_commit();  // group: dP^T
+          wgmma_wait<1>();  // S^T complete, dP^T may run
           reg_fence<kBM / 2>(sacc);
-          reg_fence<kBM / 2>(dpacc);
         }
 
-        // wgmma groups per step (notes/bwd.md, v2): S^T + dP^T (wait 0) | dV
+        // wgmma groups per step (notes/bwd.md, v2, v11): S^T (wait 1: P^T is
+        // computed while dP^T runs) | dP^T (wait 0, then dS^T) | dV
         // (issued before the dS store) | dK (issued before the consumer
         // barrier; wait 1 there retires dV) | dQ (wait 1 retires dK and frees
         // the stage, wait 0 before the dq_accum reduction). A-fragment
@@ -650,8 +684,9 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         const bool need_mask = n0 + kBN > T.lk || m0 + kBM > T.lq ||
                                (p.causal && n0 + kBN - 1 > m0 + T.shift);
         const int key_lo = n0 + 64 * w + r0;  // key of the rows with (i>>1)&1 == 0
-        // P^T and dS^T in place (S^T and dP^T completed together: computing
-        // P^T while dP^T runs made ptxas spill at D = 128). Register i: key
+        // P^T in place while dP^T runs (FA3's order; v2 found it spilling at
+        // D = 128, v11 found it spill-free and 1.005-1.07x faster), then
+        // dS^T in place once dP^T is done. Register i: key
         // row r0 + 8*((i>>1)&1) of this consumer's 64, query column
         // 8*(i>>2) + cq + (i&1). A packed run masks every element by its
         // row's window; its loop is a copy of the plain one rather than a
@@ -662,17 +697,14 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
           for (int j = 0; j < kBM / 8; ++j) {
             const int c = 8 * j + cq;
             const float2 lv = *(const float2*)(lse2 + c);
-            const float2 dd = *(const float2*)(dl + c);
             const int2 wv = *(const int2*)(win_s + m0 + c);  // lo | hi << 16
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
               const int i = 4 * j + e;
               const int key = key_lo + 8 * (e >> 1);  // n0 = 0
               const int wn = (e & 1) ? wv.y : wv.x;
-              float prob = ex2(sacc[i] * sl2 - ((e & 1) ? lv.y : lv.x));
-              prob = key >= (wn & 0xffff) && key < (wn >> 16) ? prob : 0.f;
-              sacc[i] = prob;
-              dpacc[i] = prob * (dpacc[i] - ((e & 1) ? dd.y : dd.x));
+              const float prob = ex2(sacc[i] * sl2 - ((e & 1) ? lv.y : lv.x));
+              sacc[i] = key >= (wn & 0xffff) && key < (wn >> 16) ? prob : 0.f;
             }
           }
         } else {
@@ -680,13 +712,10 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
           for (int j = 0; j < kBM / 8; ++j) {
             const int c = 8 * j + cq;
             const float2 lv = *(const float2*)(lse2 + c);
-            const float2 dd = *(const float2*)(dl + c);
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
               const int i = 4 * j + e;
-              const float l = (e & 1) ? lv.y : lv.x;
-              const float d = (e & 1) ? dd.y : dd.x;
-              float prob = ex2(sacc[i] * sl2 - l);
+              float prob = ex2(sacc[i] * sl2 - ((e & 1) ? lv.y : lv.x));
               if (need_mask) {
                 const int key = key_lo + 8 * (e >> 1);
                 const int q = m0 + c + (e & 1);
@@ -694,11 +723,22 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
                 prob = ok ? prob : 0.f;
               }
               sacc[i] = prob;
-              dpacc[i] = prob * (dpacc[i] - d);
             }
           }
         }
-#if !KF_CSKIP
+        // dS^T = P^T (dP^T - delta) once dP^T completes.
+        wgmma_wait<0>();
+        reg_fence<kBM / 2>(dpacc);
+#pragma unroll
+        for (int j = 0; j < kBM / 8; ++j) {
+          const float2 dd = *(const float2*)(dl + 8 * j + cq);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int i = 4 * j + e;
+            dpacc[i] = sacc[i] * (dpacc[i] - ((e & 1) ? dd.y : dd.x));
+          }
+        }
+#if !KF9_CSKIP
         u32 pa[kBM / 4], da[kBM / 4];
 #endif
 #pragma unroll
@@ -746,7 +786,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         // register budget).
         wgmma_wait<1>();
         reg_fence_u<kBM / 4>(pa);
-#if KF_CSKIP
+#if KF9_CSKIP
         }  // live
 #endif
         fence_proxy_async();
@@ -766,7 +806,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
           const int nks = (kDqSplitM || kDqSplitN) ? kBN / 16 : 4;
           const u64 aS = make_desc(sdS + a_off, 16, 1024);
           const u64 bK = make_desc(sK + b_off, kBN * 128, 1024);
-#if KF_CSKIP
+#if KF9_CSKIP
           // consumer 1's keys (k-steps 4..7) left out of dQ when skipped; a
           // consumer adding only its own keys' share then adds zeros
           if (!(kDqSplitM || kDqSplitN) && !live) {
@@ -776,7 +816,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
 #endif
 #pragma unroll
           for (int x = 0; x < kBN / 16; ++x) {
-#if KF_CSKIP
+#if KF9_CSKIP
             if (x < nks && !(skip1 && ks0 + x >= 4)) {
 #else
             if (x < nks) {
@@ -791,7 +831,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         // dK complete (dQ may still run): da and this stage's Q, dO, LSE and
         // delta are free.
         wgmma_wait<1>();
-#if KF_CSKIP
+#if KF9_CSKIP
         if (live) reg_fence_u<kBM / 4>(da);
 #else
         reg_fence_u<kBM / 4>(da);

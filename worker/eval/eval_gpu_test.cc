@@ -312,6 +312,52 @@ TEST_F(EvalGpu, BwdSm90SkipAndTmaVerify) {
   }
 }
 
+// bwd_sm90's KVFIRST (a tile's K and V issued before its first stage's
+// delta work; the default with SPLIT=1's class) on the hostile batches: both
+// masks, self and cross, GQA, both head dims and dQ splits (BLOCK_M=64 at
+// head dim 64, where CSKIP has no effect), ORDER 0 and 1, packed runs,
+// split key tiles and DQ_DIRECT.
+TEST_F(EvalGpu, BwdSm90KvFirstVerify) {
+  if (evaluator_->device().arch != "sm_90a") GTEST_SKIP() << "bwd_sm90 needs sm_90a";
+  bool listed = false;
+  for (const auto& t : ListTemplates()) listed = listed || t.name == "bwd_sm90";
+  if (!listed) GTEST_SKIP() << "bwd_sm90 is not in this build";
+  // kind as in BwdSm90SkipAndTmaVerify
+  struct S { int d, h, kvh; bool causal, cross; int bm, order, split, direct, kind; };
+  for (S s : {S{128, 4, 4, true, false, 64, 1, 0, 0, 0},
+              S{128, 4, 2, false, true, 64, 1, 0, 0, 0},
+              S{128, 2, 1, true, true, 64, 0, 0, 0, 0},
+              S{64, 4, 1, true, true, 128, 1, 0, 0, 0},
+              S{64, 4, 2, true, false, 64, 1, 0, 0, 0},
+              S{64, 2, 2, false, true, 64, 0, 0, 0, 0},
+              S{128, 4, 2, true, true, 64, 1, 0, 0, 1},
+              S{64, 2, 2, false, false, 128, 1, 0, 0, 1},
+              S{128, 4, 4, false, false, 64, 1, 1, 0, 3},
+              S{128, 4, 4, false, true, 64, 1, 0, 1, 2},
+              S{64, 4, 2, true, true, 128, 0, 0, 1, 2}}) {
+    SCOPED_TRACE(fmt::format("d{} h{}/{} causal {} cross {} BM{} ORDER{} SPLIT{} DQ_DIRECT{} kind {}",
+                             s.d, s.h, s.kvh, s.causal, s.cross, s.bm, s.order, s.split, s.direct,
+                             s.kind));
+    absl::StatusOr<Variant> v = Instantiate(
+        "bwd_sm90",
+        {{"BLOCK_M", s.bm}, {"BLOCK_N", 128}, {"STAGES", 2}, {"ORDER", s.order},
+         {"SPLIT", s.split}, {"DQ_DIRECT", s.direct}, {"KVFIRST", 1}},
+        s.d);
+    ASSERT_TRUE(v.ok()) << v.status();
+    ShapeKey shape = Shape(Op::kBackward, s.d, s.h, s.kvh, s.causal, s.cross);
+    if (s.kind == 1) MakeTiny(shape);
+    if (s.kind == 2) MakeLongQueriesShortKeys(shape);
+    if (s.kind == 3) {
+      const split_cases::SplitCase& c = split_cases::kSplitCases[0];
+      shape = split_cases::HeavyTailedBwdShape(c.d, c.h, c.kvh, c.causal, c.cross,
+                                               evaluator_->device().arch);
+    }
+    ExpectVerified(*v, shape,
+                   5100 + s.d + s.bm + 3 * s.h + 5 * s.kvh + 7 * s.causal + 11 * s.cross +
+                       13 * s.order + 17 * s.split + 19 * s.direct + 23 * s.kind);
+  }
+}
+
 // fwd_sm90's host-balanced list (ORDER=1: a stop entry ends each CTA's
 // list) and packed tiles (PACK=1: runs of short sequences in one 128-row
 // tile, each row masked to its own sequence's keys) on the hostile check
