@@ -1,6 +1,6 @@
 // kforge "bwd_sm90": Hopper (sm_90a) jagged flash-attention backward, one launch.
 //
-// Notes, versions and measurements: kernels/notes/bwd.md (v1 .. v10).
+// Notes, versions and measurements: kernels/notes/bwd.md (v1 .. v11).
 // The backward contract (key-major tile list, dq_accum, delta, the dq
 // counters in the workspace) is bwd_mma's: kernels/CONTRACT.md "Backward".
 //
@@ -806,17 +806,11 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
           const int nks = (kDqSplitM || kDqSplitN) ? kBN / 16 : 4;
           const u64 aS = make_desc(sdS + a_off, 16, 1024);
           const u64 bK = make_desc(sK + b_off, kBN * 128, 1024);
-#if KF9_CSKIP
-          // consumer 1's keys (k-steps 4..7) left out of dQ when skipped; a
-          // consumer adding only its own keys' share then adds zeros
-          if (!(kDqSplitM || kDqSplitN) && !live) {
-#pragma unroll
-            for (int i = 0; i < 32; ++i) dq[i] = 0.f;
-          }
-#endif
 #pragma unroll
           for (int x = 0; x < kBN / 16; ++x) {
 #if KF9_CSKIP
+            // consumer 1's keys (k-steps 4..7) left out of dQ when skipped
+            // (the dQ slice is split by rows or head dims wherever CSKIP is)
             if (x < nks && !(skip1 && ks0 + x >= 4)) {
 #else
             if (x < nks) {
