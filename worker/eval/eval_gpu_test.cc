@@ -90,6 +90,21 @@ class EvalGpu : public ::testing::Test {
     k.total_k = 40 * 50;
   }
 
+  // A backward shape of one of the batch kinds the bwd_sm90 knob tests run:
+  // 0 the default hostile batch, 1 tiny (packed runs), 2 long queries over
+  // short keys, 3 the first heavy-tailed split case's batch.
+  static ShapeKey BwdShapeOfKind(int kind, int d, int h, int kvh, bool causal, bool cross) {
+    if (kind == 3) {
+      const split_cases::SplitCase& c = split_cases::kSplitCases[0];
+      return split_cases::HeavyTailedBwdShape(c.d, c.h, c.kvh, c.causal, c.cross,
+                                              evaluator_->device().arch);
+    }
+    ShapeKey shape = Shape(Op::kBackward, d, h, kvh, causal, cross);
+    if (kind == 1) MakeTiny(shape);
+    if (kind == 2) MakeLongQueriesShortKeys(shape);
+    return shape;
+  }
+
   // Evaluates a template's variant on the hostile check batches of `shape`
   // (three timed runs) and expects it verified.
   static void ExpectVerified(const Variant& v, const ShapeKey& shape, uint64_t seed) {
@@ -275,8 +290,7 @@ TEST_F(EvalGpu, BwdSm90SkipAndTmaVerify) {
   bool listed = false;
   for (const auto& t : ListTemplates()) listed = listed || t.name == "bwd_sm90";
   if (!listed) GTEST_SKIP() << "bwd_sm90 is not in this build";
-  // kind: 0 the default batch, 1 tiny (packed runs), 2 long queries over short
-  // keys, 3 the first heavy-tailed split case's batch
+  // kind: BwdShapeOfKind's
   struct S { int d, h, kvh; bool causal, cross; int bm, order, cskip, tma, split, direct, kind; };
   for (S s : {S{128, 4, 4, true, false, 64, 1, 1, 0, 0, 0, 0},
               S{128, 4, 2, false, true, 64, 1, 1, 1, 0, 0, 0},
@@ -298,15 +312,7 @@ TEST_F(EvalGpu, BwdSm90SkipAndTmaVerify) {
          {"SPLIT", s.split}, {"DQ_DIRECT", s.direct}, {"CSKIP", s.cskip}, {"TMA", s.tma}},
         s.d);
     ASSERT_TRUE(v.ok()) << v.status();
-    ShapeKey shape = Shape(Op::kBackward, s.d, s.h, s.kvh, s.causal, s.cross);
-    if (s.kind == 1) MakeTiny(shape);
-    if (s.kind == 2) MakeLongQueriesShortKeys(shape);
-    if (s.kind == 3) {
-      const split_cases::SplitCase& c = split_cases::kSplitCases[0];
-      shape = split_cases::HeavyTailedBwdShape(c.d, c.h, c.kvh, c.causal, c.cross,
-                                               evaluator_->device().arch);
-    }
-    ExpectVerified(*v, shape,
+    ExpectVerified(*v, BwdShapeOfKind(s.kind, s.d, s.h, s.kvh, s.causal, s.cross),
                    3100 + s.d + s.bm + 3 * s.h + 5 * s.kvh + 7 * s.causal + 11 * s.cross +
                        13 * s.order + 17 * s.cskip + 19 * s.tma + 23 * s.kind);
   }
@@ -322,7 +328,7 @@ TEST_F(EvalGpu, BwdSm90KvFirstVerify) {
   bool listed = false;
   for (const auto& t : ListTemplates()) listed = listed || t.name == "bwd_sm90";
   if (!listed) GTEST_SKIP() << "bwd_sm90 is not in this build";
-  // kind as in BwdSm90SkipAndTmaVerify
+  // kind: BwdShapeOfKind's
   struct S { int d, h, kvh; bool causal, cross; int bm, order, split, direct, kind; };
   for (S s : {S{128, 4, 4, true, false, 64, 1, 0, 0, 0},
               S{128, 4, 2, false, true, 64, 1, 0, 0, 0},
@@ -344,15 +350,7 @@ TEST_F(EvalGpu, BwdSm90KvFirstVerify) {
          {"SPLIT", s.split}, {"DQ_DIRECT", s.direct}, {"KVFIRST", 1}},
         s.d);
     ASSERT_TRUE(v.ok()) << v.status();
-    ShapeKey shape = Shape(Op::kBackward, s.d, s.h, s.kvh, s.causal, s.cross);
-    if (s.kind == 1) MakeTiny(shape);
-    if (s.kind == 2) MakeLongQueriesShortKeys(shape);
-    if (s.kind == 3) {
-      const split_cases::SplitCase& c = split_cases::kSplitCases[0];
-      shape = split_cases::HeavyTailedBwdShape(c.d, c.h, c.kvh, c.causal, c.cross,
-                                               evaluator_->device().arch);
-    }
-    ExpectVerified(*v, shape,
+    ExpectVerified(*v, BwdShapeOfKind(s.kind, s.d, s.h, s.kvh, s.causal, s.cross),
                    5100 + s.d + s.bm + 3 * s.h + 5 * s.kvh + 7 * s.causal + 11 * s.cross +
                        13 * s.order + 17 * s.split + 19 * s.direct + 23 * s.kind);
   }
