@@ -401,6 +401,15 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
     // used: this warpgroup runs on KF_PRODUCER_REGS registers)
 #define KF9_LDQ ((long long)p.heads * kD)
 #define KF9_LDK ((long long)p.kv_heads * kD)
+// The tile's K and V into sK, sV (cp.async; waited for before kv_full),
+// once the consumers have released the previous tile's.
+#define KF9_ISSUE_KV()                                                                        \
+  {                                                                                           \
+    mbar_wait(bar_kv_empty, (kt & 1) ^ 1);                                                    \
+    const long long off = ((long long)(T.k0 + n0) * p.kv_heads + T.g) * kD;                   \
+    load_tile<kBN>(sK, (const bf16*)p.k + off, KF9_LDK, T.lk - n0, t, (const bf16*)p.k);      \
+    load_tile<kBN>(sV, (const bf16*)p.v + off, KF9_LDK, T.lk - n0, t, (const bf16*)p.v);      \
+  }
     int it = 0, kt = 0;
     KeyTile T;
     // Tile ti's index goes to the consumers through slot ti & 1; the next
@@ -457,12 +466,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
 #endif
         }
 #if KF_KVFIRST
-        if (u == 0) {
-          mbar_wait(bar_kv_empty, (kt & 1) ^ 1);
-          const long long off = ((long long)(T.k0 + n0) * p.kv_heads + T.g) * kD;
-          load_tile<kBN>(sK, (const bf16*)p.k + off, KF9_LDK, T.lk - n0, t, (const bf16*)p.k);
-          load_tile<kBN>(sV, (const bf16*)p.v + off, KF9_LDK, T.lk - n0, t, (const bf16*)p.v);
-        }
+        if (u == 0) KF9_ISSUE_KV();
 #endif
         // delta (notes/bwd.md, v3, v4b): thread 0 claims the query block in
         // its workspace counter; the first visitor publishes each row as a
@@ -550,10 +554,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         }
 #else
         if (u == 0) {
-          mbar_wait(bar_kv_empty, (kt & 1) ^ 1);
-          const long long off = ((long long)(T.k0 + n0) * p.kv_heads + T.g) * kD;
-          load_tile<kBN>(sK, (const bf16*)p.k + off, KF9_LDK, T.lk - n0, t, (const bf16*)p.k);
-          load_tile<kBN>(sV, (const bf16*)p.v + off, KF9_LDK, T.lk - n0, t, (const bf16*)p.v);
+          KF9_ISSUE_KV();
           cp_async_wait_all();
           fence_proxy_async();
           mbar_arrive(bar_kv_full);
@@ -570,6 +571,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
     }
 #undef KF9_LDQ
 #undef KF9_LDK
+#undef KF9_ISSUE_KV
     return;
   }
 

@@ -105,6 +105,21 @@ class EvalGpu : public ::testing::Test {
     return shape;
   }
 
+  // bwd_sm90 at BLOCK_N=128, STAGES=2 and `knobs` (the rest its defaults) on
+  // a batch of `kind` (BwdShapeOfKind), expected verified.
+  static void ExpectBwdSm90Verified(std::map<std::string, int> knobs, int d, int h, int kvh,
+                                    bool causal, bool cross, int kind, uint64_t seed) {
+    knobs.emplace("BLOCK_N", 128);
+    knobs.emplace("STAGES", 2);
+    std::string what = fmt::format("d{} h{}/{} causal {} cross {} kind {}", d, h, kvh, causal,
+                                   cross, kind);
+    for (const auto& [k, v] : knobs) what += fmt::format(" {}={}", k, v);
+    SCOPED_TRACE(what);
+    absl::StatusOr<Variant> v = Instantiate("bwd_sm90", knobs, d);
+    ASSERT_TRUE(v.ok()) << v.status();
+    ExpectVerified(*v, BwdShapeOfKind(kind, d, h, kvh, causal, cross), seed);
+  }
+
   // Evaluates a template's variant on the hostile check batches of `shape`
   // (three timed runs) and expects it verified.
   static void ExpectVerified(const Variant& v, const ShapeKey& shape, uint64_t seed) {
@@ -302,19 +317,11 @@ TEST_F(EvalGpu, BwdSm90SkipAndTmaVerify) {
               S{64, 2, 2, false, false, 128, 1, 0, 1, 0, 0, 1},
               S{128, 4, 4, false, false, 64, 1, 1, 1, 1, 0, 3},
               S{128, 4, 4, false, true, 64, 1, 1, 0, 0, 1, 2}}) {
-    SCOPED_TRACE(fmt::format("d{} h{}/{} causal {} cross {} BM{} ORDER{} CSKIP{} TMA{} SPLIT{} "
-                             "DQ_DIRECT{} kind {}",
-                             s.d, s.h, s.kvh, s.causal, s.cross, s.bm, s.order, s.cskip, s.tma,
-                             s.split, s.direct, s.kind));
-    absl::StatusOr<Variant> v = Instantiate(
-        "bwd_sm90",
-        {{"BLOCK_M", s.bm}, {"BLOCK_N", 128}, {"STAGES", 2}, {"ORDER", s.order},
-         {"SPLIT", s.split}, {"DQ_DIRECT", s.direct}, {"CSKIP", s.cskip}, {"TMA", s.tma}},
-        s.d);
-    ASSERT_TRUE(v.ok()) << v.status();
-    ExpectVerified(*v, BwdShapeOfKind(s.kind, s.d, s.h, s.kvh, s.causal, s.cross),
-                   3100 + s.d + s.bm + 3 * s.h + 5 * s.kvh + 7 * s.causal + 11 * s.cross +
-                       13 * s.order + 17 * s.cskip + 19 * s.tma + 23 * s.kind);
+    ExpectBwdSm90Verified({{"BLOCK_M", s.bm}, {"ORDER", s.order}, {"SPLIT", s.split},
+                           {"DQ_DIRECT", s.direct}, {"CSKIP", s.cskip}, {"TMA", s.tma}},
+                          s.d, s.h, s.kvh, s.causal, s.cross, s.kind,
+                          3100 + s.d + s.bm + 3 * s.h + 5 * s.kvh + 7 * s.causal + 11 * s.cross +
+                              13 * s.order + 17 * s.cskip + 19 * s.tma + 23 * s.kind);
   }
 }
 
@@ -341,18 +348,11 @@ TEST_F(EvalGpu, BwdSm90KvFirstVerify) {
               S{128, 4, 4, false, false, 64, 1, 1, 0, 3},
               S{128, 4, 4, false, true, 64, 1, 0, 1, 2},
               S{64, 4, 2, true, true, 128, 0, 0, 1, 2}}) {
-    SCOPED_TRACE(fmt::format("d{} h{}/{} causal {} cross {} BM{} ORDER{} SPLIT{} DQ_DIRECT{} kind {}",
-                             s.d, s.h, s.kvh, s.causal, s.cross, s.bm, s.order, s.split, s.direct,
-                             s.kind));
-    absl::StatusOr<Variant> v = Instantiate(
-        "bwd_sm90",
-        {{"BLOCK_M", s.bm}, {"BLOCK_N", 128}, {"STAGES", 2}, {"ORDER", s.order},
-         {"SPLIT", s.split}, {"DQ_DIRECT", s.direct}, {"KVFIRST", 1}},
-        s.d);
-    ASSERT_TRUE(v.ok()) << v.status();
-    ExpectVerified(*v, BwdShapeOfKind(s.kind, s.d, s.h, s.kvh, s.causal, s.cross),
-                   5100 + s.d + s.bm + 3 * s.h + 5 * s.kvh + 7 * s.causal + 11 * s.cross +
-                       13 * s.order + 17 * s.split + 19 * s.direct + 23 * s.kind);
+    ExpectBwdSm90Verified({{"BLOCK_M", s.bm}, {"ORDER", s.order}, {"SPLIT", s.split},
+                           {"DQ_DIRECT", s.direct}, {"KVFIRST", 1}},
+                          s.d, s.h, s.kvh, s.causal, s.cross, s.kind,
+                          5100 + s.d + s.bm + 3 * s.h + 5 * s.kvh + 7 * s.causal + 11 * s.cross +
+                              13 * s.order + 17 * s.split + 19 * s.direct + 23 * s.kind);
   }
 }
 
