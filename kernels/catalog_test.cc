@@ -324,4 +324,22 @@ TEST(CatalogTest, StreamingSettingsThatCannotWorkAreRejectedWithReason) {
   EXPECT_TRUE(ValidateKnobs("fwd_stream", {{"BLOCK_M", 64}, {"MIN_BLOCKS", 4}}, 128).ok());
 }
 }  // namespace
+// bwd_sm90 DQW=1: the host zeroes no dq_accum (manifest zero_dq_accum
+// false); refused where both consumers add into one dQ slice (BLOCK_M=64
+// at head dim 64), with the reason.
+TEST(CatalogTest, BwdSm90DqwAsksTheHostNotToZeroDqAccum) {
+  auto v = Instantiate("bwd_sm90", {{"BLOCK_M", 64}, {"DQW", 1}}, 128);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_FALSE(v->manifest.zero_dq_accum);
+  v = Instantiate("bwd_sm90", {{"BLOCK_M", 128}, {"DQW", 1}}, 64);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_FALSE(v->manifest.zero_dq_accum);
+  v = Instantiate("bwd_sm90", {{"BLOCK_M", 64}, {"DQW", 0}}, 128);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_TRUE(v->manifest.zero_dq_accum);
+  v = Instantiate("bwd_sm90", {{"BLOCK_M", 64}, {"DQW", 1}}, 64);
+  ASSERT_FALSE(v.ok());
+  EXPECT_NE(v.status().message().find("DQW=1"), std::string::npos) << v.status();
+}
+
 }  // namespace kforge

@@ -81,6 +81,12 @@ struct Manifest {
   // partials; CONTRACT.md "Backward"), and each split pair needs this many
   // bytes of workspace for the partial the first half leaves.
   int64_t split_slot_bytes = 0;
+  // Backward only: false means the host leaves dq_accum as the last launch
+  // left it (no zeroing, about 2% of a long backward's time): the variant
+  // writes every dq_accum element before reading it. The evaluator fills
+  // it with NaN or random values instead, so a variant that reads what it
+  // did not write fails. CONTRACT.md "Backward".
+  bool zero_dq_accum = true;
   // TMA: one 2-D tensor map per entry, which the host encodes for every
   // launch and passes as the kernel's second parameter, after KfAttnParams
   // (CONTRACT.md "Tensor maps"). Needs the feature "tma".

@@ -110,6 +110,35 @@ TEST(ManifestTest, TensorMapsRoundTripAndAreChecked) {
   EXPECT_NE(r.status().message().find("\"tma\""), std::string::npos) << r.status();
 }
 
+// zero_dq_accum false (CONTRACT.md "Backward"): a backward variant that
+// writes each dq_accum element before reading it asks the host not to zero
+// it; the flag round-trips, is left out when true, and a forward manifest
+// (which has no dq_accum) or a non-boolean value is refused.
+TEST(ManifestTest, ZeroDqAccumIsABackwardFlag) {
+  const std::string bwd = R"({"entry_point":"kf_attn_bwd","threads":384,"tile_m":64,
+      "tile_n":128,"grid":"persistent","archs":["sm_90a"],"head_dims":[128],"ops":["bwd"],
+      "key_major":true)";
+  auto m = ParseManifest(bwd + R"(,"zero_dq_accum":false})");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_FALSE(m->zero_dq_accum);
+  auto again = ParseManifest(ManifestToJson(*m));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE(again->zero_dq_accum);
+  auto plain = ParseManifest(bwd + "}");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_TRUE(plain->zero_dq_accum);
+  EXPECT_EQ(ManifestToJson(*plain).find("zero_dq_accum"), std::string::npos);
+
+  std::string fwd = kGood;
+  fwd.insert(fwd.size() - 1, R"(,"zero_dq_accum":false)");
+  auto bad = ParseManifest(fwd);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("zero_dq_accum"), std::string::npos) << bad.status();
+  bad = ParseManifest(bwd + R"(,"zero_dq_accum":"no"})");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("zero_dq_accum"), std::string::npos) << bad.status();
+}
+
 TEST(ManifestTest, FeaturesAndLimitsPerArch) {
   EXPECT_TRUE(ArchHasFeature("sm_90a", "wgmma"));
   EXPECT_FALSE(ArchHasFeature("sm_90", "wgmma"));

@@ -320,23 +320,23 @@ TEST(TemplatesCompileSm90, BwdSm90SettingsKeepTheWgmmaPipelineAndArePinned) {
   const auto version = testing::GetNvrtcVersion();
   const bool pin = version.major == 13 && version.minor == 0;
   const std::map<std::string, std::string> pinned = {
-      {"d64 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQ_DIRECT=0 KVFIRST=0 ORDER=0 SPLIT=0 STAGES=2 TMA=1", "15c7b1093c4fd709030318d84549e7bca0d2869df375db522bf363f9a197bb5a"},
-      {"d64 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQ_DIRECT=0 KVFIRST=0 ORDER=1 SPLIT=0 STAGES=2 TMA=1", "7cb4378ad0d1d38937a1588d01881a343aa8d97bba51f36d99e6c077d4a6dde2"},
-      {"d64 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQ_DIRECT=0 KVFIRST=0 ORDER=1 SPLIT=1 STAGES=2 TMA=1", "1ff4dbd052f1edf9b55183ccc33d5a6eaa7be89344749030a52d08139d12770b"},
-      {"d64 BLOCK_M=128 BLOCK_N=128 CSKIP=1 DQ_DIRECT=0 KVFIRST=0 ORDER=0 SPLIT=0 STAGES=2 TMA=1", "1048bb1815a86d60cabce944dda72881f8039eb1f57678756a4093b682511806"},
-      {"d64 BLOCK_M=128 BLOCK_N=128 CSKIP=1 DQ_DIRECT=1 KVFIRST=0 ORDER=0 SPLIT=0 STAGES=2 TMA=1", "16e0b6944c6b6ce4a45239bb87e71dac706ddc7f319ac1ba581362e5ea27f947"},
-      {"d64 BLOCK_M=128 BLOCK_N=128 CSKIP=1 DQ_DIRECT=0 KVFIRST=0 ORDER=1 SPLIT=0 STAGES=2 TMA=1", "ffb507a8abfa97bfde69f5961aca8c33c4b958c01698a643e0be22a3825de0f9"},
-      {"d64 BLOCK_M=128 BLOCK_N=128 CSKIP=1 DQ_DIRECT=1 KVFIRST=0 ORDER=1 SPLIT=0 STAGES=2 TMA=1", "2e9cc6afaaf4d43e2ebecc404f69d0c8e20807bf5778ec14494e91f3492dd110"},
-      {"d64 BLOCK_M=128 BLOCK_N=128 CSKIP=1 DQ_DIRECT=0 KVFIRST=0 ORDER=1 SPLIT=1 STAGES=2 TMA=1", "3fdb76b58d5495d1d8034a5f0ba82b699a63908940d61826ab64fe8db04ad2ba"},
-      {"d64 BLOCK_M=128 BLOCK_N=128 CSKIP=1 DQ_DIRECT=1 KVFIRST=0 ORDER=1 SPLIT=1 STAGES=2 TMA=1", "f8d83ab59e0754b8214681bf32117a8625e2a9143dc56281ba78ba39d29f8ed8"},
-      {"d128 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQ_DIRECT=0 KVFIRST=0 ORDER=0 SPLIT=0 STAGES=2 TMA=1", "eb04d2ecb792df5228dd495da2f95710456354fdbde04933522c86a129ec015e"},
-      {"d128 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQ_DIRECT=1 KVFIRST=0 ORDER=0 SPLIT=0 STAGES=2 TMA=1", "1708efd21b87bb2d923d3d98c14437f787ecbef387bac7c083ef8cc4ff53459a"},
-      {"d128 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQ_DIRECT=0 KVFIRST=0 ORDER=1 SPLIT=0 STAGES=2 TMA=1", "5000abbd0959c6b4b72530dbefb31d0129f1db564e6058b03e3bac1c6e394f6b"},
-      {"d128 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQ_DIRECT=1 KVFIRST=0 ORDER=1 SPLIT=0 STAGES=2 TMA=1", "176d41ec727cf2673dde06d26c2f1163e35cc72f57eb09a8ea8359fba0790ff4"},
-      {"d128 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQ_DIRECT=0 KVFIRST=0 ORDER=1 SPLIT=1 STAGES=2 TMA=1", "c1a01a74dd35fd8f9fb190386dfcffcfa29ed6a864457eda91a83e67f03708d7"},
-      {"d128 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQ_DIRECT=1 KVFIRST=0 ORDER=1 SPLIT=1 STAGES=2 TMA=1", "4b830cc1948bb75cdc4ed2cc9ca70a40631ac95ea3ca0f1b707f53a691d2f4e5"},
-      {"d64 BLOCK_M=128 BLOCK_N=128 CSKIP=1 DQ_DIRECT=0 KVFIRST=1 ORDER=1 SPLIT=1 STAGES=2 TMA=1", "70905179ffc5b5d93caa8d2e4efdcbbf0fd38a8b6bb1850a28388dd9a57a9001"},
-      {"d128 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQ_DIRECT=0 KVFIRST=1 ORDER=1 SPLIT=1 STAGES=2 TMA=1", "f3342a50ad1de464a326c644cb22d5d1cc4c2d474fdb689f3c5e248a070dd0c0"},
+      {"d64 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQW=0 DQ_DIRECT=0 KVFIRST=0 ORDER=0 SPLIT=0 STAGES=2 TMA=1", "15c7b1093c4fd709030318d84549e7bca0d2869df375db522bf363f9a197bb5a"},
+      {"d64 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQW=0 DQ_DIRECT=0 KVFIRST=0 ORDER=1 SPLIT=0 STAGES=2 TMA=1", "7cb4378ad0d1d38937a1588d01881a343aa8d97bba51f36d99e6c077d4a6dde2"},
+      {"d64 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQW=0 DQ_DIRECT=0 KVFIRST=0 ORDER=1 SPLIT=1 STAGES=2 TMA=1", "1ff4dbd052f1edf9b55183ccc33d5a6eaa7be89344749030a52d08139d12770b"},
+      {"d64 BLOCK_M=128 BLOCK_N=128 CSKIP=1 DQW=0 DQ_DIRECT=0 KVFIRST=0 ORDER=0 SPLIT=0 STAGES=2 TMA=1", "1048bb1815a86d60cabce944dda72881f8039eb1f57678756a4093b682511806"},
+      {"d64 BLOCK_M=128 BLOCK_N=128 CSKIP=1 DQW=0 DQ_DIRECT=1 KVFIRST=0 ORDER=0 SPLIT=0 STAGES=2 TMA=1", "16e0b6944c6b6ce4a45239bb87e71dac706ddc7f319ac1ba581362e5ea27f947"},
+      {"d64 BLOCK_M=128 BLOCK_N=128 CSKIP=1 DQW=0 DQ_DIRECT=0 KVFIRST=0 ORDER=1 SPLIT=0 STAGES=2 TMA=1", "ffb507a8abfa97bfde69f5961aca8c33c4b958c01698a643e0be22a3825de0f9"},
+      {"d64 BLOCK_M=128 BLOCK_N=128 CSKIP=1 DQW=0 DQ_DIRECT=1 KVFIRST=0 ORDER=1 SPLIT=0 STAGES=2 TMA=1", "2e9cc6afaaf4d43e2ebecc404f69d0c8e20807bf5778ec14494e91f3492dd110"},
+      {"d64 BLOCK_M=128 BLOCK_N=128 CSKIP=1 DQW=0 DQ_DIRECT=0 KVFIRST=0 ORDER=1 SPLIT=1 STAGES=2 TMA=1", "3fdb76b58d5495d1d8034a5f0ba82b699a63908940d61826ab64fe8db04ad2ba"},
+      {"d64 BLOCK_M=128 BLOCK_N=128 CSKIP=1 DQW=0 DQ_DIRECT=1 KVFIRST=0 ORDER=1 SPLIT=1 STAGES=2 TMA=1", "f8d83ab59e0754b8214681bf32117a8625e2a9143dc56281ba78ba39d29f8ed8"},
+      {"d128 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQW=0 DQ_DIRECT=0 KVFIRST=0 ORDER=0 SPLIT=0 STAGES=2 TMA=1", "eb04d2ecb792df5228dd495da2f95710456354fdbde04933522c86a129ec015e"},
+      {"d128 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQW=0 DQ_DIRECT=1 KVFIRST=0 ORDER=0 SPLIT=0 STAGES=2 TMA=1", "1708efd21b87bb2d923d3d98c14437f787ecbef387bac7c083ef8cc4ff53459a"},
+      {"d128 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQW=0 DQ_DIRECT=0 KVFIRST=0 ORDER=1 SPLIT=0 STAGES=2 TMA=1", "5000abbd0959c6b4b72530dbefb31d0129f1db564e6058b03e3bac1c6e394f6b"},
+      {"d128 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQW=0 DQ_DIRECT=1 KVFIRST=0 ORDER=1 SPLIT=0 STAGES=2 TMA=1", "176d41ec727cf2673dde06d26c2f1163e35cc72f57eb09a8ea8359fba0790ff4"},
+      {"d128 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQW=0 DQ_DIRECT=0 KVFIRST=0 ORDER=1 SPLIT=1 STAGES=2 TMA=1", "c1a01a74dd35fd8f9fb190386dfcffcfa29ed6a864457eda91a83e67f03708d7"},
+      {"d128 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQW=0 DQ_DIRECT=1 KVFIRST=0 ORDER=1 SPLIT=1 STAGES=2 TMA=1", "4b830cc1948bb75cdc4ed2cc9ca70a40631ac95ea3ca0f1b707f53a691d2f4e5"},
+      {"d64 BLOCK_M=128 BLOCK_N=128 CSKIP=1 DQW=0 DQ_DIRECT=0 KVFIRST=1 ORDER=1 SPLIT=1 STAGES=2 TMA=1", "70905179ffc5b5d93caa8d2e4efdcbbf0fd38a8b6bb1850a28388dd9a57a9001"},
+      {"d128 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQW=0 DQ_DIRECT=0 KVFIRST=1 ORDER=1 SPLIT=1 STAGES=2 TMA=1", "f3342a50ad1de464a326c644cb22d5d1cc4c2d474fdb689f3c5e248a070dd0c0"},
   };
   std::vector<std::pair<std::string, std::string>> jobs;  // (setting, source)
   for (int d : {64, 128}) {
@@ -419,6 +419,45 @@ TEST(TemplatesCompileSm90, BwdSm90SkipAndTmaSettingsCompile) {
     ASSERT_TRUE(r.ok) << what << "\n" << r.log;
     const int spill =
         kBwdSm90SpillBytes * (what.find("SPLIT=1") != std::string::npos ? 2 : 1) + 16;
+    EXPECT_LE(r.spill_stores, spill) << what << "\n" << r.log;
+    EXPECT_LE(r.spill_loads, spill) << what << "\n" << r.log;
+    ExpectWgmmaPipelined(r.log, what);
+  });
+}
+
+// bwd_sm90 DQW=1 (a query block's first visitor copies its dQ slices, the
+// host zeroes no dq_accum; notes/bwd.md v12) at both head dims, with SPLIT,
+// DQ_DIRECT and KVFIRST: compiled, the wgmma pipeline kept, spills bounded
+// as the DQW=0 settings' are.
+TEST(TemplatesCompileSm90, BwdSm90DqwSettingsCompile) {
+  bool listed = false;
+  for (const auto& t : ListTemplates()) listed = listed || t.name == "bwd_sm90";
+  if (!listed) GTEST_SKIP() << "bwd_sm90 is not in this build";
+  std::vector<std::pair<std::string, std::string>> jobs;  // (setting, source)
+  for (int d : {64, 128}) {
+    for (int order : {0, 1}) {
+      for (int split : {0, 1}) {
+        for (int direct : {0, 1}) {
+          if (split == 1 && order == 0) continue;  // refused: SPLIT needs ORDER 1
+          auto v = Instantiate("bwd_sm90",
+                               {{"BLOCK_M", d == 64 ? 128 : 64}, {"BLOCK_N", 128},
+                                {"STAGES", 2}, {"ORDER", order}, {"SPLIT", split},
+                                {"DQ_DIRECT", direct}, {"KVFIRST", split}, {"DQW", 1}},
+                               d);
+          ASSERT_TRUE(v.ok()) << v.status();
+          EXPECT_FALSE(v->manifest.zero_dq_accum);
+          jobs.emplace_back(Describe(v->knobs, d), v->source);
+        }
+      }
+    }
+  }
+  std::vector<std::string> sources;
+  for (const auto& job : jobs) sources.push_back(job.second);
+  CompileEach(sources, "sm_90a", [&](size_t i, const testing::CompileReport& r) {
+    const std::string& what = jobs[i].first;
+    ASSERT_TRUE(r.ok) << what << "\n" << r.log;
+    const int spill = kBwdSm90SpillBytes * (what.find("SPLIT=1") != std::string::npos ? 2 : 1) *
+                      (what.find("DQ_DIRECT=1") != std::string::npos ? 3 : 1);
     EXPECT_LE(r.spill_stores, spill) << what << "\n" << r.log;
     EXPECT_LE(r.spill_loads, spill) << what << "\n" << r.log;
     ExpectWgmmaPipelined(r.log, what);

@@ -666,10 +666,13 @@ class Bench {
     const size_t workspace_at = counter_at + align(16);
     const size_t delta_at = workspace_at + align(size_t(l.plan.workspace_bytes));
     const size_t accum_at = delta_at + align(tq * pr.heads * 4);
-    l.scratch_bytes = accum_at + align(tq * pr.heads * pr.head_dim * 4);
-    if (d.scratch.size() < l.scratch_bytes) {
+    const size_t end = accum_at + align(tq * pr.heads * pr.head_dim * 4);
+    // dq_accum is last, so a variant that zeroes none of it (zero_dq_accum
+    // false) has the memset stop before it, as the runtime's does
+    l.scratch_bytes = m.zero_dq_accum ? end : accum_at;
+    if (d.scratch.size() < end) {
       d.scratch = gpu::DeviceBuffer{};
-      auto b = gpu::DeviceBuffer::Allocate(driver_, l.scratch_bytes);
+      auto b = gpu::DeviceBuffer::Allocate(driver_, end);
       if (!b.ok()) return b.status();
       d.scratch = std::move(*b);
     }
@@ -721,6 +724,15 @@ class Bench {
     if (!l.ok()) return fail(l.status());
     for (auto* b : {&d.dq, &d.dk, &d.dv}) {
       if (auto s = b->Fill32(eval::kPoisonBf16Pair, stream_); !s.ok()) return fail(s);
+    }
+    if (!c.variant.manifest.zero_dq_accum) {
+      // (the memset stops before dq_accum: NaN there shows a read of an
+      // element the variant did not write first)
+      const size_t accum_bytes = pr.cu_q.back() * size_t(pr.heads) * pr.head_dim * 4;
+      if (auto s = gpu::FillAsync32(driver_, reinterpret_cast<uint64_t>(l->params.dq_accum),
+                                    eval::kPoisonF32, accum_bytes / 4, stream_);
+          !s.ok())
+        return fail(s);
     }
     if (auto s = RunBwd(c, *l); !s.ok()) return fail(s);
     if (auto s = stream_.Synchronize(); !s.ok()) return fail(s);

@@ -88,6 +88,11 @@ TemplateDef BwdSm90Template() {
       // 1: a tile's K and V issued before its first stage's delta work (tiles
       // of one or two steps gain; notes/bwd.md v11).
       {"KVFIRST", {0, 1}, 0},
+      // 1: a query block's first visitor copies its dQ slices into dq_accum
+      // (and flags them ready) where the others add, so the host zeroes no
+      // dq_accum (manifest zero_dq_accum false; notes/bwd.md v12). Not with
+      // BLOCK_M=64 at head dim 64.
+      {"DQW", {0, 1}, 0},
   };
   def.info.description =
       "Hopper backward (FA3-style): a CTA per key block of 128 keys (runs of short sequences "
@@ -114,6 +119,11 @@ TemplateDef BwdSm90Template() {
       return absl::InvalidArgumentError(
           "bwd_sm90: DQ_DIRECT=1 needs each consumer's dQ slice summed over all keys; with "
           "BLOCK_M=64 at head_dim 64 both consumers add their own keys' share (use BLOCK_M=128)");
+    }
+    if (Knob(k, "DQW") == 1 && bm == 64 && d == 64) {
+      return absl::InvalidArgumentError(
+          "bwd_sm90: DQW=1 needs each consumer's own dQ slice (its copy is the slice's first "
+          "write); with BLOCK_M=64 at head_dim 64 both consumers add into one (use BLOCK_M=128)");
     }
     const int bytes = Layout(k, d).dynamic_bytes;
     if (bytes > 232448) {
@@ -153,6 +163,7 @@ TemplateDef BwdSm90Template() {
     m.tile_order = Knob(k, "ORDER") ? TileOrder::kGrouped : TileOrder::kLongestFirst;
     // a split pair's partial: 256 consumer threads' dK and dV (d / 2 fp32 each)
     m.split_slot_bytes = Knob(k, "SPLIT") ? 256 * d * 4 : 0;
+    m.zero_dq_accum = Knob(k, "DQW") == 0;
     return v;
   };
   // D=64: BLOCK_M=128 (dQ split by rows: one reduction per element and key

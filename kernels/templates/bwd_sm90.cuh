@@ -142,6 +142,20 @@
 #ifndef KF_KVFIRST
 #define KF_KVFIRST 0
 #endif
+// KF_DQW = 1: dq_accum needs no zeroing (manifest zero_dq_accum false). The
+// key block that claims a query block (the delta claim, its first visit)
+// stores its dQ slices there with a bulk copy instead of adding them, and
+// each consumer w raises bit kDqReady << w of the block's workspace int once
+// its copy is complete (at its next step, or its head's end, so nobody
+// waits for the copy); a later visitor adds only after it sees that bit (the
+// producer's claim returns it, else the consumer reads the int again before
+// its add). Every dq_accum element a variant reads was first written by its
+// claimer, so the host's 1 GB memset (238 us of hstu_prod_causal's 12.7 ms,
+// notes/bwd.md v11) goes. Not with BLOCK_M 64 at head dim 64, where both
+// consumers add into the same slice.
+#ifndef KF_DQW
+#define KF_DQW 0
+#endif
 #ifndef KF_PRODUCER_REGS
 #define KF_PRODUCER_REGS 40
 #endif
@@ -178,6 +192,12 @@
 // adds its own keys' dQ share and a skipped one's zeros, a divergent path,
 // made ptxas serialise every wgmma (C7520, notes/bwd.md v11).
 #define KF9_CSKIP (KF_CSKIP && !(KF_BLOCK_M == 64 && KF_HEAD_DIM == 64))
+#if (KF_DQW != 0) && (KF_DQW != 1)
+#error "bwd_sm90: KF_DQW must be 0 or 1"
+#endif
+#if KF_DQW && (KF_BLOCK_M == 64) && (KF_HEAD_DIM == 64)
+#error "bwd_sm90: KF_DQW needs each consumer's own dQ slice (BLOCK_M 128 at D = 64)"
+#endif
 #if KF_SPLIT && !KF_ORDER
 #error "bwd_sm90: KF_SPLIT needs KF_ORDER 1 (a half counts the query blocks its steps visit)"
 #endif
@@ -209,7 +229,13 @@ constexpr int kDqSplitN = kfh::dq_split_cols<kD, kBM>();  // head dims 64w.., al
 // sets kDeltaClaim, computes delta and publishes it in p.delta. Counts stay
 // far below 2^30.
 constexpr int kDeltaClaim = 1 << 30;
+#if KF_DQW
+// bits 28 (consumer 0) and 29 (consumer 1): the claimer's dQ slice is in dq_accum
+constexpr int kDqReady = 1 << 28;
+constexpr int kCountMask = kDqReady - 1;
+#else
 constexpr int kCountMask = kDeltaClaim - 1;
+#endif
 // p.delta holds each published row's delta as its bits XOR kDeltaTag, with
 // -0 stored as +0 (the sign of a zero delta changes
 // nothing), so the zero the host leaves there reads as "not published" and
@@ -480,6 +506,22 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         // holds anyway) have no other visitor: its tile computes their delta
         // and keeps it (no claim, nothing published, so the words read
         // below are the host's zeros: "missing").
+#if KF_DQW
+        // (the claim's old word also goes to the consumers, through the
+        // stage's flags[262 + s]: 0 where this tile owns the rows alone, a
+        // packed run's, or adds nothing into dq_accum, a direct one's; the
+        // atomic acquires the claimer's ready bits for this CTA's adds)
+        if (t == 0) {
+          const bool alone = T.qbase < 0 || (KF_DQ_DIRECT && T.lk <= kBN);
+          const int c =
+              alone ? kDeltaClaim
+                    : kfh::atom_or_acquire(
+                          (int*)p.workspace + (long long)(T.qbase + m0 / kBM) * p.heads + h,
+                          kDeltaClaim);
+          flags[256 + (it & 1)] = c;
+          flags[262 + s] = alone ? 0 : c;
+        }
+#else
         if (t == 0) {
           flags[256 + (it & 1)] =
               T.qbase < 0 || (KF_DQ_DIRECT && T.lk <= kBN)
@@ -487,6 +529,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
                   : atomicOr((int*)p.workspace + (long long)(T.qbase + m0 / kBM) * p.heads + h,
                                      kDeltaClaim);
         }
+#endif
         unsigned word = kDeltaTag;  // rows past the end: delta 0
         if (t < kBM) {
           float l2 = pos_inf();
@@ -593,6 +636,12 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
 
   int it = 0, kt = 0;
   KeyTile T;
+#if KF_DQW
+  // The workspace int whose ready bit this consumer owes (its last copy's
+  // query block), or -1; raised before the next step's barrier or at the
+  // head's end, once the copy is complete.
+  int owed = -1;
+#endif
   for (int ti = 0;; ++ti) {
     mbar_wait(bar_tile_full + 8 * (ti & 1), (ti >> 1) & 1);
     const int idx = flags[258 + (ti & 1)];
@@ -794,7 +843,22 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         fence_proxy_async();
         // The previous step's bulk read of the dQ staging buffer is done
         // before the barrier, so every thread may rewrite it after.
+#if KF_DQW
+        // (and a copy owed a ready bit is complete: raised here, before this
+        // step's own wait for another claimer's bit, so no two CTAs wait
+        // for each other)
+        if ((tid & 127) == 0) {
+          if (owed >= 0) {
+            bulk_wait_all();
+            kfh::publish_dq_ready((int*)p.workspace + owed, kDqReady << w);
+          } else {
+            bulk_wait_read();
+          }
+        }
+        owed = -1;
+#else
         if ((tid & 127) == 0) bulk_wait_read();
+#endif
         consumer_sync();  // both halves of dS are in place (and the other buffer is free)
         // A 64 x 64 slice of dQ = dS K: A = dS (K-major, key panels kBM * 128 B
         // apart), B = K (MN-major: head-dim panels kBN * 128 B apart, 16 key
@@ -832,6 +896,18 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
 #else
         reg_fence_u<kBM / 4>(da);
 #endif
+#if KF_DQW
+        // The claim's word (read before the stage is released): 0 or no
+        // claim bit, this tile's copy; else the claimer's ready bits as the
+        // claim saw them. Not yet ready: the int is read again now, and at
+        // the add only waited for if still not ready.
+        const int dq_claim = flags[262 + s];
+        const bool own = !(dq_claim & kDeltaClaim);
+        const bool unseen = !own && !(dq_claim & (kDqReady << w));
+        int* const dq_flag = (int*)p.workspace + (long long)(T.qbase + m) * p.heads + h;
+        int seen = 0;
+        if ((tid & 127) == 0 && unseen) seen = kfh::ld_relaxed(dq_flag);
+#endif
         mbar_arrive(bar_empty + 8 * s);
         wgmma_wait<0>();
         reg_fence<32>(dq);
@@ -841,10 +917,35 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         if (u == KF9_STEPS - 1) mbar_arrive(bar_kv_empty);
 #if KF_DQ_DIRECT
         const bool direct = T.lk <= kBN;
-        kfh::add_dq<kD, kBM, true>(p, dq, T.q0, T.lq, m0, h, w, warp, lane, sDq, direct);
 #else
         constexpr bool direct = false;
+#endif
+#if KF_DQW
+        // (not for a tile alone with its rows: the producer left it 0, own)
+        if ((tid & 127) == 0 && unseen) {
+          if (seen & (kDqReady << w)) {
+            asm volatile("fence.acq_rel.gpu;\n" ::: "memory");  // the relaxed load's acquire
+          } else {
+            while (!(kfh::ld_acquire(dq_flag) & (kDqReady << w))) __nanosleep(64);
+          }
+          asm volatile("fence.proxy.async.global;\n" ::: "memory");  // before the bulk add
+        }
+#define KF9_OWN , own
+#else
+#define KF9_OWN
+#endif
+#if KF_DQ_DIRECT
+        kfh::add_dq<kD, kBM, true>(p, dq, T.q0, T.lq, m0, h, w, warp, lane, sDq, direct KF9_OWN);
+#else
+#if KF_DQW
+        kfh::add_dq<kD, kBM>(p, dq, T.q0, T.lq, m0, h, w, warp, lane, sDq, false, own);
+#else
         kfh::add_dq<kD, kBM>(p, dq, T.q0, T.lq, m0, h, w, warp, lane, sDq);
+#endif
+#endif
+#undef KF9_OWN
+#if KF_DQW
+        if (own && !direct && T.qbase >= 0) owed = (int)(dq_flag - (int*)p.workspace);
 #endif
 
 #if KF_SPLIT
@@ -861,7 +962,15 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
           // its tile converts them all, without counting.
           // (the bulk reduce-adds of this warpgroup complete first, and are
           // ordered, async proxy to generic, before the fence)
+#if KF_DQW
+          if ((tid & 127) == 0) {
+            bulk_wait_all();
+            if (owed >= 0) kfh::publish_dq_ready((int*)p.workspace + owed, kDqReady << w);
+          }
+          owed = -1;
+#else
           if ((tid & 127) == 0) bulk_wait_all();
+#endif
           __threadfence();
           consumer_sync();
           // Counted here: a split half, the query blocks its own steps of

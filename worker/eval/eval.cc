@@ -68,6 +68,7 @@ struct OutputSet {
   gpu::DeviceBuffer o, lse, dq, dk, dv, delta, dq_accum;
   gpu::DeviceBuffer tiles, tile_counter, workspace;
   LaunchPlan plan;
+  int accum_fills = 0;  // dq_accum garbage fills so far (zero_dq_accum false)
 
   // The outputs the contract has the candidate write, in a fixed order.
   std::vector<const gpu::DeviceBuffer*> Written(bool backward) const {
@@ -206,6 +207,9 @@ struct Evaluator::Impl {
   gpu::Event start, end;
   gpu::DeviceBuffer l2_flush;
   uint32_t flush_value = 0;
+  // Seeds the random dq_accum fills; from the OS, so no two evaluations
+  // leave the same garbage.
+  std::mt19937_64 accum_rng{std::random_device{}()};
 
   // ------------------------------------------------------------ problems ---
 
@@ -460,7 +464,10 @@ struct Evaluator::Impl {
 
   // Poison, scratch zeroing, the launch (between the events when `timed`)
   // and a synchronisation, so that a fault is this launch's. `ms` gets the
-  // launch's time when timed.
+  // launch's time when timed: a backward's includes the scratch zeroing,
+  // which every backward call pays (the runtime zeroes it per launch, the
+  // bench times it too), so that a variant needing less of it zeroed
+  // (zero_dq_accum false) is credited with what its users save.
   absl::Status Launch(const LoadedCandidate& c, const Problem& p, OutputSet& out, bool flush,
                       bool timed, float& ms) {
     if (flush) KF_RETURN_IF_ERROR(FlushL2());
@@ -468,8 +475,20 @@ struct Evaluator::Impl {
       if (b->size() > 0) KF_RETURN_IF_ERROR(b->Fill32(kPoisonBf16Pair, stream));
     }
     if (out.lse.size() > 0) KF_RETURN_IF_ERROR(out.lse.Fill32(kPoisonF32, stream));
-    for (gpu::DeviceBuffer* b : {&out.delta, &out.dq_accum, &out.tile_counter, &out.workspace}) {
-      if (b->size() > 0) KF_RETURN_IF_ERROR(b->Fill8(0, stream));
+    // A variant that zeroes nothing of dq_accum writes each element before
+    // reading it (CONTRACT.md "Backward"): the buffer holds NaN on every
+    // other launch and random finite values on the rest, so reading an
+    // element it did not write shows in its dQ, whichever way it looks.
+    const bool accum_garbage = p.backward && !c.manifest.zero_dq_accum;
+    if (accum_garbage && out.dq_accum.size() > 0) {
+      if (++out.accum_fills % 2 == 1) {
+        KF_RETURN_IF_ERROR(out.dq_accum.Fill32(kPoisonF32, stream));
+      } else {
+        // each fp32 word two random bf16 values: finite, about as large as
+        // the inputs, and different in every element
+        KF_RETURN_IF_ERROR(tools->FillRandomBf16(out.dq_accum, out.dq_accum.size() / 2,
+                                                 accum_rng(), stream));
+      }
     }
     KfAttnParams params = BaseParams(p.shape());
     SetInputs(params, p.in, p.backward);
@@ -492,7 +511,12 @@ struct Evaluator::Impl {
     absl::StatusOr<std::vector<gpu::TensorMap>> maps =
         gpu::EncodeAttnTensorMaps(*driver, params, c.manifest.tensor_maps);
     if (!maps.ok()) return maps.status();
-    if (timed) KF_RETURN_IF_ERROR(start.Record(stream));
+    if (timed && p.backward) KF_RETURN_IF_ERROR(start.Record(stream));
+    for (gpu::DeviceBuffer* b : {&out.delta, &out.dq_accum, &out.tile_counter, &out.workspace}) {
+      if (b == &out.dq_accum && accum_garbage) continue;
+      if (b->size() > 0) KF_RETURN_IF_ERROR(b->Fill8(0, stream));
+    }
+    if (timed && !p.backward) KF_RETURN_IF_ERROR(start.Record(stream));
     if (!out.plan.empty) {
       KF_RETURN_IF_ERROR(c.kernel.Launch(
           params, *maps, {out.plan.grid[0], out.plan.grid[1], out.plan.grid[2]},

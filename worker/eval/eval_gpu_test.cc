@@ -356,6 +356,70 @@ TEST_F(EvalGpu, BwdSm90KvFirstVerify) {
   }
 }
 
+// bwd_sm90's DQW (a query block's first visitor copies its dQ slices into
+// dq_accum, which the host no longer zeroes: manifest zero_dq_accum false)
+// on the hostile batches, with dq_accum NaN or random before every launch:
+// both masks, self and cross, GQA, both dQ splits (rows at head dim 64,
+// head dims at 128), ORDER 0 and 1, packed runs of tiny sequences (their
+// one visit copies), split key tiles, DQ_DIRECT, KVFIRST and CSKIP/TMA off.
+TEST_F(EvalGpu, BwdSm90DqwVerify) {
+  if (evaluator_->device().arch != "sm_90a") GTEST_SKIP() << "bwd_sm90 needs sm_90a";
+  bool listed = false;
+  for (const auto& t : ListTemplates()) listed = listed || t.name == "bwd_sm90";
+  if (!listed) GTEST_SKIP() << "bwd_sm90 is not in this build";
+  // kind: BwdShapeOfKind's
+  struct S { int d, h, kvh; bool causal, cross; int bm, order, split, direct, kvfirst, plain, kind; };
+  for (S s : {S{128, 4, 4, true, false, 64, 1, 0, 0, 0, 0, 0},
+              S{128, 4, 2, false, true, 64, 1, 0, 0, 0, 0, 0},
+              S{128, 2, 1, true, true, 64, 0, 0, 0, 0, 0, 0},
+              S{64, 4, 1, true, true, 128, 1, 0, 0, 0, 0, 0},
+              S{64, 2, 2, false, false, 128, 0, 0, 0, 0, 0, 0},
+              S{64, 4, 2, true, false, 128, 1, 0, 0, 0, 1, 0},
+              S{128, 4, 4, false, false, 64, 1, 0, 0, 0, 1, 0},
+              S{128, 4, 2, true, true, 64, 1, 0, 0, 0, 0, 1},
+              S{64, 2, 2, false, false, 128, 1, 0, 0, 0, 0, 1},
+              S{128, 4, 4, false, false, 64, 1, 1, 0, 1, 0, 3},
+              S{64, 4, 2, true, false, 128, 1, 1, 0, 1, 0, 3},
+              S{128, 4, 4, false, true, 64, 1, 0, 1, 0, 0, 2},
+              S{64, 4, 2, true, true, 128, 0, 0, 1, 0, 0, 2}}) {
+    ExpectBwdSm90Verified({{"BLOCK_M", s.bm}, {"ORDER", s.order}, {"SPLIT", s.split},
+                           {"DQ_DIRECT", s.direct}, {"KVFIRST", s.kvfirst},
+                           {"CSKIP", s.plain ? 0 : 1}, {"TMA", s.plain ? 0 : 1}, {"DQW", 1}},
+                          s.d, s.h, s.kvh, s.causal, s.cross, s.kind,
+                          7100 + s.d + s.bm + 3 * s.h + 5 * s.kvh + 7 * s.causal + 11 * s.cross +
+                              13 * s.order + 17 * s.split + 19 * s.direct + 23 * s.kind +
+                              29 * s.plain);
+  }
+}
+
+// A variant that claims zero_dq_accum false but adds into dq_accum without
+// writing it first (the adding kernels, bwd_mma and bwd_sm90 DQW=0, with
+// only the manifest flag changed) reads the evaluator's NaN or random
+// garbage into its dQ: wrong, with dQ named.
+TEST_F(EvalGpu, AnUnzeroedDqAccumThatIsReadBeforeWrittenIsWrong) {
+  std::vector<std::pair<std::string, std::map<std::string, int>>> kernels = {
+      {"bwd_mma", {{"BLOCK_M", 64}, {"BLOCK_N", 64}}}};
+  if (evaluator_->device().arch == "sm_90a") {
+    kernels.push_back({"bwd_sm90", {{"BLOCK_M", 64}, {"BLOCK_N", 128}, {"STAGES", 2}}});
+  }
+  for (const auto& [name, knobs] : kernels) {
+    SCOPED_TRACE(name);
+    absl::StatusOr<Variant> v = Instantiate(name, knobs, 128);
+    ASSERT_TRUE(v.ok()) << v.status();
+    v->manifest.zero_dq_accum = false;
+    EvalRequest req;
+    req.shape = Shape(Op::kBackward, 128, 4, 2, true, false);
+    req.seed = 7300;
+    req.candidate.source = v->source;
+    req.candidate.manifest = v->manifest;
+    req.options.iterations = 3;
+    absl::StatusOr<EvalResult> r = evaluator_->Evaluate(req);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->outcome, Outcome::kWrong) << r->message;
+    EXPECT_NE(r->message.find("dQ"), std::string::npos) << r->message;
+  }
+}
+
 // fwd_sm90's host-balanced list (ORDER=1: a stop entry ends each CTA's
 // list) and packed tiles (PACK=1: runs of short sequences in one 128-row
 // tile, each row masked to its own sequence's keys) on the hostile check

@@ -26,6 +26,42 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float* dst, u32 src, u32 byt
                "r"(src), "r"(bytes)
                : "memory");
 }
+// Copies `bytes` (a multiple of 16) from shared memory to global memory,
+// asynchronously (bulk async-group of this thread): a query block's first
+// visitor's slice where dq_accum is not zeroed (bwd_sm90 KF_DQW).
+__device__ __forceinline__ void bulk_copy_f32(float* dst, u32 src, u32 bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst),
+               "r"(src), "r"(bytes)
+               : "memory");
+}
+// The flag protocol of KF_DQW: the claimer releases its ready bit after its
+// copy is complete; a visitor acquires it (by the claim's atomic, or a load
+// here) before its reduce-add.
+__device__ __forceinline__ int atom_or_acquire(int* a, int v) {
+  int old;
+  asm volatile("atom.acquire.gpu.global.or.b32 %0, [%1], %2;\n" : "=r"(old) : "l"(a), "r"(v) : "memory");
+  return old;
+}
+__device__ __forceinline__ void red_or_release(int* a, int v) {
+  asm volatile("red.release.gpu.global.or.b32 [%0], %1;\n" ::"l"(a), "r"(v) : "memory");
+}
+// Raises `bit` of the claimer's flag once this thread's bulk copies are
+// complete (after bulk_wait_all): the proxy fence orders their writes, made
+// by the async proxy, before the generic release a visitor acquires.
+__device__ __forceinline__ void publish_dq_ready(int* flag, int bit) {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+  red_or_release(flag, bit);
+}
+__device__ __forceinline__ int ld_relaxed(const int* a) {
+  int v;
+  asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(a) : "memory");
+  return v;
+}
+__device__ __forceinline__ int ld_acquire(const int* a) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(a) : "memory");
+  return v;
+}
 __device__ __forceinline__ void bulk_commit() {
   asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }
@@ -111,10 +147,12 @@ __device__ __forceinline__ void write_dq(const KfAttnParams& p, int q0, int lq, 
 // instead, 16 bytes a thread, from the staging buffer; the caller then keeps
 // the buffer until every thread of the warpgroup has read it (the next
 // step's consumer barrier, or a warpgroup barrier before other use).
+// With `own` (bwd_sm90 KF_DQW: the query block's claimer, first to visit
+// it) the slice is copied into dq_accum rather than added.
 template <int D, int BM, bool kMayStore = false>
 __device__ __forceinline__ void add_dq(const KfAttnParams& p, const float* dq, int q0, int lq,
                                        int m0, int h, int w, int warp, int lane, u32 sdq,
-                                       bool store = false) {
+                                       bool store = false, bool own = false) {
   const int row0 = m0 + (dq_split_rows<D, BM>() ? 64 * w : 0);  // first row of the slice
   const int col0 = dq_split_cols<D, BM>() ? 64 * w : 0;         // first head dim of the slice
   {
@@ -172,8 +210,12 @@ __device__ __forceinline__ void add_dq(const KfAttnParams& p, const float* dq, i
   if (warp == 0 && lane == 0) {
     const int rows = lq - row0 < 64 ? lq - row0 : 64;
     if (rows > 0) {
-      bulk_reduce_add_f32(p.dq_accum + dq_panel_row<D>(p, q0, row0, h, col0), sdq,
-                          (u32)rows * 256u);
+      float* const dst = p.dq_accum + dq_panel_row<D>(p, q0, row0, h, col0);
+      if (own) {
+        bulk_copy_f32(dst, sdq, (u32)rows * 256u);
+      } else {
+        bulk_reduce_add_f32(dst, sdq, (u32)rows * 256u);
+      }
       bulk_commit();
     }
   }
