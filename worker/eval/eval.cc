@@ -484,10 +484,11 @@ struct Evaluator::Impl {
       if (++out.accum_fills % 2 == 1) {
         KF_RETURN_IF_ERROR(out.dq_accum.Fill32(kPoisonF32, stream));
       } else {
-        // each fp32 word two random bf16 values: finite, about as large as
-        // the inputs, and different in every element
-        KF_RETURN_IF_ERROR(tools->FillRandomBf16(out.dq_accum, out.dq_accum.size() / 2,
-                                                 accum_rng(), stream));
+        // each fp32 word two random bf16 values, scaled up: finite, far
+        // outside any dQ's tolerance, and different in every element
+        const size_t n = out.dq_accum.size() / 2;
+        KF_RETURN_IF_ERROR(tools->FillRandomBf16(out.dq_accum, n, accum_rng(), stream));
+        KF_RETURN_IF_ERROR(tools->StyleBf16(out.dq_accum, n, 256.f, accum_rng(), 0, 0.f, stream));
       }
     }
     KfAttnParams params = BaseParams(p.shape());
