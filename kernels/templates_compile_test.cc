@@ -196,6 +196,20 @@ void ExpectWgmmaPipelined(const std::string& log, const std::string& what) {
     EXPECT_EQ(log.find(code), std::string::npos) << what << ": " << code << "\n" << log;
   }
 }
+// Compiles bwd_sm90 settings (setting, source) for sm_90a: each compiles, keeps
+// the wgmma pipeline and spills at most spill_limit(setting) bytes each way.
+void ExpectBwdSm90SettingsCompile(const std::vector<std::pair<std::string, std::string>>& jobs,
+                                  const std::function<int(const std::string&)>& spill_limit) {
+  std::vector<std::string> sources;
+  for (const auto& job : jobs) sources.push_back(job.second);
+  CompileEach(sources, "sm_90a", [&](size_t i, const testing::CompileReport& r) {
+    const std::string& what = jobs[i].first;
+    ASSERT_TRUE(r.ok) << what << "\n" << r.log;
+    EXPECT_LE(r.spill_stores, spill_limit(what)) << what << "\n" << r.log;
+    EXPECT_LE(r.spill_loads, spill_limit(what)) << what << "\n" << r.log;
+    ExpectWgmmaPipelined(r.log, what);
+  });
+}
 TEST(TemplatesCompileSm90, BwdSm90DefaultKnobsSpillLittleAndKeepTheWgmmaPipeline) {
   bool listed = false;
   for (const auto& t : ListTemplates()) listed = listed || t.name == "bwd_sm90";
@@ -412,16 +426,8 @@ TEST(TemplatesCompileSm90, BwdSm90SkipAndTmaSettingsCompile) {
       }
     }
   }
-  std::vector<std::string> sources;
-  for (const auto& job : jobs) sources.push_back(job.second);
-  CompileEach(sources, "sm_90a", [&](size_t i, const testing::CompileReport& r) {
-    const std::string& what = jobs[i].first;
-    ASSERT_TRUE(r.ok) << what << "\n" << r.log;
-    const int spill =
-        kBwdSm90SpillBytes * (what.find("SPLIT=1") != std::string::npos ? 2 : 1) + 16;
-    EXPECT_LE(r.spill_stores, spill) << what << "\n" << r.log;
-    EXPECT_LE(r.spill_loads, spill) << what << "\n" << r.log;
-    ExpectWgmmaPipelined(r.log, what);
+  ExpectBwdSm90SettingsCompile(jobs, [](const std::string& what) {
+    return kBwdSm90SpillBytes * (what.find("SPLIT=1") != std::string::npos ? 2 : 1) + 16;
   });
 }
 
@@ -451,16 +457,9 @@ TEST(TemplatesCompileSm90, BwdSm90DqwSettingsCompile) {
       }
     }
   }
-  std::vector<std::string> sources;
-  for (const auto& job : jobs) sources.push_back(job.second);
-  CompileEach(sources, "sm_90a", [&](size_t i, const testing::CompileReport& r) {
-    const std::string& what = jobs[i].first;
-    ASSERT_TRUE(r.ok) << what << "\n" << r.log;
-    const int spill = kBwdSm90SpillBytes * (what.find("SPLIT=1") != std::string::npos ? 2 : 1) *
-                      (what.find("DQ_DIRECT=1") != std::string::npos ? 3 : 1);
-    EXPECT_LE(r.spill_stores, spill) << what << "\n" << r.log;
-    EXPECT_LE(r.spill_loads, spill) << what << "\n" << r.log;
-    ExpectWgmmaPipelined(r.log, what);
+  ExpectBwdSm90SettingsCompile(jobs, [](const std::string& what) {
+    return kBwdSm90SpillBytes * (what.find("SPLIT=1") != std::string::npos ? 2 : 1) *
+           (what.find("DQ_DIRECT=1") != std::string::npos ? 3 : 1);
   });
 }
 

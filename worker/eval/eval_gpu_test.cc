@@ -107,6 +107,15 @@ class EvalGpu : public ::testing::Test {
 
   // bwd_sm90 at BLOCK_N=128, STAGES=2 and `knobs` (the rest its defaults) on
   // a batch of `kind` (BwdShapeOfKind), expected verified.
+  // Why bwd_sm90 cannot run here ("" when it can).
+  static std::string WhyNoBwdSm90() {
+    if (evaluator_->device().arch != "sm_90a") return "bwd_sm90 needs sm_90a";
+    for (const auto& t : ListTemplates()) {
+      if (t.name == "bwd_sm90") return "";
+    }
+    return "bwd_sm90 is not in this build";
+  }
+
   static void ExpectBwdSm90Verified(std::map<std::string, int> knobs, int d, int h, int kvh,
                                     bool causal, bool cross, int kind, uint64_t seed) {
     knobs.emplace("BLOCK_N", 128);
@@ -301,10 +310,7 @@ TEST_F(EvalGpu, BwdSm90Verifies) {
 // splits (BLOCK_M=64 at head dim 64: each consumer adds its own keys'
 // share), packed runs of tiny sequences, split key tiles and DQ_DIRECT.
 TEST_F(EvalGpu, BwdSm90SkipAndTmaVerify) {
-  if (evaluator_->device().arch != "sm_90a") GTEST_SKIP() << "bwd_sm90 needs sm_90a";
-  bool listed = false;
-  for (const auto& t : ListTemplates()) listed = listed || t.name == "bwd_sm90";
-  if (!listed) GTEST_SKIP() << "bwd_sm90 is not in this build";
+  if (std::string why = WhyNoBwdSm90(); !why.empty()) GTEST_SKIP() << why;
   // kind: BwdShapeOfKind's
   struct S { int d, h, kvh; bool causal, cross; int bm, order, cskip, tma, split, direct, kind; };
   for (S s : {S{128, 4, 4, true, false, 64, 1, 1, 0, 0, 0, 0},
@@ -331,10 +337,7 @@ TEST_F(EvalGpu, BwdSm90SkipAndTmaVerify) {
 // head dim 64, where CSKIP has no effect), ORDER 0 and 1, packed runs,
 // split key tiles and DQ_DIRECT.
 TEST_F(EvalGpu, BwdSm90KvFirstVerify) {
-  if (evaluator_->device().arch != "sm_90a") GTEST_SKIP() << "bwd_sm90 needs sm_90a";
-  bool listed = false;
-  for (const auto& t : ListTemplates()) listed = listed || t.name == "bwd_sm90";
-  if (!listed) GTEST_SKIP() << "bwd_sm90 is not in this build";
+  if (std::string why = WhyNoBwdSm90(); !why.empty()) GTEST_SKIP() << why;
   // kind: BwdShapeOfKind's
   struct S { int d, h, kvh; bool causal, cross; int bm, order, split, direct, kind; };
   for (S s : {S{128, 4, 4, true, false, 64, 1, 0, 0, 0},
@@ -363,10 +366,7 @@ TEST_F(EvalGpu, BwdSm90KvFirstVerify) {
 // head dims at 128), ORDER 0 and 1, packed runs of tiny sequences (their
 // one visit copies), split key tiles, DQ_DIRECT, KVFIRST and CSKIP/TMA off.
 TEST_F(EvalGpu, BwdSm90DqwVerify) {
-  if (evaluator_->device().arch != "sm_90a") GTEST_SKIP() << "bwd_sm90 needs sm_90a";
-  bool listed = false;
-  for (const auto& t : ListTemplates()) listed = listed || t.name == "bwd_sm90";
-  if (!listed) GTEST_SKIP() << "bwd_sm90 is not in this build";
+  if (std::string why = WhyNoBwdSm90(); !why.empty()) GTEST_SKIP() << why;
   // kind: BwdShapeOfKind's
   struct S { int d, h, kvh; bool causal, cross; int bm, order, split, direct, kvfirst, plain, kind; };
   for (S s : {S{128, 4, 4, true, false, 64, 1, 0, 0, 0, 0, 0},
