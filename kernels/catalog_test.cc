@@ -150,14 +150,20 @@ TEST(CatalogTest, HeavyTailedBackwardBatchesSplitTheirHeavyKeyTiles) {
   EXPECT_EQ(v->template_name, "bwd_sm90");
   EXPECT_EQ(v->knobs.at("SPLIT"), 1);
   EXPECT_GT(v->manifest.split_slot_bytes, 0);
+  // and the claimer's dQ copy (DQW=1, no dq_accum memset: 1.067x on
+  // powerlaw_short, H100, notes/bwd.md v12)
+  EXPECT_EQ(v->knobs.at("DQW"), 1);
+  EXPECT_FALSE(v->manifest.zero_dq_accum);
   s.max_len_q = s.max_len_k = 300;  // no long tail
   EXPECT_EQ(DefaultVariant(s)->knobs.at("SPLIT"), 0);
-  s = Shape(128, "sm_90a", 1024);  // long sequences
+  s = Shape(128, "sm_90a", 1024);  // long sequences: DQW=1 lost 0.6-14% there
   s.op = Op::kBackward;
   v = DefaultVariant(s);
   ASSERT_TRUE(v.ok()) << v.status();
   EXPECT_EQ(v->knobs.at("SPLIT"), 0);
   EXPECT_EQ(v->manifest.split_slot_bytes, 0);
+  EXPECT_EQ(v->knobs.at("DQW"), 0);
+  EXPECT_TRUE(v->manifest.zero_dq_accum);
 }
 
 // bwd_sm90 stores dQ straight (DQ_DIRECT=1) where every sequence's keys fit

@@ -349,8 +349,8 @@ TEST(TemplatesCompileSm90, BwdSm90SettingsKeepTheWgmmaPipelineAndArePinned) {
       {"d128 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQW=0 DQ_DIRECT=1 KVFIRST=0 ORDER=1 SPLIT=0 STAGES=2 TMA=1", "176d41ec727cf2673dde06d26c2f1163e35cc72f57eb09a8ea8359fba0790ff4"},
       {"d128 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQW=0 DQ_DIRECT=0 KVFIRST=0 ORDER=1 SPLIT=1 STAGES=2 TMA=1", "c1a01a74dd35fd8f9fb190386dfcffcfa29ed6a864457eda91a83e67f03708d7"},
       {"d128 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQW=0 DQ_DIRECT=1 KVFIRST=0 ORDER=1 SPLIT=1 STAGES=2 TMA=1", "4b830cc1948bb75cdc4ed2cc9ca70a40631ac95ea3ca0f1b707f53a691d2f4e5"},
-      {"d64 BLOCK_M=128 BLOCK_N=128 CSKIP=1 DQW=0 DQ_DIRECT=0 KVFIRST=1 ORDER=1 SPLIT=1 STAGES=2 TMA=1", "70905179ffc5b5d93caa8d2e4efdcbbf0fd38a8b6bb1850a28388dd9a57a9001"},
-      {"d128 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQW=0 DQ_DIRECT=0 KVFIRST=1 ORDER=1 SPLIT=1 STAGES=2 TMA=1", "f3342a50ad1de464a326c644cb22d5d1cc4c2d474fdb689f3c5e248a070dd0c0"},
+      {"d64 BLOCK_M=128 BLOCK_N=128 CSKIP=1 DQW=1 DQ_DIRECT=0 KVFIRST=1 ORDER=1 SPLIT=1 STAGES=2 TMA=1", "b8cca800bfc6b548dd4ca27fa1c7b73545eff3ed81a530a92b01179af174f204"},
+      {"d128 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQW=1 DQ_DIRECT=0 KVFIRST=1 ORDER=1 SPLIT=1 STAGES=2 TMA=1", "cde2ce7441cc45fa6b032fdeb15cb9a4aabfa37057084e0354d369e98896fc87"},
   };
   std::vector<std::pair<std::string, std::string>> jobs;  // (setting, source)
   for (int d : {64, 128}) {
@@ -368,10 +368,10 @@ TEST(TemplatesCompileSm90, BwdSm90SettingsKeepTheWgmmaPipelineAndArePinned) {
         }
       }
     }
-    // the heavy-tailed short class's defaults: SPLIT=1 with KVFIRST=1
+    // the heavy-tailed short class's defaults: SPLIT=1 with KVFIRST=1 and DQW=1
     auto v = Instantiate("bwd_sm90",
                          {{"BLOCK_M", d == 64 ? 128 : 64}, {"BLOCK_N", 128}, {"STAGES", 2},
-                          {"ORDER", 1}, {"SPLIT", 1}, {"KVFIRST", 1}},
+                          {"ORDER", 1}, {"SPLIT", 1}, {"KVFIRST", 1}, {"DQW", 1}},
                          d);
     ASSERT_TRUE(v.ok()) << v.status();
     jobs.emplace_back(Describe(v->knobs, d), v->source);

@@ -180,6 +180,9 @@ TemplateDef BwdSm90Template() {
   // shape (H200, one call against CSKIP=0 TMA=0; v10). KVFIRST=1 with
   // SPLIT=1's class (powerlaw_short 1.007-1.023x; 0.976-0.998x on the long
   // shapes, v11).
+  // DQW=1 (the claimer copies its dQ slices, no dq_accum memset) with
+  // SPLIT=1's class too: powerlaw_short 191.7 -> 179.6 us; on the long shapes
+  // the visitors' waits for the claimer's copy cost 0.6-14% (H100, v12).
   // ORDER=0 for a causal batch of at most 32 (sequence, kv head) groups
   // (one_long_causal, 32768 keys: 12827 us against ORDER=1's 15233; v9).
   def.default_knobs = [](const ShapeKey& s) -> std::map<std::string, int> {
@@ -188,7 +191,7 @@ TemplateDef BwdSm90Template() {
     return {{"BLOCK_M", s.head_dim == 64 ? 128 : 64}, {"BLOCK_N", 128}, {"STAGES", 2},
             {"ORDER", order}, {"SPLIT", heavy_short ? 1 : 0},
             {"DQ_DIRECT", MostKeysFitOneBlock(s) ? 1 : 0}, {"CSKIP", 1}, {"TMA", 1},
-            {"KVFIRST", heavy_short ? 1 : 0}};
+            {"KVFIRST", heavy_short ? 1 : 0}, {"DQW", heavy_short ? 1 : 0}};
   };
   def.preference = [](const ShapeKey& s) {
     if (s.op != Op::kBackward || s.arch != "sm_90a") return 0;

@@ -437,23 +437,25 @@ TEST_F(WorkerGpuSequence, BwdSm90PassesEveryGate) {
   gpu::CompilePool pool(2, nullptr);
   Sandbox sandbox(GpuSandboxOptions());
   LocalTaskRunner runner(&pool, &sandbox, GatedRunnerOptions());
-  struct S { int d, bm; bool causal; int order; bool tiny = false; int split = 0; int direct = 0; };
+  struct S { int d, bm; bool causal; int order; bool tiny = false; int split = 0; int direct = 0; int dqw = 0; };
   uint64_t seed = 950;
   // (DQ_DIRECT=1: dQ stored by the consumer threads from the staging buffer
   // that bulk reduce-adds read in the other tiles)
   for (S s : {S{64, 128, false, 1}, S{128, 64, true, 1}, S{128, 64, false, 1},
               S{64, 64, true, 0}, S{128, 64, true, 0}, S{128, 64, true, 1, true},
               S{128, 64, false, 1, false, 1}, S{128, 64, true, 1, true, 0, 1},
-              S{64, 128, false, 1, false, 0, 1}}) {
+              S{64, 128, false, 1, false, 0, 1}, S{128, 64, false, 1, false, 1, 0, 1},
+              S{64, 128, true, 1, false, 0, 0, 1}}) {
     absl::StatusOr<Variant> v = Instantiate(
         "bwd_sm90",
         {{"BLOCK_M", s.bm}, {"BLOCK_N", 128}, {"STAGES", 2}, {"ORDER", s.order}, {"SPLIT", s.split},
-         {"DQ_DIRECT", s.direct}},
+         {"DQ_DIRECT", s.direct}, {"DQW", s.dqw}},
         s.d);
     ASSERT_TRUE(v.ok()) << v.status();
     const std::string label =
-        fmt::format("bwd_sm90 BM{} ORDER{}{}{}{}{}", s.bm, s.order, s.causal ? " causal" : "",
-                    s.tiny ? " tiny" : "", s.split ? " SPLIT" : "", s.direct ? " DQ_DIRECT" : "");
+        fmt::format("bwd_sm90 BM{} ORDER{}{}{}{}{}{}", s.bm, s.order, s.causal ? " causal" : "",
+                    s.tiny ? " tiny" : "", s.split ? " SPLIT" : "", s.direct ? " DQ_DIRECT" : "",
+                    s.dqw ? " DQW" : "");
     const ShapeKey k = s.tiny ? TinyGateShape(Op::kBackward, s.d, s.causal)
                               : GateShape(Op::kBackward, s.d, s.causal);
     auto r = ConfirmThroughGates(runner, k, *v, label, ++seed);

@@ -94,10 +94,12 @@ class EvalGpu : public ::testing::Test {
   // 0 the default hostile batch, 1 tiny (packed runs), 2 long queries over
   // short keys, 3 the first heavy-tailed split case's batch.
   static ShapeKey BwdShapeOfKind(int kind, int d, int h, int kvh, bool causal, bool cross) {
-    if (kind == 3) {
-      const split_cases::SplitCase& c = split_cases::kSplitCases[0];
-      return split_cases::HeavyTailedBwdShape(c.d, c.h, c.kvh, c.causal, c.cross,
-                                              evaluator_->device().arch);
+    if (kind == 3) {  // the first split case of head dim d
+      for (const split_cases::SplitCase& c : split_cases::kSplitCases) {
+        if (c.d != d) continue;
+        return split_cases::HeavyTailedBwdShape(c.d, c.h, c.kvh, c.causal, c.cross,
+                                                evaluator_->device().arch);
+      }
     }
     ShapeKey shape = Shape(Op::kBackward, d, h, kvh, causal, cross);
     if (kind == 1) MakeTiny(shape);
