@@ -717,6 +717,19 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
                              ddO + (u64)(panel * (kBM * 128 / 16) + 2 * kk), ks > 0 ? 1 : 0);
           }
           wgmma_commit();  // group: dP^T
+#if KF_DQW
+          // The ready bit of the previous step's copy (this consumer claimed
+          // that query block) is raised here, while S^T and dP^T run: the
+          // copy, issued at that step's end, is done or nearly, and a visitor
+          // waiting for it waits half a step less than for the barrier below.
+          if (owed >= 0) {
+            if ((tid & 127) == 0) {
+              bulk_wait_all();
+              kfh::publish_dq_ready((int*)p.workspace + owed, kDqReady << w);
+            }
+            owed = -1;
+          }
+#endif
           wgmma_wait<1>();  // S^T complete, dP^T may run
           reg_fence<kBM / 2>(sacc);
         }
@@ -922,13 +935,16 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
 #endif
 #if KF_DQW
         // (not for a tile alone with its rows: the producer left it 0, own)
-        if ((tid & 127) == 0 && unseen) {
-          if (seen & (kDqReady << w)) {
+        // A visitor's add comes after the claimer's copy: acquired by the
+        // claim (through the stage's barrier) or here, then ordered before
+        // the bulk add (async proxy) by the proxy fence.
+        if ((tid & 127) == 0 && !own) {
+          if (unseen && (seen & (kDqReady << w))) {
             asm volatile("fence.acq_rel.gpu;\n" ::: "memory");  // the relaxed load's acquire
-          } else {
+          } else if (unseen) {
             while (!(kfh::ld_acquire(dq_flag) & (kDqReady << w))) __nanosleep(64);
           }
-          asm volatile("fence.proxy.async.global;\n" ::: "memory");  // before the bulk add
+          asm volatile("fence.proxy.async.global;\n" ::: "memory");
         }
 #define KF9_OWN , own
 #else

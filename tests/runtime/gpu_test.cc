@@ -300,6 +300,27 @@ TEST_F(RuntimeGpuTest, MatchesTheReferenceOnHostileJaggedBatches) {
   }
 }
 
+// A heavy-tailed batch of short sequences (powerlaw_short's class: at least
+// 64 sequences, a mean of at most 64, one of 512 or more) gets bwd_sm90 with
+// DQW=1 on sm_90a, whose dq_accum the runtime does not zero (manifest
+// zero_dq_accum false; kernels/catalog_test.cc proves the default). The second
+// backward on this runtime's scratch finds the first's dq_accum there.
+TEST_F(RuntimeGpuTest, BackwardsOnScratchTheRuntimeDoesNotZeroMatchTheReference) {
+  Case c;
+  c.cu_q = {0};
+  for (int i = 0; i < 95; ++i) c.cu_q.push_back(c.cu_q.back() + 1 + (i * 7) % 23);
+  c.cu_q.push_back(c.cu_q.back() + 700);
+  c.heads = c.kv_heads = 2;
+  for (int d : {64, 128}) {
+    c.head_dim = d;
+    c.causal = false;
+    Check(c, Given::kBoth, 11 + d);
+    Check(c, Given::kBoth, 12 + d);
+    c.causal = true;
+    Check(c, Given::kBoth, 13 + d);
+  }
+}
+
 TEST_F(RuntimeGpuTest, HostOffsetsAloneAreUploadedOnTheStream) {
   Case c;
   c.cu_q = Offsets({17, 300, 1, 0, 129});
