@@ -1,6 +1,6 @@
 // kforge "bwd_sm90": Hopper (sm_90a) jagged flash-attention backward, one launch.
 //
-// Notes, versions and measurements: kernels/notes/bwd.md (v1 .. v11).
+// Notes, versions and measurements: kernels/notes/bwd.md (v1 .. v12).
 // The backward contract (key-major tile list, dq_accum, delta, the dq
 // counters in the workspace) is bwd_mma's: kernels/CONTRACT.md "Backward".
 //
@@ -54,7 +54,7 @@
 //
 // Knobs (prepended #defines): KF_HEAD_DIM (64|128), KF_BLOCK_M (64|128; 128
 // only with D = 64), KF_BLOCK_N (128), KF_STAGES (1|2; the space has 2),
-// KF_ORDER, KF_SPLIT, KF_DQ_DIRECT, KF_CSKIP, KF_TMA, KF_KVFIRST (below).
+// KF_ORDER, KF_SPLIT, KF_DQ_DIRECT, KF_CSKIP, KF_TMA, KF_KVFIRST, KF_DQW (below).
 // The shared-memory layout is kf_bwd_sm90_layout()
 // (templates/bwd_sm90_layout.h, prepended).
 // Entry point: extern "C" __global__ kf_attn_bwd(const __grid_constant__ KfAttnParams p),
@@ -146,13 +146,14 @@
 // key block that claims a query block (the delta claim, its first visit)
 // stores its dQ slices there with a bulk copy instead of adding them, and
 // each consumer w raises bit kDqReady << w of the block's workspace int once
-// its copy is complete (at its next step, or its head's end, so nobody
-// waits for the copy); a later visitor adds only after it sees that bit (the
+// its copy is complete (while its next step's S^T and dP^T run, or at its
+// head's end); a later visitor adds only after it sees that bit (the
 // producer's claim returns it, else the consumer reads the int again before
 // its add). Every dq_accum element a variant reads was first written by its
 // claimer, so the host's 1 GB memset (238 us of hstu_prod_causal's 12.7 ms,
 // notes/bwd.md v11) goes. Not with BLOCK_M 64 at head dim 64, where both
-// consumers add into the same slice.
+// consumers add into the same slice. The default only for SPLIT=1's class:
+// 1.065x on powerlaw_short, 4-12% slower on the long shapes (v12).
 #ifndef KF_DQW
 #define KF_DQW 0
 #endif
