@@ -947,20 +947,11 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
           }
           asm volatile("fence.proxy.async.global;\n" ::: "memory");
         }
-#define KF9_OWN , own
 #else
-#define KF9_OWN
+        constexpr bool own = false;  // every slice is added
 #endif
-#if KF_DQ_DIRECT
-        kfh::add_dq<kD, kBM, true>(p, dq, T.q0, T.lq, m0, h, w, warp, lane, sDq, direct KF9_OWN);
-#else
-#if KF_DQW
-        kfh::add_dq<kD, kBM>(p, dq, T.q0, T.lq, m0, h, w, warp, lane, sDq, false, own);
-#else
-        kfh::add_dq<kD, kBM>(p, dq, T.q0, T.lq, m0, h, w, warp, lane, sDq);
-#endif
-#endif
-#undef KF9_OWN
+        kfh::add_dq<kD, kBM, KF_DQ_DIRECT != 0>(p, dq, T.q0, T.lq, m0, h, w, warp, lane, sDq,
+                                                direct, own);
 #if KF_DQW
         if (own && !direct && T.qbase >= 0) owed = (int)(dq_flag - (int*)p.workspace);
 #endif
