@@ -83,9 +83,9 @@ struct Manifest {
   int64_t split_slot_bytes = 0;
   // Backward only: false means the host leaves dq_accum as the last launch
   // left it (no zeroing, about 2% of a long backward's time): the variant
-  // writes every dq_accum element before reading it. The evaluator fills
-  // it with NaN or random values instead, so a variant that reads what it
-  // did not write fails. CONTRACT.md "Backward".
+  // writes every dq_accum element before reading it. The evaluator leaves
+  // NaN there, random values or the last launch's leftovers, in turn, so a
+  // variant that reads what it did not write fails. CONTRACT.md "Backward".
   bool zero_dq_accum = true;
   // TMA: one 2-D tensor map per entry, which the host encodes for every
   // launch and passes as the kernel's second parameter, after KfAttnParams

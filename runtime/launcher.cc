@@ -257,10 +257,9 @@ absl::Status Launcher::Run(const Request& r, const ResolvedKernel& k) {
   // dq_accum is zeroed too, unless the variant writes each element before
   // it reads it (manifest zero_dq_accum false): then it lies past the
   // zeroed range and keeps whatever the last launch left.
-  const bool zero_accum = m.zero_dq_accum;
-  const size_t accum_in_range = zero_accum ? take(accum_bytes) : 0;
+  size_t accum_at = m.zero_dq_accum ? take(accum_bytes) : 0;
   const size_t zeroed_bytes = at;
-  const size_t accum_at = zero_accum ? accum_in_range : take(accum_bytes);
+  if (!m.zero_dq_accum) accum_at = take(accum_bytes);
   const size_t tiles_at = take(tiles_bytes);
   const size_t cu_q_at = take(upload_q ? offsets_bytes : 0);
   const size_t cu_k_at = take(upload_k ? offsets_bytes : 0);

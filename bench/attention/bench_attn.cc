@@ -634,6 +634,7 @@ class Bench {
     std::vector<gpu::TensorMap> maps;  // the manifest's tensor maps, encoded before timing
     uint64_t scratch = 0;  // the range zeroed before every launch
     size_t scratch_bytes = 0;
+    size_t accum_bytes = 0;  // dq_accum's, last in the scratch
   };
 
   // The launch as the evaluator and the runtime make it: CTAs per SM from
@@ -666,7 +667,8 @@ class Bench {
     const size_t workspace_at = counter_at + align(16);
     const size_t delta_at = workspace_at + align(size_t(l.plan.workspace_bytes));
     const size_t accum_at = delta_at + align(tq * pr.heads * 4);
-    const size_t end = accum_at + align(tq * pr.heads * pr.head_dim * 4);
+    l.accum_bytes = tq * pr.heads * pr.head_dim * 4;
+    const size_t end = accum_at + align(l.accum_bytes);
     // dq_accum is last, so a variant that zeroes none of it (zero_dq_accum
     // false) has the memset stop before it, as the runtime's does
     l.scratch_bytes = m.zero_dq_accum ? end : accum_at;
@@ -728,9 +730,8 @@ class Bench {
     if (!c.variant.manifest.zero_dq_accum) {
       // (the memset stops before dq_accum: NaN there shows a read of an
       // element the variant did not write first)
-      const size_t accum_bytes = pr.cu_q.back() * size_t(pr.heads) * pr.head_dim * 4;
       if (auto s = gpu::FillAsync32(driver_, reinterpret_cast<uint64_t>(l->params.dq_accum),
-                                    eval::kPoisonF32, accum_bytes / 4, stream_);
+                                    eval::kPoisonF32, l->accum_bytes / 4, stream_);
           !s.ok())
         return fail(s);
     }

@@ -476,14 +476,17 @@ struct Evaluator::Impl {
     }
     if (out.lse.size() > 0) KF_RETURN_IF_ERROR(out.lse.Fill32(kPoisonF32, stream));
     // A variant that zeroes nothing of dq_accum writes each element before
-    // reading it (CONTRACT.md "Backward"): the buffer holds NaN on every
-    // other launch and random finite values on the rest, so reading an
-    // element it did not write shows in its dQ, whichever way it looks.
+    // reading it (CONTRACT.md "Backward"): the buffer holds NaN, then random
+    // finite values, then what the previous launch left there (as the
+    // runtime's does, so the evaluator's garbage is not the only thing a
+    // variant sees here), in turn, so reading an element it did not write
+    // shows in its dQ, whichever way it looks.
     const bool accum_garbage = p.backward && !c.manifest.zero_dq_accum;
     if (accum_garbage && out.dq_accum.size() > 0) {
-      if (++out.accum_fills % 2 == 1) {
+      const int turn = ++out.accum_fills % 3;  // the slot's first launch: NaN
+      if (turn == 1) {
         KF_RETURN_IF_ERROR(out.dq_accum.Fill32(kPoisonF32, stream));
-      } else {
+      } else if (turn == 2) {
         // each fp32 word two random bf16 values, scaled up: finite, far
         // outside any dQ's tolerance, and different in every element
         const size_t n = out.dq_accum.size() / 2;

@@ -363,8 +363,8 @@ TEST_F(EvalGpu, BwdSm90KvFirstVerify) {
 
 // bwd_sm90's DQW (a query block's first visitor copies its dQ slices into
 // dq_accum, which the host no longer zeroes: manifest zero_dq_accum false)
-// on the hostile batches, with dq_accum NaN or random before every launch:
-// both masks, self and cross, GQA, both dQ splits (rows at head dim 64,
+// on the hostile batches, with dq_accum NaN, random or the last launch's
+// leftovers in turn: both masks, self and cross, GQA, both dQ splits (rows at head dim 64,
 // head dims at 128), ORDER 0 and 1, packed runs of tiny sequences (their
 // one visit copies), split key tiles, DQ_DIRECT, KVFIRST and CSKIP/TMA off.
 TEST_F(EvalGpu, BwdSm90DqwVerify) {
@@ -396,8 +396,8 @@ TEST_F(EvalGpu, BwdSm90DqwVerify) {
 
 // A variant that claims zero_dq_accum false but adds into dq_accum without
 // writing it first (the adding kernels, bwd_mma and bwd_sm90 DQW=0, with
-// only the manifest flag changed) reads the evaluator's NaN or random
-// garbage into its dQ: wrong, with dQ named.
+// only the manifest flag changed) reads the evaluator's NaN, random values
+// or leftovers into its dQ: wrong, with dQ named.
 TEST_F(EvalGpu, AnUnzeroedDqAccumThatIsReadBeforeWrittenIsWrong) {
   std::vector<std::pair<std::string, std::map<std::string, int>>> kernels = {
       {"bwd_mma", {{"BLOCK_M", 64}, {"BLOCK_N", 64}}}};
