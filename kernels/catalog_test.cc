@@ -154,6 +154,7 @@ TEST(CatalogTest, HeavyTailedBackwardBatchesSplitTheirHeavyKeyTiles) {
   // powerlaw_short, H100, notes/bwd.md v12)
   EXPECT_EQ(v->knobs.at("DQW"), 1);
   EXPECT_FALSE(v->manifest.zero_dq_accum);
+  EXPECT_FALSE(v->manifest.restores_dq_accum);
   s.max_len_q = s.max_len_k = 300;  // no long tail
   EXPECT_EQ(DefaultVariant(s)->knobs.at("SPLIT"), 0);
   s = Shape(128, "sm_90a", 1024);  // long sequences: DQW=1 lost 0.6-14% there
@@ -164,6 +165,11 @@ TEST(CatalogTest, HeavyTailedBackwardBatchesSplitTheirHeavyKeyTiles) {
   EXPECT_EQ(v->manifest.split_slot_bytes, 0);
   EXPECT_EQ(v->knobs.at("DQW"), 0);
   EXPECT_TRUE(v->manifest.zero_dq_accum);
+  // there the converting key block gives dq_accum back zeroed instead (DQZ=1:
+  // the host zeroes it once per scratch; 1.5-6% on the other public shapes,
+  // notes/bwd.md v13)
+  EXPECT_EQ(v->knobs.at("DQZ"), 1);
+  EXPECT_TRUE(v->manifest.restores_dq_accum);
 }
 
 // bwd_sm90 stores dQ straight (DQ_DIRECT=1) where every sequence's keys fit
@@ -346,6 +352,23 @@ TEST(CatalogTest, BwdSm90DqwAsksTheHostNotToZeroDqAccum) {
   v = Instantiate("bwd_sm90", {{"BLOCK_M", 64}, {"DQW", 1}}, 64);
   ASSERT_FALSE(v.ok());
   EXPECT_NE(v.status().message().find("DQW=1"), std::string::npos) << v.status();
+}
+
+// bwd_sm90 DQZ=1: dq_accum given back zeroed (manifest restores_dq_accum),
+// at both head dims and BLOCK_M; refused beside DQW=1, which needs no zeros.
+TEST(CatalogTest, BwdSm90DqzGivesDqAccumBackZeroed) {
+  for (auto [bm, d] : {std::pair{64, 128}, std::pair{64, 64}, std::pair{128, 64}}) {
+    auto v = Instantiate("bwd_sm90", {{"BLOCK_M", bm}, {"DQZ", 1}}, d);
+    ASSERT_TRUE(v.ok()) << v.status();
+    EXPECT_TRUE(v->manifest.restores_dq_accum);
+    EXPECT_TRUE(v->manifest.zero_dq_accum);
+    v = Instantiate("bwd_sm90", {{"BLOCK_M", bm}, {"DQZ", 0}}, d);
+    ASSERT_TRUE(v.ok()) << v.status();
+    EXPECT_FALSE(v->manifest.restores_dq_accum);
+  }
+  auto v = Instantiate("bwd_sm90", {{"BLOCK_M", 64}, {"DQZ", 1}, {"DQW", 1}}, 128);
+  ASSERT_FALSE(v.ok());
+  EXPECT_NE(v.status().message().find("DQZ=1"), std::string::npos) << v.status();
 }
 
 }  // namespace kforge

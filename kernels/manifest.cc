@@ -90,7 +90,7 @@ absl::StatusOr<Manifest> ParseManifest(std::string_view text) {
       "contract_version", "entry_point", "threads", "dynamic_smem_bytes", "grid",
       "tile_m", "tile_n", "workspace", "archs", "features", "head_dims", "ops",
       "causal", "noncausal", "gqa", "ctas_per_sm", "pack_short", "tile_order", "key_major",
-      "split_slot_bytes", "tensor_maps", "zero_dq_accum"};
+      "split_slot_bytes", "tensor_maps", "zero_dq_accum", "restores_dq_accum"};
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (!kKnown.count(it.key())) return Bad(fmt::format("unknown key \"{}\"", it.key()));
   }
@@ -215,6 +215,12 @@ absl::StatusOr<Manifest> ParseManifest(std::string_view text) {
   if (!m.zero_dq_accum && m.ops != std::vector<std::string>{"bwd"}) {
     return Bad("zero_dq_accum: false needs ops [\"bwd\"] (dq_accum is backward scratch)");
   }
+  if (auto s = get_bool("restores_dq_accum", m.restores_dq_accum); !s.ok()) return s;
+  if (m.restores_dq_accum && (m.ops != std::vector<std::string>{"bwd"} || !m.zero_dq_accum)) {
+    return Bad(
+        "restores_dq_accum: true needs ops [\"bwd\"] and zero_dq_accum true (it gives back the "
+        "zeros it was given)");
+  }
   if (m.pack_short && m.grid != GridPolicy::kPersistent) {
     return Bad("pack_short: needs grid \"persistent\"");
   }
@@ -282,6 +288,7 @@ std::string ManifestToJson(const Manifest& m) {
   if (m.key_major) j["key_major"] = true;
   if (m.split_slot_bytes > 0) j["split_slot_bytes"] = m.split_slot_bytes;
   if (!m.zero_dq_accum) j["zero_dq_accum"] = false;
+  if (m.restores_dq_accum) j["restores_dq_accum"] = true;
   if (!m.tensor_maps.empty()) {
     json t = json::array();
     for (const auto& r : m.tensor_maps) t.push_back({{"tensor", r.tensor}, {"box_rows", r.box_rows}});

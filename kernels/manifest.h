@@ -87,6 +87,13 @@ struct Manifest {
   // NaN there, random values or the last launch's leftovers, in turn, so a
   // variant that reads what it did not write fails. CONTRACT.md "Backward".
   bool zero_dq_accum = true;
+  // Backward only, with zero_dq_accum: true means the variant leaves every
+  // dq_accum element zero again when it completes (it zeroes what it read),
+  // so the host zeroes dq_accum once, while the scratch is new or after a
+  // launch that does not restore it, not before every launch. The evaluator
+  // checks that every element is zero after every launch. CONTRACT.md
+  // "Backward".
+  bool restores_dq_accum = false;
   // TMA: one 2-D tensor map per entry, which the host encodes for every
   // launch and passes as the kernel's second parameter, after KfAttnParams
   // (CONTRACT.md "Tensor maps"). Needs the feature "tma".

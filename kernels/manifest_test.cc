@@ -139,6 +139,39 @@ TEST(ManifestTest, ZeroDqAccumIsABackwardFlag) {
   EXPECT_NE(bad.status().message().find("zero_dq_accum"), std::string::npos) << bad.status();
 }
 
+// restores_dq_accum (CONTRACT.md "Backward"): a backward variant that gives
+// dq_accum back zeroed asks the host to zero it once per scratch; the flag
+// round-trips, is left out when false, and needs a backward manifest whose
+// dq_accum the host zeroes (zero_dq_accum true).
+TEST(ManifestTest, RestoresDqAccumIsABackwardFlagOnZeroedScratch) {
+  const std::string bwd = R"({"entry_point":"kf_attn_bwd","threads":384,"tile_m":64,
+      "tile_n":128,"grid":"persistent","archs":["sm_90a"],"head_dims":[128],"ops":["bwd"],
+      "key_major":true)";
+  auto m = ParseManifest(bwd + R"(,"restores_dq_accum":true})");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_TRUE(m->restores_dq_accum);
+  EXPECT_TRUE(m->zero_dq_accum);
+  auto again = ParseManifest(ManifestToJson(*m));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->restores_dq_accum);
+  auto plain = ParseManifest(bwd + "}");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_FALSE(plain->restores_dq_accum);
+  EXPECT_EQ(ManifestToJson(*plain).find("restores_dq_accum"), std::string::npos);
+
+  auto bad = ParseManifest(bwd + R"(,"restores_dq_accum":true,"zero_dq_accum":false})");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("restores_dq_accum"), std::string::npos) << bad.status();
+  std::string fwd = kGood;
+  fwd.insert(fwd.size() - 1, R"(,"restores_dq_accum":true)");
+  bad = ParseManifest(fwd);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("restores_dq_accum"), std::string::npos) << bad.status();
+  bad = ParseManifest(bwd + R"(,"restores_dq_accum":1})");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("restores_dq_accum"), std::string::npos) << bad.status();
+}
+
 TEST(ManifestTest, FeaturesAndLimitsPerArch) {
   EXPECT_TRUE(ArchHasFeature("sm_90a", "wgmma"));
   EXPECT_FALSE(ArchHasFeature("sm_90", "wgmma"));

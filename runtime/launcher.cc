@@ -256,10 +256,14 @@ absl::Status Launcher::Run(const Request& r, const ResolvedKernel& k) {
   const size_t delta_at = take(delta_bytes);
   // dq_accum is zeroed too, unless the variant writes each element before
   // it reads it (manifest zero_dq_accum false): then it lies past the
-  // zeroed range and keeps whatever the last launch left.
-  size_t accum_at = m.zero_dq_accum ? take(accum_bytes) : 0;
+  // zeroed range and keeps whatever the last launch left. A variant that
+  // gives its zeros back (restores_dq_accum) has it past the range as well,
+  // zeroed only when the scratch's last use did not leave it zero.
+  const bool accum_kept = backward && m.restores_dq_accum;
+  const bool accum_each_launch = m.zero_dq_accum && !accum_kept;
+  size_t accum_at = accum_each_launch ? take(accum_bytes) : 0;
   const size_t zeroed_bytes = at;
-  if (!m.zero_dq_accum) accum_at = take(accum_bytes);
+  if (!accum_each_launch) accum_at = take(accum_bytes);
   const size_t tiles_at = take(tiles_bytes);
   const size_t cu_q_at = take(upload_q ? offsets_bytes : 0);
   const size_t cu_k_at = take(upload_k ? offsets_bytes : 0);
@@ -267,10 +271,17 @@ absl::Status Launcher::Run(const Request& r, const ResolvedKernel& k) {
 
   const gpu::Stream stream = gpu::Stream::Borrow(*driver_, a.stream);
   const gpu::Kernel& kernel = (*loaded)->kernel;
-  return d.scratch.Use(stream, at, [&](uint64_t base) -> absl::Status {
+  return d.scratch.Use(stream, at, [&](uint64_t base, ScratchArenas::ZeroRange& zeroed) -> absl::Status {
     auto ptr = [&](size_t off) { return reinterpret_cast<void*>(base + off); };
     if (absl::Status s = gpu::FillAsync8(*driver_, base, 0, zeroed_bytes, stream); !s.ok())
       return Cuda(s);
+    const bool accum_zero = zeroed.Covers(accum_at, accum_at + accum_bytes);
+    zeroed = {};  // this launch writes the scratch: known zero again only below
+    if (accum_kept && !accum_zero) {
+      if (absl::Status s = gpu::FillAsync8(*driver_, base + accum_at, 0, accum_bytes, stream);
+          !s.ok())
+        return Cuda(s);
+    }
     // Pageable sources are staged by the driver before these return: the
     // cached plan and the caller's arrays may change right after.
     if (absl::Status s = gpu::CopyToDeviceAsync(*driver_, base + tiles_at, plan->tiles.data(),
@@ -327,6 +338,8 @@ absl::Status Launcher::Run(const Request& r, const ResolvedKernel& k) {
       p.o = a.o;
       p.lse = lse_scratch ? static_cast<float*>(ptr(lse_at)) : a.lse;
     }
+    // (an empty plan launches nothing, and leaves dq_accum as it was: zero)
+    if (accum_kept) zeroed = {accum_at, accum_at + accum_bytes};
     if (plan->empty) return absl::OkStatus();
     // TMA variants: the maps of the caller's tensors, encoded for this call
     // (a host call; a tensor TMA cannot address is the caller's error).
@@ -341,7 +354,7 @@ absl::Status Launcher::Run(const Request& r, const ResolvedKernel& k) {
     if (absl::Status s = kernel.Launch(p, *maps, {plan->grid[0], plan->grid[1], plan->grid[2]},
                                        {plan->threads}, plan->dynamic_smem_bytes, stream);
         !s.ok())
-      return Cuda(s);
+      return Cuda(s);  // (Use forgets `zeroed`)
     ++counters_->launches;
     return absl::OkStatus();
   });

@@ -9,8 +9,9 @@ constexpr size_t kGranule = size_t{1} << 20;
 
 }  // namespace
 
-absl::Status ScratchArenas::Use(const gpu::Stream& stream, size_t bytes,
-                                const std::function<absl::Status(uint64_t)>& enqueue) {
+absl::Status ScratchArenas::Use(
+    const gpu::Stream& stream, size_t bytes,
+    const std::function<absl::Status(uint64_t, ZeroRange&)>& enqueue) {
   Arena* arena;
   {
     std::lock_guard lock(mu_);
@@ -40,8 +41,10 @@ absl::Status ScratchArenas::Use(const gpu::Stream& stream, size_t bytes,
     absl::StatusOr<gpu::DeviceBuffer> block = gpu::DeviceBuffer::Allocate(*driver_, size);
     if (!block.ok()) return block.status();
     arena->block = *std::move(block);
+    arena->zeroed = {};  // fresh memory holds anything
   }
-  absl::Status s = enqueue(arena->block.address());
+  absl::Status s = enqueue(arena->block.address(), arena->zeroed);
+  if (!s.ok()) arena->zeroed = {};
   if (!arena->last_use) {
     absl::StatusOr<gpu::Event> e = gpu::Event::Create(*driver_, /*timing=*/false);
     if (!e.ok()) return e.status();

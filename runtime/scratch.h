@@ -14,6 +14,11 @@
 // reused) is still safe: every use first makes the stream wait for the
 // block's last use.
 //
+// Each block also remembers one byte range that its last use left zero (a
+// backward variant that restores dq_accum's zeros: manifest
+// restores_dq_accum), so that the next use need not zero it again. A new
+// block, or a use that fails, knows nothing zero.
+//
 // Thread-safe; calls on one stream are serialised while they enqueue.
 #pragma once
 
@@ -35,16 +40,26 @@ class ScratchArenas {
   // every calling thread.
   explicit ScratchArenas(const gpu::Driver* driver) : driver_(driver) {}
 
-  // Calls `enqueue(address)` with `bytes` of device memory that only the
-  // work `enqueue` puts on `stream` uses.
+  // Bytes [begin, end) of a block, by offset, that hold zeros once the work
+  // enqueued so far on its stream is done.
+  struct ZeroRange {
+    size_t begin = 0, end = 0;
+    bool Covers(size_t b, size_t e) const { return b >= e || (begin <= b && e <= end); }
+  };
+
+  // Calls `enqueue(address, zeroed)` with `bytes` of device memory that only
+  // the work `enqueue` puts on `stream` uses. `zeroed` says what the block's
+  // last use left zero; `enqueue` sets what its own work leaves zero (it is
+  // forgotten when `enqueue` fails).
   absl::Status Use(const gpu::Stream& stream, size_t bytes,
-                   const std::function<absl::Status(uint64_t address)>& enqueue);
+                   const std::function<absl::Status(uint64_t address, ZeroRange& zeroed)>& enqueue);
 
  private:
   struct Arena {
     std::mutex mu;
     gpu::DeviceBuffer block;                // guarded by mu
     std::optional<gpu::Event> last_use;     // guarded by mu
+    ZeroRange zeroed;                       // guarded by mu
     struct Retired {
       gpu::DeviceBuffer block;
       gpu::Event done;

@@ -162,6 +162,7 @@ Problem MakeProblem(std::string name, int heads, int kv_heads, int d, bool causa
 // tables use to tell a real difference from noise).
 struct Timed {
   double median = 0, q1 = 0, q3 = 0;
+  std::vector<double> runs;  // every timed run, in launch order (drift shows here)
 };
 
 struct Candidate {
@@ -517,8 +518,9 @@ class Bench {
       if (!ms.ok()) return ms.status();
       us.push_back(*ms * 1000.0);
     }
+    std::vector<double> runs = us;
     std::sort(us.begin(), us.end());
-    return Timed{us[us.size() / 2], us[us.size() / 4], us[(3 * us.size()) / 4]};
+    return Timed{us[us.size() / 2], us[us.size() / 4], us[(3 * us.size()) / 4], std::move(runs)};
   }
 
   // ------------------------------------------------------------ backward ---
@@ -670,8 +672,11 @@ class Bench {
     l.accum_bytes = tq * pr.heads * pr.head_dim * 4;
     const size_t end = accum_at + align(l.accum_bytes);
     // dq_accum is last, so a variant that zeroes none of it (zero_dq_accum
-    // false) has the memset stop before it, as the runtime's does
-    l.scratch_bytes = m.zero_dq_accum ? end : accum_at;
+    // false) has the memset stop before it, as the runtime's does; so does
+    // one that leaves it zero (restores_dq_accum), which gets it zeroed once
+    // here instead, as the runtime zeroes it once per scratch
+    const bool per_launch = m.zero_dq_accum && !m.restores_dq_accum;
+    l.scratch_bytes = per_launch ? end : accum_at;
     if (d.scratch.size() < end) {
       d.scratch = gpu::DeviceBuffer{};
       auto b = gpu::DeviceBuffer::Allocate(driver_, end);
@@ -685,6 +690,9 @@ class Bench {
     l.params.workspace_bytes = l.plan.workspace_bytes;
     l.params.delta = static_cast<float*>(at(delta_at));
     l.params.dq_accum = static_cast<float*>(at(accum_at));
+    if (m.restores_dq_accum) {
+      BENCH_TRY(gpu::FillAsync8(driver_, l.scratch + accum_at, 0, l.accum_bytes, stream_));
+    }
     if (!l.plan.tiles.empty()) {
       if (d.tiles.size() < l.plan.tiles.size() * 4) {
         d.tiles = gpu::DeviceBuffer{};
@@ -737,6 +745,19 @@ class Bench {
     }
     if (auto s = RunBwd(c, *l); !s.ok()) return fail(s);
     if (auto s = stream_.Synchronize(); !s.ok()) return fail(s);
+    if (c.variant.manifest.restores_dq_accum) {
+      // it said it gives dq_accum back zeroed: every word, or the next
+      // launch would add into its leftovers (tools_: made by UploadBwd)
+      auto nz = tools_->CountNonZero32(
+          {reinterpret_cast<uint64_t>(l->params.dq_accum), l->accum_bytes}, stream_);
+      if (!nz.ok()) return fail(nz.status());
+      if (*nz != 0) {
+        r.detail = fmt::format("restores_dq_accum: {} of dq_accum's {} words are not zero after "
+                               "the launch",
+                               *nz, l->accum_bytes / 4);
+        return r;  // pass stays false
+      }
+    }
     const std::span<const int> cu_q(pr.cu_q.data(), size_t(d.ref_batch) + 1);
     const std::span<const int> cu_k(pr.cu_k.data(), size_t(d.ref_batch) + 1);
     const size_t D = pr.head_dim;
@@ -1272,6 +1293,7 @@ void SetTimes(json& jv, const Timed& t, double flops) {
   jv["us"] = t.median;
   jv["us_q1"] = t.q1;
   jv["us_q3"] = t.q3;
+  jv["us_runs"] = t.runs;
   jv["tflops"] = flops / (t.median * 1e-6) / 1e12;
 }
 

@@ -93,6 +93,11 @@ TemplateDef BwdSm90Template() {
       // dq_accum (manifest zero_dq_accum false; notes/bwd.md v12). Not with
       // BLOCK_M=64 at head dim 64.
       {"DQW", {0, 1}, 0},
+      // 1: the key block that converts a query block's dq_accum rows zeroes
+      // them again, so the host zeroes dq_accum once per scratch, not before
+      // every launch (manifest restores_dq_accum; notes/bwd.md v13). Not
+      // with DQW=1.
+      {"DQZ", {0, 1}, 0},
   };
   def.info.description =
       "Hopper backward (FA3-style): a CTA per key block of 128 keys (runs of short sequences "
@@ -124,6 +129,11 @@ TemplateDef BwdSm90Template() {
       return absl::InvalidArgumentError(
           "bwd_sm90: DQW=1 needs each consumer's own dQ slice (its copy is the slice's first "
           "write); with BLOCK_M=64 at head_dim 64 both consumers add into one (use BLOCK_M=128)");
+    }
+    if (Knob(k, "DQZ") == 1 && Knob(k, "DQW") == 1) {
+      return absl::InvalidArgumentError(
+          "bwd_sm90: DQZ=1 restores dq_accum's zeros for the next launch; DQW=1 needs none "
+          "(choose one)");
     }
     const int bytes = Layout(k, d).dynamic_bytes;
     if (bytes > 232448) {
@@ -164,6 +174,7 @@ TemplateDef BwdSm90Template() {
     // a split pair's partial: 256 consumer threads' dK and dV (d / 2 fp32 each)
     m.split_slot_bytes = Knob(k, "SPLIT") ? 256 * d * 4 : 0;
     m.zero_dq_accum = Knob(k, "DQW") == 0;
+    m.restores_dq_accum = Knob(k, "DQZ") == 1;
     return v;
   };
   // D=64: BLOCK_M=128 (dQ split by rows: one reduction per element and key
@@ -183,6 +194,11 @@ TemplateDef BwdSm90Template() {
   // DQW=1 (the claimer copies its dQ slices, no dq_accum memset) with
   // SPLIT=1's class too: powerlaw_short 191.7 -> 179.6 us; on the long shapes
   // the visitors' waits for the claimer's copy cost 0.6-14% (H100, v12).
+  // DQZ=1 everywhere else (the converting key block zeroes dq_accum's rows
+  // again, so the host zeroes it once per scratch): 1.5-6% on the other
+  // public shapes, most where dq_accum is large next to the work
+  // (pffn_cross_d64 1.05-1.06x, d64_self_causal 1.04x); powerlaw_short keeps
+  // DQW=1, 3-4% faster there (H100, notes/bwd.md v13).
   // ORDER=0 for a causal batch of at most 32 (sequence, kv head) groups
   // (one_long_causal, 32768 keys: 12827 us against ORDER=1's 15233; v9).
   def.default_knobs = [](const ShapeKey& s) -> std::map<std::string, int> {
@@ -191,7 +207,8 @@ TemplateDef BwdSm90Template() {
     return {{"BLOCK_M", s.head_dim == 64 ? 128 : 64}, {"BLOCK_N", 128}, {"STAGES", 2},
             {"ORDER", order}, {"SPLIT", heavy_short ? 1 : 0},
             {"DQ_DIRECT", MostKeysFitOneBlock(s) ? 1 : 0}, {"CSKIP", 1}, {"TMA", 1},
-            {"KVFIRST", heavy_short ? 1 : 0}, {"DQW", heavy_short ? 1 : 0}};
+            {"KVFIRST", heavy_short ? 1 : 0}, {"DQW", heavy_short ? 1 : 0},
+            {"DQZ", heavy_short ? 0 : 1}};
   };
   def.preference = [](const ShapeKey& s) {
     if (s.op != Op::kBackward || s.arch != "sm_90a") return 0;

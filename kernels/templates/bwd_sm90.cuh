@@ -157,6 +157,22 @@
 #ifndef KF_DQW
 #define KF_DQW 0
 #endif
+// KF_DQZ = 1 (manifest restores_dq_accum): the key block that converts a
+// query block's dq_accum rows to dQ zeroes them again, so every element is
+// zero when the kernel completes, as the host gave it, and the host zeroes
+// dq_accum once per scratch instead of before every launch (the 1 GB memset
+// of hstu_prod_causal, 2-3% of its time). The zeros go out with the
+// conversion's stores, while other CTAs compute (notes/bwd.md v13). Not with
+// DQW, which needs no zeroing at all.
+#ifndef KF_DQZ
+#define KF_DQZ 0
+#endif
+#if (KF_DQZ != 0) && (KF_DQZ != 1)
+#error "bwd_sm90: KF_DQZ must be 0 or 1"
+#endif
+#if KF_DQZ && KF_DQW
+#error "bwd_sm90: KF_DQZ restores the zeros KF_DQW does not need"
+#endif
 #ifndef KF_PRODUCER_REGS
 #define KF_PRODUCER_REGS 40
 #endif
@@ -345,7 +361,7 @@ __device__ __forceinline__ void load_tile(u32 dst, const bf16* src, long long st
 // dQ path became a part: the template alone is implicitly inline, and NVVM
 // then compiled this kernel to other cubins than the pinned, GPU-tested ones)
 __device__ void write_dq(const KfAttnParams& p, int q0, int lq, int m0, int h, bool zero, int ct) {
-  kfh::write_dq<kD, kBM>(p, q0, lq, m0, h, zero, ct);
+  kfh::write_dq<kD, kBM, KF_DQZ != 0>(p, q0, lq, m0, h, zero, ct);
 }
 
 }  // namespace kf9

@@ -48,7 +48,8 @@ absl::StatusOr<std::unique_ptr<DeviceTools>> DeviceTools::Create(const gpu::Driv
                               std::pair{&tools->to_bf16_, "kf_to_bf16_kernel"},
                               std::pair{&tools->tally_bf16_, "kf_tally_bf16"},
                               std::pair{&tools->tally_lse_, "kf_tally_lse"},
-                              std::pair{&tools->fingerprint_, "kf_fingerprint"}}) {
+                              std::pair{&tools->fingerprint_, "kf_fingerprint"},
+                              std::pair{&tools->count_nonzero_, "kf_count_nonzero32"}}) {
     absl::StatusOr<gpu::Kernel> k = tools->module_.GetKernel(name);
     if (!k.ok()) return k.status();
     *kernel = *std::move(k);
@@ -148,6 +149,26 @@ absl::StatusOr<uint64_t> DeviceTools::Fingerprint(const gpu::DeviceBuffer& buf,
   uint64_t sum = 0;
   if (absl::Status s = partials_.Download(std::span<uint64_t>(&sum, 1), stream); !s.ok()) return s;
   return sum;
+}
+
+absl::StatusOr<uint64_t> DeviceTools::CountNonZero32(gpu::DeviceRegion region,
+                                                      const gpu::Stream& stream) const {
+  const size_t n = region.bytes / 4;
+  if (n == 0) return uint64_t{0};
+  if (absl::Status s = partials_.Fill8(0, stream); !s.ok()) return s;
+  void* ptr = reinterpret_cast<void*>(region.address);
+  long long count = static_cast<long long>(n);
+  void* out = partials_.get();
+  void* args[] = {&ptr, &count, &out};
+  if (absl::Status s = count_nonzero_.LaunchRaw(args, {Blocks(n)}, {kThreads}, 0, stream);
+      !s.ok()) {
+    return s;
+  }
+  uint64_t nonzero = 0;
+  if (absl::Status s = partials_.Download(std::span<uint64_t>(&nonzero, 1), stream); !s.ok()) {
+    return s;
+  }
+  return nonzero;
 }
 
 absl::StatusOr<std::vector<uint64_t>> DeviceTools::Fingerprints(

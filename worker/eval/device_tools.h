@@ -56,6 +56,10 @@ class DeviceTools {
   // The same for memory someone else owns (a module's globals).
   absl::StatusOr<std::vector<uint64_t>> Fingerprints(std::span<const gpu::DeviceRegion> regions,
                                                      const gpu::Stream& stream) const;
+  // How many of the region's 32-bit words are not zero (synchronises): a
+  // variant that restores dq_accum (manifest restores_dq_accum) must leave 0.
+  absl::StatusOr<uint64_t> CountNonZero32(gpu::DeviceRegion region,
+                                          const gpu::Stream& stream) const;
 
  private:
   DeviceTools() = default;
@@ -65,7 +69,8 @@ class DeviceTools {
 
   const gpu::Driver* driver_ = nullptr;
   gpu::Module module_;
-  gpu::Kernel fill_, style_, to_bf16_, tally_bf16_, tally_lse_, fingerprint_;
+  gpu::Kernel fill_, style_, to_bf16_, tally_bf16_, tally_lse_, fingerprint_,
+      count_nonzero_;
   // kMaxBlocks tallies, or the fingerprint's sum; scratch, so const methods may use it.
   mutable gpu::DeviceBuffer partials_;
 };

@@ -69,6 +69,9 @@ struct OutputSet {
   gpu::DeviceBuffer tiles, tile_counter, workspace;
   LaunchPlan plan;
   int accum_fills = 0;  // dq_accum garbage fills so far (zero_dq_accum false)
+  // dq_accum is zero now: the last launch, by a variant that restores it
+  // (restores_dq_accum), was checked to leave every word zero
+  bool accum_zero = false;
 
   // The outputs the contract has the candidate write, in a fixed order.
   std::vector<const gpu::DeviceBuffer*> Written(bool backward) const {
@@ -494,6 +497,12 @@ struct Evaluator::Impl {
         KF_RETURN_IF_ERROR(tools->StyleBf16(out.dq_accum, n, 256.f, accum_rng(), 0, 0.f, stream));
       }
     }
+    // A variant that restores dq_accum's zeros (CONTRACT.md "Backward") gets
+    // them once, as the runtime gives them once per scratch: zeroed here,
+    // untimed, only when its last launch was not checked to leave them.
+    const bool accum_kept = p.backward && c.manifest.restores_dq_accum;
+    if (accum_kept && !out.accum_zero) KF_RETURN_IF_ERROR(out.dq_accum.Fill8(0, stream));
+    out.accum_zero = false;
     KfAttnParams params = BaseParams(p.shape());
     SetInputs(params, p.in, p.backward);
     if (p.backward) {
@@ -517,7 +526,7 @@ struct Evaluator::Impl {
     if (!maps.ok()) return maps.status();
     if (timed && p.backward) KF_RETURN_IF_ERROR(start.Record(stream));
     for (gpu::DeviceBuffer* b : {&out.delta, &out.dq_accum, &out.tile_counter, &out.workspace}) {
-      if (b == &out.dq_accum && accum_garbage) continue;
+      if (b == &out.dq_accum && (accum_garbage || accum_kept)) continue;
       if (b->size() > 0) KF_RETURN_IF_ERROR(b->Fill8(0, stream));
     }
     if (timed && !p.backward) KF_RETURN_IF_ERROR(start.Record(stream));
@@ -619,6 +628,19 @@ struct Evaluator::Impl {
     }
     for (const OutputCheck& c : check.outputs) {
       if (check.failure.empty() && !c.pass) check.failure = c.detail;
+    }
+    if (p.backward && c.manifest.restores_dq_accum && out.dq_accum.size() > 0) {
+      absl::StatusOr<uint64_t> nonzero =
+          tools->CountNonZero32({out.dq_accum.address(), out.dq_accum.size()}, stream);
+      if (!nonzero.ok()) return nonzero.status();
+      if (*nonzero == 0) {
+        slot.out.accum_zero = true;
+      } else if (check.failure.empty()) {
+        check.failure = fmt::format(
+            "restores_dq_accum: {} of dq_accum's {} words are not zero after the launch (the "
+            "next launch would add into them)",
+            *nonzero, out.dq_accum.size() / 4);
+      }
     }
     if (check.failure.empty() && slot.last_outputs && *slot.last_outputs != output_digests) {
       // Same inputs, other bits: the output depends on something besides the

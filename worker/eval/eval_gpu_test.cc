@@ -422,6 +422,62 @@ TEST_F(EvalGpu, AnUnzeroedDqAccumThatIsReadBeforeWrittenIsWrong) {
   }
 }
 
+// bwd_sm90's DQZ (the converting key block zeroes the dq_accum rows it
+// read: manifest restores_dq_accum) on the hostile batches: the evaluator
+// zeroes dq_accum only before the first launch and counts its non-zero
+// words after every one. Both masks, self and cross, GQA, both dQ splits,
+// ORDER 0 and 1, packed runs, split key tiles, DQ_DIRECT, CSKIP/TMA off.
+TEST_F(EvalGpu, BwdSm90DqzVerify) {
+  if (std::string why = WhyNoBwdSm90(); !why.empty()) GTEST_SKIP() << why;
+  struct S { int d, h, kvh; bool causal, cross; int bm, order, split, direct, plain, kind; };
+  for (S s : {S{128, 4, 4, true, false, 64, 1, 0, 0, 0, 0},
+              S{128, 4, 2, false, true, 64, 1, 0, 0, 0, 0},
+              S{128, 2, 1, true, true, 64, 0, 0, 0, 0, 0},
+              S{64, 4, 1, true, true, 128, 1, 0, 0, 0, 0},
+              S{64, 2, 2, false, false, 64, 1, 0, 0, 0, 0},
+              S{64, 4, 2, true, false, 128, 1, 0, 0, 1, 0},
+              S{128, 4, 2, true, true, 64, 1, 0, 0, 0, 1},
+              S{128, 4, 4, false, false, 64, 1, 1, 0, 0, 3},
+              S{64, 4, 2, true, false, 128, 1, 1, 0, 0, 3},
+              S{128, 4, 4, false, true, 64, 1, 0, 1, 0, 2},
+              S{64, 4, 2, true, true, 128, 0, 0, 1, 0, 2}}) {
+    ExpectBwdSm90Verified({{"BLOCK_M", s.bm}, {"ORDER", s.order}, {"SPLIT", s.split},
+                           {"DQ_DIRECT", s.direct}, {"CSKIP", s.plain ? 0 : 1},
+                           {"TMA", s.plain ? 0 : 1}, {"DQZ", 1}},
+                          s.d, s.h, s.kvh, s.causal, s.cross, s.kind,
+                          7500 + s.d + s.bm + 3 * s.h + 5 * s.kvh + 7 * s.causal + 11 * s.cross +
+                              13 * s.order + 17 * s.split + 19 * s.direct + 23 * s.kind +
+                              29 * s.plain);
+  }
+}
+
+// A variant that claims restores_dq_accum but leaves its sums in dq_accum
+// (bwd_mma and bwd_sm90 DQZ=0, with only the manifest flag changed) is
+// wrong after its first launch, with the flag and the count named.
+TEST_F(EvalGpu, AVariantThatDoesNotGiveDqAccumBackZeroedIsWrong) {
+  std::vector<std::pair<std::string, std::map<std::string, int>>> kernels = {
+      {"bwd_mma", {{"BLOCK_M", 64}, {"BLOCK_N", 64}}}};
+  if (evaluator_->device().arch == "sm_90a") {
+    kernels.push_back({"bwd_sm90", {{"BLOCK_M", 64}, {"BLOCK_N", 128}, {"STAGES", 2}, {"DQZ", 0}}});
+  }
+  for (const auto& [name, knobs] : kernels) {
+    SCOPED_TRACE(name);
+    absl::StatusOr<Variant> v = Instantiate(name, knobs, 128);
+    ASSERT_TRUE(v.ok()) << v.status();
+    v->manifest.restores_dq_accum = true;
+    EvalRequest req;
+    req.shape = Shape(Op::kBackward, 128, 4, 2, true, false);
+    req.seed = 7400;
+    req.candidate.source = v->source;
+    req.candidate.manifest = v->manifest;
+    req.options.iterations = 3;
+    absl::StatusOr<EvalResult> r = evaluator_->Evaluate(req);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->outcome, Outcome::kWrong) << r->message;
+    EXPECT_NE(r->message.find("restores_dq_accum"), std::string::npos) << r->message;
+  }
+}
+
 // fwd_sm90's host-balanced list (ORDER=1: a stop entry ends each CTA's
 // list) and packed tiles (PACK=1: runs of short sequences in one 128-row
 // tile, each row masked to its own sequence's keys) on the hostile check

@@ -206,6 +206,19 @@ extern "C" __global__ void kf_fingerprint(const unsigned short* words, long long
   if (threadIdx.x % 32 == 0) atomicAdd(out, sum);
 }
 
+// The number of 32-bit words of `words` (n of them) that are not zero:
+// whether a variant that restores its dq_accum (manifest restores_dq_accum)
+// left every element zero. One atomic per warp.
+extern "C" __global__ void kf_count_nonzero32(const unsigned* words, long long n, kf_u64* out) {
+  kf_u64 count = 0;
+  const long long stride = (long long)gridDim.x * blockDim.x;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    count += words[i] != 0u;
+  }
+  for (int offset = 16; offset > 0; offset >>= 1) count += __shfl_xor_sync(0xffffffffu, count, offset);
+  if (threadIdx.x % 32 == 0 && count > 0) atomicAdd(out, count);
+}
+
 // eval::StyleBf16: scales bf16 values in place and replaces about one in
 // `period` by an outlier, with the host's float operations one by one.
 extern "C" __global__ void kf_style_bf16(unsigned short* x, long long n, float scale, kf_u64 seed,

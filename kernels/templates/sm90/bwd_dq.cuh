@@ -97,11 +97,13 @@ __device__ __forceinline__ long long dq_panel_offset(const KfAttnParams& p, int 
 }
 
 // dQ rows [m0, m0 + BM) of head h (clamped to the sequence), converted from
-// dq_accum (scaled here) or zeros; by the 256 consumer threads. Every load is
+// dq_accum (scaled here) or zeros; by the 256 consumer threads. With
+// kRestore (bwd_sm90 KF_DQZ) the dq_accum rows read are zeroed again, so the
+// host need not zero dq_accum before the next launch. Every load is
 // issued before the first store: the compiler cannot tell that dq and
 // dq_accum do not overlap, so a load-convert-store loop would wait for each
 // load in turn (four round trips a query block).
-template <int D, int BM>
+template <int D, int BM, bool kRestore = false>
 __device__ __forceinline__ void write_dq(const KfAttnParams& p, int q0, int lq, int m0, int h, bool zero, int ct) {
   constexpr int kChunks = D / 8;  // 8-column chunks per row
   constexpr int kIters = BM * kChunks / 256;
@@ -129,6 +131,13 @@ __device__ __forceinline__ void write_dq(const KfAttnParams& p, int q0, int lq, 
       *(uint4*)((bf16*)p.dq + off) =
           make_uint4(pack_bf16(a[k].x * sc, a[k].y * sc), pack_bf16(a[k].z * sc, a[k].w * sc),
                      pack_bf16(b[k].x * sc, b[k].y * sc), pack_bf16(b[k].z * sc, b[k].w * sc));
+      if constexpr (kRestore) {
+        if (!zero) {
+          float* const src = p.dq_accum + dq_panel_offset<D>(p, q0, m0 + r, h, (i % kChunks) * 8);
+          __stcg((float4*)src, make_float4(0.f, 0.f, 0.f, 0.f));
+          __stcg((float4*)(src + 4), make_float4(0.f, 0.f, 0.f, 0.f));
+        }
+      }
     }
   }
 }
