@@ -188,7 +188,7 @@ TEST_P(EvalKernelsCompile, ForArch) {
   absl::StatusOr<gpu::CompileResult> r = gpu::Compile(req);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(r->ok) << r->log;
-  EXPECT_EQ(r->functions.size(), 6u) << r->log;
+  EXPECT_EQ(r->functions.size(), 7u) << r->log;
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, EvalKernelsCompile,
