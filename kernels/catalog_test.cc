@@ -166,7 +166,7 @@ TEST(CatalogTest, HeavyTailedBackwardBatchesSplitTheirHeavyKeyTiles) {
   EXPECT_EQ(v->knobs.at("DQW"), 0);
   EXPECT_TRUE(v->manifest.zero_dq_accum);
   // there the converting key block gives dq_accum back zeroed instead (DQZ=1:
-  // the host zeroes it once per scratch; 1.5-6% on the other public shapes,
+  // the host zeroes it once per scratch; 0-6% on the other public shapes,
   // notes/bwd.md v13)
   EXPECT_EQ(v->knobs.at("DQZ"), 1);
   EXPECT_TRUE(v->manifest.restores_dq_accum);

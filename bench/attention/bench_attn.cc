@@ -25,6 +25,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <chrono>
 #include <thread>
 #include <vector>
 
@@ -1167,10 +1168,18 @@ std::vector<Problem> HostileProblems(int d) {
 
 constexpr int kAllModeReps = 10;
 
+// --cool-ms: the GPU idles (the previous work was synchronised by the check)
+// so that the next candidate's timed runs start from the power budget the
+// last one's did (notes/bwd.md v13: the 700 W cap lowered the clocks of the
+// second variant of a long backward by up to 20%).
+void CoolDown(int ms) {
+  if (ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+}
+
 constexpr const char* kUsage =
     "usage: kforge-bench-attn [--lengths F] [--out F] [--op fwd|bwd|both] [--only a,b]\n"
     "                         [--reps N] [--variants default|sweep|all] [--templates a,b]\n"
-    "                         [--settings \"tmpl:K=V,K=V;...\"] [--jobs N]\n"
+    "                         [--settings \"tmpl:K=V,K=V;...\"] [--jobs N] [--cool-ms N]\n"
     "                         [--list-candidates [--arch sm_90a]] [--help]\n"
     "  --lengths F     shapes with their drawn lengths (lengths.py); default lengths.json\n"
     "  --out F         write every candidate's result as JSON (rows carry \"op\")\n"
@@ -1178,6 +1187,10 @@ constexpr const char* kUsage =
     "  --only a,b      only these shapes\n"
     "  --reps N        timed runs per candidate, 1..10000 (default 20, 10 with --variants all);\n"
     "                  median and quartiles reported\n"
+    "  --cool-ms N     idle N ms (0..60000) before each candidate's timed runs, so that each\n"
+    "                  starts from the same power budget: a long kernel run back to back\n"
+    "                  reaches the board's power cap, and a candidate timed right after\n"
+    "                  another then runs at lower clocks (default 0)\n"
     "  --variants      sweep (default): knob sweeps; default: each template's default knobs;\n"
     "                  all: every knob setting of every template serving the shape that the\n"
     "                  template accepts and the static check passes (the builtin proposer's\n"
@@ -1197,6 +1210,7 @@ struct Options {
   std::string lengths = "lengths.json", out, only, mode = "sweep", templates, op = "fwd";
   std::string arch = "sm_90a";  // --list-candidates only; a GPU run uses the GPU's
   int reps = 0;  // 0: 20, or kAllModeReps with --variants all
+  int cool_ms = 0;  // idle before each candidate's timed runs
   int jobs = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   bool list = false, help = false;
   bool fwd() const { return op == "fwd" || op == "both"; }
@@ -1218,7 +1232,7 @@ std::string ParseArgs(int argc, char** argv, Options& o) {
     }
     static const std::set<std::string> kValued = {"--lengths", "--out", "--only", "--reps",
                                                   "--variants", "--templates", "--op", "--arch",
-                                                  "--jobs", "--settings"};
+                                                  "--jobs", "--settings", "--cool-ms"};
     if (!kValued.count(a)) return fmt::format("unknown argument {}", a);
     if (i + 1 >= argc) return fmt::format("{} needs a value", a);
     const std::string v = argv[++i];
@@ -1244,6 +1258,12 @@ std::string ParseArgs(int argc, char** argv, Options& o) {
       if (ec != std::errc() || end != v.data() + v.size() || n < 1 || n > most)
         return fmt::format("{} must be an integer in 1..{}, not {}", a, most, v);
       (a == "--reps" ? o.reps : o.jobs) = n;
+    } else if (a == "--cool-ms") {
+      int n = -1;
+      auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+      if (ec != std::errc() || end != v.data() + v.size() || n < 0 || n > 60000)
+        return fmt::format("--cool-ms must be an integer in 0..60000, not {}", v);
+      o.cool_ms = n;
     }
   }
   // Hundreds of settings a shape: fewer runs each keep the whole space inside
@@ -1373,6 +1393,7 @@ json BenchForward(Bench& bench, const Problem& pr, const Options& o, Verdicts& h
                    {"nonfinite", chk.nonfinite}, {"lse_bad", chk.lse_bad}, {"error", chk.error}};
     jv["hostile_ok"] = c.hostile_ok;
     if (!c.hostile_ok) jv["hostile_detail"] = c.hostile_detail;
+    if (chk.error.empty()) CoolDown(o.cool_ms);
     auto us = chk.error.empty() ? bench.Time(c, pr, *data, o.reps)
                                 : absl::StatusOr<Timed>(absl::InternalError(chk.error));
     const bool verified = chk.pass && c.hostile_ok;
@@ -1482,6 +1503,7 @@ json BenchBackward(Bench& bench, const Problem& pr, const Options& o, Verdicts& 
     jv["check"] = CheckJson(chk);
     jv["hostile_ok"] = c.hostile_ok;
     if (!c.hostile_ok) jv["hostile_detail"] = c.hostile_detail;
+    if (chk.error.empty()) CoolDown(o.cool_ms);
     auto us = chk.error.empty() ? bench.TimeBwd(c, pr, *data, o.reps)
                                 : absl::StatusOr<Timed>(absl::InternalError(chk.error));
     const bool verified = chk.pass && c.hostile_ok;

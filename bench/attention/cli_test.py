@@ -47,6 +47,8 @@ class CliTest(unittest.TestCase):
                           (["--reps", "20x"], "--reps must be an integer"),
                           (["--variants", "every"], "--variants must be default, sweep or all"),
                           (["--jobs", "0"], "--jobs must be an integer in 1..256"),
+                          (["--cool-ms", "-1"], "--cool-ms must be an integer in 0..60000"),
+                          (["--cool-ms", "1s"], "--cool-ms must be an integer in 0..60000"),
                           (["--templates", "fwd_mma,bwd_nope"], "bwd_nope is not in this build's catalog"),
                           (["--lengths"], "--lengths needs a value"),
                           (["--frobnicate"], "unknown argument --frobnicate")]:

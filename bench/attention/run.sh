@@ -4,7 +4,9 @@
 # On the GPU machine, from anywhere:
 #   BUNDLE=.bundle OUT=/tmp/kb [OP=fwd|bwd|both] [ONLY=a,b] [SKIP_ANCHORS=1] [VARIANTS=sweep|default]
 #     [SHAPES=bench/shapes_wide.json] [TEMPLATES=a,b] [SETTINGS="tmpl:K=V,K=V;..."] bench/attention/run.sh
-# TEMPLATES and SETTINGS are kforge-bench-attn's --templates and --settings.
+# TEMPLATES and SETTINGS are kforge-bench-attn's --templates and --settings;
+# COOL_MS its --cool-ms (an idle before each candidate's timed runs, for A/B
+# runs of long kernels, which reach the board's power cap).
 # BUNDLE is a folder made here by deploy/bundle.sh (binaries in bin/, libraries in lib/).
 # OP (default fwd) picks what kforge-bench-attn times; with bwd or both the
 # anchors run without FWD_ONLY, so anchors.py times their backward too.
@@ -26,7 +28,7 @@ python3 bench/attention/lengths.py "$SHAPES" > "$O/lengths.json" || exit 1
 timeout "${OURS_TIMEOUT:-$ours_cap}" "$B/bin/kforge-bench-attn" --lengths "$O/lengths.json" --out "$O/ours.json" \
   --op "$OP" --variants "${VARIANTS:-sweep}" \
   ${ONLY:+--only "$ONLY"} ${REPS:+--reps "$REPS"} ${TEMPLATES:+--templates "$TEMPLATES"} \
-  ${SETTINGS:+--settings "$SETTINGS"} 2>&1 | tee "$O/ours.log"
+  ${SETTINGS:+--settings "$SETTINGS"} ${COOL_MS:+--cool-ms "$COOL_MS"} 2>&1 | tee "$O/ours.log"
 echo "kforge-bench-attn rc=${PIPESTATUS[0]}" | tee -a "$O/ours.log"
 rm -f "$O/anchors.jsonl"
 if [ -z "${SKIP_ANCHORS:-}" ]; then

@@ -195,8 +195,9 @@ TemplateDef BwdSm90Template() {
   // SPLIT=1's class too: powerlaw_short 191.7 -> 179.6 us; on the long shapes
   // the visitors' waits for the claimer's copy cost 0.6-14% (H100, v12).
   // DQZ=1 everywhere else (the converting key block zeroes dq_accum's rows
-  // again, so the host zeroes it once per scratch): 1.5-6% on the other
-  // public shapes, most where dq_accum is large next to the work
+  // again, so the host zeroes it once per scratch): 0-6% on the other
+  // public shapes (hstu_prod_causal and gdpa_dense 1.001-1.004x in a fair
+  // A/B), most where dq_accum is large next to the work
   // (pffn_cross_d64 1.05-1.06x, d64_self_causal 1.04x); powerlaw_short keeps
   // DQW=1, 3-4% faster there (H100, notes/bwd.md v13).
   // ORDER=0 for a causal batch of at most 32 (sequence, kv head) groups
