@@ -1,8 +1,10 @@
 // Bad, and right nearly always: thread 0 copies the softmax scale to shared
 // memory when the block starts, and every warp reads it there for its scores
 // with no barrier in between. The other warps reach their first score only
-// after loading their query row, long after thread 0's store, so the answers
-// are right; compute-sanitizer's racecheck reports the hazard.
+// after loading their query row and sleeping 20 us, long after thread 0's
+// store, so the answers are right; compute-sanitizer's racecheck reports the
+// hazard. (Without the sleep a warp now and then read the scale first: the
+// evaluator saw it once, a wrong row, when a warp of the block ran ahead.)
 #include "kforge/attn_params.h"
 
 #define ROWS 4
@@ -45,6 +47,7 @@ extern "C" __global__ void kf_attn_fwd(const __grid_constant__ KfAttnParams p) {
     q[t] = d < D ? ld_bf16(p.q, qo + d) : 0.f;
     acc[t] = 0.f;
   }
+  if (threadIdx.x >= 32) __nanosleep(20000);  // the race, made rarer still
   float m = -__int_as_float(0x7f800000), l = 0.f;
   for (int j = 0; j < nk; ++j) {
     const long long ko = ((long long)(k0 + j) * p.kv_heads + g) * D;

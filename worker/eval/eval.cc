@@ -69,6 +69,7 @@ struct OutputSet {
   gpu::DeviceBuffer tiles, tile_counter, workspace;
   LaunchPlan plan;
   int accum_fills = 0;  // dq_accum garbage fills so far (zero_dq_accum false)
+  int output_fills = 0;  // launches whose outputs were prepared so far
   // dq_accum is zero now: the last launch, by a variant that restores it
   // (restores_dq_accum), was checked to leave every word zero
   bool accum_zero = false;
@@ -210,9 +211,10 @@ struct Evaluator::Impl {
   gpu::Event start, end;
   gpu::DeviceBuffer l2_flush;
   uint32_t flush_value = 0;
-  // Seeds the random dq_accum fills; from the OS, so no two evaluations
-  // leave the same garbage.
-  std::mt19937_64 accum_rng{std::random_device{}()};
+  // Draws what the outputs and an unzeroed dq_accum hold before a launch
+  // and seeds the random fills; from the OS, so no two evaluations leave the
+  // same garbage and no variant can learn the order.
+  std::mt19937_64 fill_rng{std::random_device{}()};
 
   // ------------------------------------------------------------ problems ---
 
@@ -474,10 +476,27 @@ struct Evaluator::Impl {
   absl::Status Launch(const LoadedCandidate& c, const Problem& p, OutputSet& out, bool flush,
                       bool timed, float& ms) {
     if (flush) KF_RETURN_IF_ERROR(FlushL2());
-    for (gpu::DeviceBuffer* b : {&out.o, &out.dq, &out.dk, &out.dv}) {
-      if (b->size() > 0) KF_RETURN_IF_ERROR(b->Fill32(kPoisonBf16Pair, stream));
+    // The outputs (every element of which the variant writes) hold NaN on a
+    // slot's first launch, random finite values on its second, and after that
+    // either of those or the previous launch's outputs, drawn at random. So
+    // what a variant finds there does not tell evaluation from use, where a
+    // caller's buffers hold anything (often the last call's outputs): a
+    // variant that computes only where it finds NaN is wrong on the random
+    // fills, one that leaves an element unwritten on the NaN ones.
+    const int n_fill = out.output_fills++;
+    const int fill = n_fill < 2 ? n_fill : int(fill_rng() % 3);  // 0 NaN, 1 random, 2 as left
+    for (gpu::DeviceBuffer* b : {&out.o, &out.lse, &out.dq, &out.dk, &out.dv}) {
+      if (b->size() == 0) continue;
+      if (fill == 0) {
+        KF_RETURN_IF_ERROR(b->Fill32(b == &out.lse ? kPoisonF32 : kPoisonBf16Pair, stream));
+      } else if (fill == 1) {
+        // bf16 values (two a word for LSE's fp32) scaled far outside any
+        // output's tolerance, different in every element
+        const size_t n = b->size() / 2;
+        KF_RETURN_IF_ERROR(tools->FillRandomBf16(*b, n, fill_rng(), stream));
+        KF_RETURN_IF_ERROR(tools->StyleBf16(*b, n, 256.f, fill_rng(), 0, 0.f, stream));
+      }
     }
-    if (out.lse.size() > 0) KF_RETURN_IF_ERROR(out.lse.Fill32(kPoisonF32, stream));
     // A variant that zeroes nothing of dq_accum writes each element before
     // reading it (CONTRACT.md "Backward"): the buffer holds NaN, then random
     // finite values, then what the previous launch left there (as the
@@ -493,8 +512,8 @@ struct Evaluator::Impl {
         // each fp32 word two random bf16 values, scaled up: finite, far
         // outside any dQ's tolerance, and different in every element
         const size_t n = out.dq_accum.size() / 2;
-        KF_RETURN_IF_ERROR(tools->FillRandomBf16(out.dq_accum, n, accum_rng(), stream));
-        KF_RETURN_IF_ERROR(tools->StyleBf16(out.dq_accum, n, 256.f, accum_rng(), 0, 0.f, stream));
+        KF_RETURN_IF_ERROR(tools->FillRandomBf16(out.dq_accum, n, fill_rng(), stream));
+        KF_RETURN_IF_ERROR(tools->StyleBf16(out.dq_accum, n, 256.f, fill_rng(), 0, 0.f, stream));
       }
     }
     // A variant that restores dq_accum's zeros (CONTRACT.md "Backward") gets
