@@ -271,7 +271,8 @@ absl::Status Launcher::Run(const Request& r, const ResolvedKernel& k) {
 
   const gpu::Stream stream = gpu::Stream::Borrow(*driver_, a.stream);
   const gpu::Kernel& kernel = (*loaded)->kernel;
-  return d.scratch.Use(stream, at, [&](uint64_t base, ScratchArenas::ZeroRange& zeroed) -> absl::Status {
+  using ZeroRange = ScratchArenas::ZeroRange;
+  return d.scratch.Use(stream, at, [&](uint64_t base, ZeroRange& zeroed) -> absl::Status {
     auto ptr = [&](size_t off) { return reinterpret_cast<void*>(base + off); };
     if (absl::Status s = gpu::FillAsync8(*driver_, base, 0, zeroed_bytes, stream); !s.ok())
       return Cuda(s);

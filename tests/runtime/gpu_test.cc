@@ -340,7 +340,9 @@ TEST_F(RuntimeGpuTest, BackwardsThatGiveDqAccumBackZeroedMatchTheReferenceInAnyO
   for (int d : {64, 128}) {
     for (Case* c : {&mid, &big, &heavy}) c->head_dim = d;
     uint32_t seed = 40 + d;
-    for (const Case* c : {&mid, &mid, &heavy, &mid, &big, &mid, &big}) Check(*c, Given::kBoth, seed++);
+    for (const Case* c : {&mid, &mid, &heavy, &mid, &big, &mid, &big}) {
+      Check(*c, Given::kBoth, seed++);
+    }
     mid.causal = big.causal = true;
     for (const Case* c : {&big, &mid, &big}) Check(*c, Given::kBoth, seed++);
     mid.causal = big.causal = false;
