@@ -752,12 +752,8 @@ class Bench {
       auto nz = tools_->CountNonZero32(
           {reinterpret_cast<uint64_t>(l->params.dq_accum), l->accum_bytes}, stream_);
       if (!nz.ok()) return fail(nz.status());
-      if (*nz != 0) {
-        r.detail = fmt::format("restores_dq_accum: {} of dq_accum's {} words are not zero after "
-                               "the launch",
-                               *nz, l->accum_bytes / 4);
-        return r;  // pass stays false
-      }
+      r.detail = eval::JudgeDqAccumRestored(*nz, l->accum_bytes / 4);
+      if (!r.detail.empty()) return r;  // pass stays false
     }
     const std::span<const int> cu_q(pr.cu_q.data(), size_t(d.ref_batch) + 1);
     const std::span<const int> cu_k(pr.cu_k.data(), size_t(d.ref_batch) + 1);

@@ -178,6 +178,14 @@ OutputCheck JudgeBf16(std::string_view name, const Tally& t, size_t elements,
   return c;
 }
 
+std::string JudgeDqAccumRestored(uint64_t nonzero, size_t words) {
+  if (nonzero == 0) return "";
+  return fmt::format(
+      "restores_dq_accum: {} of dq_accum's {} words are not zero after the launch (the next "
+      "launch would add into them)",
+      nonzero, words);
+}
+
 OutputCheck JudgeLse(const Tally& t, size_t elements, const Layout& layout) {
   std::string why;
   if (t.first_bad >= 0) {

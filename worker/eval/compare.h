@@ -91,6 +91,12 @@ OutputCheck JudgeBf16(std::string_view name, const Tally& t, size_t elements,
                       const Layout& layout);
 OutputCheck JudgeLse(const Tally& t, size_t elements, const Layout& layout);
 
+// A variant that says it gives dq_accum back zeroed (manifest
+// restores_dq_accum), judged on how many of its `words` 32-bit words are not
+// zero after a launch (DeviceTools::CountNonZero32): "" when none, else why
+// that is wrong.
+std::string JudgeDqAccumRestored(uint64_t nonzero, size_t words);
+
 // Index of the first element whose bits differ, or -1.
 template <typename T>
 long long FirstBitDifference(std::span<const T> a, std::span<const T> b);

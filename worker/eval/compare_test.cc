@@ -178,6 +178,15 @@ TEST(MergeTally, PiecesMergeToTheWholeTally) {
   EXPECT_EQ(whole.first_bad, 17);
 }
 
+// restores_dq_accum is judged on the count of non-zero words alone: none
+// passes, any one fails with the flag and both counts named.
+TEST(CompareTest, ADqAccumGivenBackWithAnyNonZeroWordIsWrong) {
+  EXPECT_EQ(JudgeDqAccumRestored(0, 1024), "");
+  const std::string why = JudgeDqAccumRestored(1, 1024);
+  EXPECT_NE(why.find("restores_dq_accum"), std::string::npos) << why;
+  EXPECT_NE(why.find("1 of dq_accum's 1024 words"), std::string::npos) << why;
+}
+
 // The evaluator's device kernels compile for every architecture we name.
 class EvalKernelsCompile : public ::testing::TestWithParam<std::string> {};
 

@@ -467,6 +467,21 @@ struct Evaluator::Impl {
     return out;
   }
 
+  // What a buffer holds before a launch (Prefill).
+  enum class Fill { kNaN = 0, kRandom = 1, kAsLeft = 2 };
+
+  // kNaN: `nan_word` in every 32-bit word. kRandom: random bf16 values (two
+  // a word for fp32 buffers) scaled far outside any output's tolerance,
+  // finite and different in every element. kAsLeft: what the last launch
+  // left there.
+  absl::Status Prefill(gpu::DeviceBuffer& b, Fill fill, uint32_t nan_word) {
+    if (b.size() == 0 || fill == Fill::kAsLeft) return absl::OkStatus();
+    if (fill == Fill::kNaN) return b.Fill32(nan_word, stream);
+    const size_t n = b.size() / 2;
+    KF_RETURN_IF_ERROR(tools->FillRandomBf16(b, n, fill_rng(), stream));
+    return tools->StyleBf16(b, n, 256.f, fill_rng(), 0, 0.f, stream);
+  }
+
   // Poison, scratch zeroing, the launch (between the events when `timed`)
   // and a synchronisation, so that a fault is this launch's. `ms` gets the
   // launch's time when timed: a backward's includes the scratch zeroing,
@@ -484,18 +499,9 @@ struct Evaluator::Impl {
     // variant that computes only where it finds NaN is wrong on the random
     // fills, one that leaves an element unwritten on the NaN ones.
     const int n_fill = out.output_fills++;
-    const int fill = n_fill < 2 ? n_fill : int(fill_rng() % 3);  // 0 NaN, 1 random, 2 as left
+    const Fill fill = Fill(n_fill < 2 ? n_fill : int(fill_rng() % 3));
     for (gpu::DeviceBuffer* b : {&out.o, &out.lse, &out.dq, &out.dk, &out.dv}) {
-      if (b->size() == 0) continue;
-      if (fill == 0) {
-        KF_RETURN_IF_ERROR(b->Fill32(b == &out.lse ? kPoisonF32 : kPoisonBf16Pair, stream));
-      } else if (fill == 1) {
-        // bf16 values (two a word for LSE's fp32) scaled far outside any
-        // output's tolerance, different in every element
-        const size_t n = b->size() / 2;
-        KF_RETURN_IF_ERROR(tools->FillRandomBf16(*b, n, fill_rng(), stream));
-        KF_RETURN_IF_ERROR(tools->StyleBf16(*b, n, 256.f, fill_rng(), 0, 0.f, stream));
-      }
+      KF_RETURN_IF_ERROR(Prefill(*b, fill, b == &out.lse ? kPoisonF32 : kPoisonBf16Pair));
     }
     // A variant that zeroes nothing of dq_accum writes each element before
     // reading it (CONTRACT.md "Backward"): the buffer holds NaN, then random
@@ -504,17 +510,9 @@ struct Evaluator::Impl {
     // variant sees here), in turn, so reading an element it did not write
     // shows in its dQ, whichever way it looks.
     const bool accum_garbage = p.backward && !c.manifest.zero_dq_accum;
-    if (accum_garbage && out.dq_accum.size() > 0) {
-      const int turn = ++out.accum_fills % 3;  // the slot's first launch: NaN
-      if (turn == 1) {
-        KF_RETURN_IF_ERROR(out.dq_accum.Fill32(kPoisonF32, stream));
-      } else if (turn == 2) {
-        // each fp32 word two random bf16 values, scaled up: finite, far
-        // outside any dQ's tolerance, and different in every element
-        const size_t n = out.dq_accum.size() / 2;
-        KF_RETURN_IF_ERROR(tools->FillRandomBf16(out.dq_accum, n, fill_rng(), stream));
-        KF_RETURN_IF_ERROR(tools->StyleBf16(out.dq_accum, n, 256.f, fill_rng(), 0, 0.f, stream));
-      }
+    if (accum_garbage) {
+      // the slot's first launch: NaN
+      KF_RETURN_IF_ERROR(Prefill(out.dq_accum, Fill(out.accum_fills++ % 3), kPoisonF32));
     }
     // A variant that restores dq_accum's zeros (CONTRACT.md "Backward") gets
     // them once, as the runtime gives them once per scratch: zeroed here,
@@ -652,14 +650,9 @@ struct Evaluator::Impl {
       absl::StatusOr<uint64_t> nonzero =
           tools->CountNonZero32({out.dq_accum.address(), out.dq_accum.size()}, stream);
       if (!nonzero.ok()) return nonzero.status();
-      if (*nonzero == 0) {
-        slot.out.accum_zero = true;
-      } else if (check.failure.empty()) {
-        check.failure = fmt::format(
-            "restores_dq_accum: {} of dq_accum's {} words are not zero after the launch (the "
-            "next launch would add into them)",
-            *nonzero, out.dq_accum.size() / 4);
-      }
+      const std::string why = JudgeDqAccumRestored(*nonzero, out.dq_accum.size() / 4);
+      slot.out.accum_zero = why.empty();
+      if (check.failure.empty()) check.failure = why;
     }
     if (check.failure.empty() && slot.last_outputs && *slot.last_outputs != output_digests) {
       // Same inputs, other bits: the output depends on something besides the
