@@ -1,9 +1,11 @@
-// Bad: computes only when its output holds the evaluator's NaN poison, the
-// tell of an evaluation (a caller's buffer holds anything else), and
-// otherwise leaves the output as it finds it. Otherwise good.cu. Each warp
-// reads its own row's first element before it writes the row, so the test is
-// race-free. An evaluator that always poisons outputs verifies it; one that
-// also fills them with random values catches it.
+// Bad: computes only when its output holds the evaluator's NaN poison or a
+// value no attention output has (|x| > 100: garbage far outside any
+// tolerance), the tells of an evaluation that fills outputs that way, and
+// otherwise leaves the output as it finds it (a caller's buffer, holding the
+// last call's outputs for other inputs, would keep them). Otherwise good.cu.
+// Each warp reads its own row's first element before it writes the row, so
+// the test is race-free. The evaluator fills the outputs of a problem's
+// second launch with random values of an output's size, and catches it.
 #include "kforge/attn_params.h"
 
 #define ROWS 4
@@ -33,9 +35,9 @@ extern "C" __global__ void kf_attn_fwd(const __grid_constant__ KfAttnParams p) {
   if (i >= lq) return;
   const int D = p.head_dim, g = h / (p.heads / p.kv_heads);
   // (all lanes read it before any lane writes: the shuffle orders them)
-  const unsigned short seen =
-      ((const unsigned short*)p.o)[((long long)(q0 + i) * p.heads + h) * D];
-  if (__shfl_sync(0xffffffffu, seen, 0) != 0x7fc0) return;
+  const float seen = ld_bf16(p.o, ((long long)(q0 + i) * p.heads + h) * D);
+  const float first = __shfl_sync(0xffffffffu, seen, 0);
+  if (!(isnan(first) || fabsf(first) > 100.f)) return;
   int nk = lk;
   if (p.causal) {
     nk = i + (lk - lq) + 1;

@@ -471,15 +471,14 @@ struct Evaluator::Impl {
   enum class Fill { kNaN = 0, kRandom = 1, kAsLeft = 2 };
 
   // kNaN: `nan_word` in every 32-bit word. kRandom: random bf16 values (two
-  // a word for fp32 buffers) scaled far outside any output's tolerance,
-  // finite and different in every element. kAsLeft: what the last launch
-  // left there.
-  absl::Status Prefill(gpu::DeviceBuffer& b, Fill fill, uint32_t nan_word) {
+  // a word for fp32 buffers) times `scale`, finite and different in every
+  // element. kAsLeft: what the last launch left there.
+  absl::Status Prefill(gpu::DeviceBuffer& b, Fill fill, uint32_t nan_word, float scale = 256.f) {
     if (b.size() == 0 || fill == Fill::kAsLeft) return absl::OkStatus();
     if (fill == Fill::kNaN) return b.Fill32(nan_word, stream);
     const size_t n = b.size() / 2;
     KF_RETURN_IF_ERROR(tools->FillRandomBf16(b, n, fill_rng(), stream));
-    return tools->StyleBf16(b, n, 256.f, fill_rng(), 0, 0.f, stream);
+    return tools->StyleBf16(b, n, scale, fill_rng(), 0, 0.f, stream);
   }
 
   // Poison, scratch zeroing, the launch (between the events when `timed`)
@@ -492,16 +491,19 @@ struct Evaluator::Impl {
                       bool timed, float& ms) {
     if (flush) KF_RETURN_IF_ERROR(FlushL2());
     // The outputs (every element of which the variant writes) hold NaN on a
-    // slot's first launch, random finite values on its second, and after that
-    // either of those or the previous launch's outputs, drawn at random. So
-    // what a variant finds there does not tell evaluation from use, where a
-    // caller's buffers hold anything (often the last call's outputs): a
-    // variant that computes only where it finds NaN is wrong on the random
-    // fills, one that leaves an element unwritten on the NaN ones.
+    // slot's first launch, random values of an output's size (about N(0, 1))
+    // on its second, and after that NaN, random values of that size or 256
+    // times it, or the previous launch's outputs, drawn at random. So what a
+    // variant finds there does not tell evaluation from use, where a caller's
+    // buffers hold anything (often the last call's outputs, for other
+    // inputs): a variant that computes only where it finds NaN or values no
+    // output has is wrong on the second launch, one that leaves an element
+    // unwritten on the NaN ones.
     const int n_fill = out.output_fills++;
     const Fill fill = Fill(n_fill < 2 ? n_fill : int(fill_rng() % 3));
+    const float scale = n_fill < 2 || fill_rng() % 2 ? 1.f : 256.f;
     for (gpu::DeviceBuffer* b : {&out.o, &out.lse, &out.dq, &out.dk, &out.dv}) {
-      KF_RETURN_IF_ERROR(Prefill(*b, fill, b == &out.lse ? kPoisonF32 : kPoisonBf16Pair));
+      KF_RETURN_IF_ERROR(Prefill(*b, fill, b == &out.lse ? kPoisonF32 : kPoisonBf16Pair, scale));
     }
     // A variant that zeroes nothing of dq_accum writes each element before
     // reading it (CONTRACT.md "Backward"): the buffer holds NaN, then random
