@@ -263,12 +263,35 @@ def main():
         after = sum(c["prompt_tokens"] + c["completion_tokens"] for c in rows(db, "SELECT * FROM model_calls"))
         assert after <= limit, (after, limit)
         assert len(v3) < 50, "the server's budget ended the job: %d variants" % len(v3)
+    except BaseException:
+        report_failure(db, server.log, os.path.join(work, "worker.log"))
+        raise
     finally:
         worker.terminate()
         worker.wait(timeout=30)
         server.terminate()
         model.stop()
     print("agent_loop: ok (%d model requests)" % len(model.requests))
+
+
+def report_failure(db, server_log, worker_log):
+    """What a failed run leaves for the reader of a CI log, which shows the
+    test's output and nothing of its temp directory: each job's end, each
+    job's calls by outcome, and the logs' last lines."""
+    try:
+        for j in rows(db, "SELECT id, name, state, message, tokens_used FROM jobs ORDER BY id"):
+            print("job", j, file=sys.stderr)
+        for c in rows(db, "SELECT job, purpose, outcome, attempt, COUNT(*) AS n FROM model_calls "
+                          "GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4"):
+            print("calls", c, file=sys.stderr)
+    except Exception as e:  # the store itself may be what failed
+        print("could not read the store:", e, file=sys.stderr)
+    for name, path in (("server", server_log), ("worker", worker_log)):
+        try:
+            print("---- %s log, last lines:\n%s" % (name, open(path, errors="replace").read()[-4000:]),
+                  file=sys.stderr)
+        except OSError as e:
+            print("no %s log: %s" % (name, e), file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ const state = {
   open: false,        // the server needs no token (local development)
   timer: null,
   lastBody: '',       // the JSON the current view was drawn from
+  renders: 0,         // renders started; only the latest may draw
 };
 
 // ------------------------------------------------------------ helpers ---
@@ -414,8 +415,13 @@ async function render(refresh) {
     a.classList.toggle('active', a.dataset.page === route[3]);
   if (!state.open && !state.token) return showLogin('');
   const path = route[1](hash.match(route[0]));
+  // Renders overlap: the refresh timer's fetch for the page left can answer
+  // after the fetch for the page opened since, and would draw the old page
+  // over the new one. Only the render started last may draw.
+  const mine = ++state.renders;
   try {
     const data = await api(path);
+    if (mine !== state.renders) return;
     const body = JSON.stringify(data);
     document.getElementById('updated').textContent = 'updated ' + new Date().toLocaleTimeString();
     // A refresh redraws only what changed, so a reader is not disturbed.
@@ -425,6 +431,7 @@ async function render(refresh) {
     view.replaceChildren(...route[2](data));
     view.dataset.loaded = hash;
   } catch (e) {
+    if (mine !== state.renders) return;
     if (e instanceof ApiError && e.status === 401) {
       state.token = '';
       sessionStorage.removeItem(TOKEN_KEY);
