@@ -6,6 +6,7 @@ always speak the current API. health.proto is copied under another name
 first: a generated package called `grpc` would shadow the grpc module.
 """
 import os
+import random
 import shutil
 import signal
 import socket
@@ -36,7 +37,28 @@ def generate_stubs(repo, out):
 
 
 def free_port():
-    with socket.socket() as s:
+    """A loopback port nothing is bound to, from below the kernel's ephemeral
+    range. Ports in that range are also the ones the kernel hands to outgoing
+    connections (every worker's, every client's), so one taken from it could
+    be in use again by the time the server binds it, or when a test restarts
+    its server on the same address (its workers keep that address)."""
+    low = 32768
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    pick = random.SystemRandom()
+    if low - 1024 >= 4096:
+        for _ in range(100):
+            port = pick.randrange(max(1024, low - 16384), low)
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                    return port
+                except OSError:
+                    continue
+    with socket.socket() as s:  # no room below the range: any free port
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
