@@ -204,6 +204,21 @@ absl::StatusOr<Request> MakeRequest(const kf_attention_args* a, Op op, std::stri
     if (p.needed) {
       if (absl::Status s = need(p.p, p.name); !s.ok()) return s;
     }
+    // Kernels load and store 16 bytes at a time (and TMA needs 16-byte
+    // aligned tensors): a tensor starting elsewhere, as a view at an odd
+    // offset can, would fault on the device and leave the caller's CUDA
+    // context unusable. Refused here, by name, instead.
+    if (p.p != nullptr && reinterpret_cast<uintptr_t>(p.p) % kTensorAlignment != 0)
+      return Invalid(p.name, fmt::format("{} is not {}-byte aligned (pass a tensor that starts on a "
+                                         "{}-byte boundary, as cudaMalloc and PyTorch's allocator "
+                                         "give)",
+                                         p.p, kTensorAlignment, kTensorAlignment));
+  }
+  for (const Ptr& p : {Ptr{a->cu_seqlens_q, "cu_seqlens_q", false},
+                       Ptr{a->cu_seqlens_k, "cu_seqlens_k", false}}) {
+    if (p.p != nullptr && reinterpret_cast<uintptr_t>(p.p) % alignof(int32_t) != 0)
+      return Invalid(p.name, fmt::format("{} is not {}-byte aligned (int32 offsets)", p.p,
+                                         alignof(int32_t)));
   }
   return r;
 }

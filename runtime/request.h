@@ -48,6 +48,9 @@ struct Request {
   int64_t k_elems() const { return key.total_k * key.kv_heads * key.head_dim; }
 };
 
+// Where a tensor may start (kforge/runtime.h; kernels/CONTRACT.md "Parameters").
+inline constexpr uintptr_t kTensorAlignment = 16;
+
 // Checks `args` for `op` (and, unless `sizes_only`, its tensor pointers).
 // `arch` is the NVRTC target kernels are resolved for.
 absl::StatusOr<Request> MakeRequest(const kf_attention_args* args, Op op, std::string_view arch,

@@ -18,11 +18,11 @@ kf_attention_args Args() {
   a.total_q = 1000;
   a.max_seqlen_q = 600;
   a.causal = 1;
-  static int32_t dummy_offsets[4];
-  static char dummy;
+  alignas(16) static int32_t dummy_offsets[4];
+  alignas(16) static char dummy[16];
   a.cu_seqlens_q = dummy_offsets;
-  a.q = a.k = a.v = &dummy;
-  a.o = &dummy;
+  a.q = a.k = a.v = dummy;
+  a.o = dummy;
   return a;
 }
 
@@ -107,6 +107,31 @@ TEST(MakeRequest, NamesTheNullPointer) {
   EXPECT_EQ(MakeRequest(&a, Op::kBackward, "sm_90a", /*sizes_only=*/true).status().ok(), true);
   auto null_args = MakeRequest(nullptr, Op::kForward, "sm_90a");
   EXPECT_EQ(std::string(null_args.status().message()), "args: null");
+}
+
+TEST(MakeRequest, NamesATensorThatIsNotSixteenByteAligned) {
+  alignas(16) static char buffer[64];
+  alignas(16) static int32_t offsets[8];
+  kf_attention_args a = Args();
+  a.k = buffer + 8;
+  const std::string e = Error(a);
+  EXPECT_EQ(e.rfind("KF_ERR_INVALID_ARGUMENT args.k: ", 0), 0u) << e;
+  EXPECT_NE(e.find("is not 16-byte aligned"), std::string::npos) << e;
+  a = Args();  // a backward's gradient, and lse
+  a.lse = reinterpret_cast<float*>(buffer);
+  a.dout = a.dq = a.dk = buffer;
+  a.dv = buffer + 32;
+  EXPECT_EQ(Error(a, Op::kBackward), "ok");
+  a.lse = reinterpret_cast<float*>(buffer + 4);
+  EXPECT_NE(Error(a, Op::kBackward).find("args.lse: "), std::string::npos);
+  a = Args();  // int32 offsets need only their own alignment
+  a.cu_seqlens_q = offsets + 1;
+  EXPECT_EQ(Error(a), "ok");
+  a.cu_seqlens_q = reinterpret_cast<const int32_t*>(reinterpret_cast<const char*>(offsets) + 2);
+  EXPECT_NE(Error(a).find("args.cu_seqlens_q: "), std::string::npos);
+  EXPECT_NE(Error(a).find("is not 4-byte aligned (int32 offsets)"), std::string::npos);
+  // Sizes alone (kf_prepare) look at no pointer.
+  EXPECT_TRUE(MakeRequest(&a, Op::kForward, "sm_90a", /*sizes_only=*/true).ok());
 }
 
 TEST(MakeRequest, ShapesWithoutKernelsAreUnsupportedNotInvalid) {

@@ -34,6 +34,13 @@ def _ptr(t):
     return t.data_ptr() if t is not None else None
 
 
+def _packed(t):
+    """t, contiguous and starting on a 16-byte boundary, as the runtime takes
+    tensors: a view at another offset (a slice of a flat buffer) is copied."""
+    t = t.contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
 def _args(q, k, v, cu_q, cu_k, cu_q_host, cu_k_host, batch, max_q, max_k, causal, scale):
     a = _lib.new_args()
     a.device = q.device.index if q.device.index is not None else torch.cuda.current_device()
@@ -149,7 +156,7 @@ def _backward(ctx, dout, dlse, dhost_q, dhost_k):
         host_q = host_k = None
     elif not ctx.cross:
         host_k = None
-    dq, dk, dv = torch.ops.kforge.attention_bwd(dout.contiguous(), q, k, v, out, lse, cu_q,
+    dq, dk, dv = torch.ops.kforge.attention_bwd(_packed(dout), q, k, v, out, lse, cu_q,
                                                 cu_k if ctx.cross else None, host_q, host_k,
                                                 *ctx.meta)
     return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
@@ -250,7 +257,7 @@ def jagged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     dev_q, host_q = _split(cu_seqlens_q)
     dev_k, host_k = _split(cu_seqlens_k) if cross else (None, None)
     out, _, _, _ = torch.ops.kforge.attention_fwd(
-        q.contiguous(), k.contiguous(), v.contiguous(), dev_q, dev_k, host_q, host_k,
+        _packed(q), _packed(k), _packed(v), dev_q, dev_k, host_q, host_k,
         cu_seqlens_q.shape[0] - 1, max_seqlen_q, max_seqlen_k, bool(causal), scale, need_grad)
     return out
 

@@ -61,9 +61,9 @@ class CAbiTest : public ::testing::Test {
     a.max_seqlen_q = 600;
     a.causal = 1;
     a.cu_seqlens_q_host = offsets_.data();
-    a.q = a.k = a.v = a.dout = &dummy_;
-    a.o = a.dq = a.dk = a.dv = &dummy_;
-    a.lse = &dummy_lse_;
+    a.q = a.k = a.v = a.dout = dummy_;
+    a.o = a.dq = a.dk = a.dv = dummy_;
+    a.lse = dummy_lse_;
     return a;
   }
 
@@ -77,8 +77,8 @@ class CAbiTest : public ::testing::Test {
   std::filesystem::path dir_;
   std::vector<kf_runtime*> runtimes_;
   std::vector<int32_t> offsets_ = {0, 300, 900, 1000};
-  char dummy_ = 0;
-  float dummy_lse_ = 0;
+  alignas(16) char dummy_[16] = {};  // tensors start on 16-byte boundaries
+  alignas(16) float dummy_lse_[4] = {};
 };
 
 TEST_F(CAbiTest, OptionsStartAtTheDocumentedDefaults) {
@@ -192,6 +192,13 @@ TEST_F(CAbiTest, ArgumentErrorsHaveCodesAndNameTheField) {
   a.lse = nullptr;
   EXPECT_EQ(kf_attention_backward(rt, &a), KF_ERR_INVALID_ARGUMENT);
   EXPECT_STREQ(kf_last_error(), "args.lse: null");
+  // A view that starts off a 16-byte boundary would fault on the device.
+  a = Args();
+  a.dv = dummy_ + 2;
+  EXPECT_EQ(kf_attention_backward(rt, &a), KF_ERR_INVALID_ARGUMENT);
+  const std::string e = kf_last_error();
+  EXPECT_EQ(e.rfind("args.dv: ", 0), 0u) << e;
+  EXPECT_NE(e.find("is not 16-byte aligned"), std::string::npos) << e;
 }
 
 TEST_F(CAbiTest, AHeadDimNoKernelServesIsUnsupported) {

@@ -29,6 +29,9 @@
  *   k, v, dk, dv   : (total_k, kv_heads, head_dim)
  *   lse            : (heads, total_q) fp32, natural-log log-sum-exp of the
  *                    scaled scores (-inf for a row that sees no key).
+ * Every tensor starts on a 16-byte boundary (as cudaMalloc and PyTorch's
+ * allocator give; a view at another offset is refused with
+ * KF_ERR_INVALID_ARGUMENT naming it), the device offsets on a 4-byte one.
  * Sequence b has queries cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1 and keys
  * cu_seqlens_k[b] .. cu_seqlens_k[b+1]-1. Query head h reads kv head
  * h / (heads / kv_heads). Causal masks are bottom-right aligned: query i of

@@ -86,6 +86,24 @@ class Integration(unittest.TestCase):
         self.assertLessEqual(len([x for x in w if "synchronisation" in str(x.message)]), 1)
         self.expect_matches(out, q, k, v, LENGTHS, True)
 
+    def test_views_off_a_sixteen_byte_boundary_are_copied_not_faulted_on(self):
+        # Slices of a flat buffer one element in: contiguous, but 2 bytes off
+        # the 16-byte boundary the runtime takes tensors at.
+        q0, k0, v0 = inputs(LENGTHS)
+        views = []
+        for t in (q0, k0, v0):
+            flat = torch.empty(t.numel() + 1, device="cuda", dtype=t.dtype)
+            view = flat[1:].view(t.shape)
+            view.copy_(t)
+            self.assertNotEqual(view.data_ptr() % 16, 0)
+            views.append(view.requires_grad_())
+        cu = kftest.offsets(LENGTHS)
+        out = kforge.jagged_attention(*views, cu, cu, max(LENGTHS), max(LENGTHS), causal=True)
+        self.expect_matches(out, q0, k0, v0, LENGTHS, True)
+        out.float().square().sum().backward()  # dout is aligned; the saved inputs are the copies
+        for t in views:
+            self.assertTrue(torch.isfinite(t.grad).all())
+
     def test_cross_attention_with_gqa(self):
         lq, lk = [5, 0, 300, 1], [17, 9, 0, 1000]
         g = torch.Generator(device="cuda").manual_seed(3)
