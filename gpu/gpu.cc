@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "core/arch.h"
@@ -331,16 +332,18 @@ absl::StatusOr<float> Event::ElapsedMs(const Event& start, const Event& end) {
 
 // ---------------------------------------------------------- DeviceBuffer ---
 
-absl::StatusOr<DeviceBuffer> DeviceBuffer::Allocate(const Driver& driver, size_t bytes) {
+absl::StatusOr<DeviceBuffer> DeviceBuffer::Allocate(const Driver& driver, size_t bytes,
+                                                   size_t offset) {
   const DriverApi& api = driver.api();
   CUdeviceptr p = 0;
   // cuMemAlloc rejects 0 bytes; keep empty tensors addressable instead.
-  KF_CU(api.MemAlloc(&p, bytes == 0 ? 256 : bytes), "cuMemAlloc");
-  return DeviceBuffer(&driver, p, bytes);
+  KF_CU(api.MemAlloc(&p, std::max<size_t>(bytes + offset, 256)), "cuMemAlloc");
+  return DeviceBuffer(&driver, p, p + offset, bytes);
 }
 
 DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept
     : driver_(std::exchange(o.driver_, nullptr)),
+      base_(std::exchange(o.base_, 0)),
       ptr_(std::exchange(o.ptr_, 0)),
       bytes_(std::exchange(o.bytes_, 0)) {}
 
@@ -348,6 +351,7 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
   if (this != &o) {
     this->~DeviceBuffer();
     driver_ = std::exchange(o.driver_, nullptr);
+    base_ = std::exchange(o.base_, 0);
     ptr_ = std::exchange(o.ptr_, 0);
     bytes_ = std::exchange(o.bytes_, 0);
   }
@@ -355,8 +359,8 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
 }
 
 DeviceBuffer::~DeviceBuffer() {
-  if (ptr_ != 0) driver_->api().MemFree(ptr_);
-  ptr_ = 0;
+  if (base_ != 0) driver_->api().MemFree(base_);
+  base_ = ptr_ = 0;
 }
 
 absl::Status DeviceBuffer::CopyFromHost(const void* src, size_t bytes, const Stream& stream,

@@ -179,7 +179,11 @@ class Event {
 // name says otherwise; host memory must stay alive until the stream syncs.
 class DeviceBuffer {
  public:
-  static absl::StatusOr<DeviceBuffer> Allocate(const Driver& driver, size_t bytes);
+  // `bytes` from cuMemAlloc (256-byte aligned). With `offset`, the buffer
+  // starts that many bytes into its allocation: memory at exactly the
+  // alignment a contract promises, no more (the evaluator's tensors).
+  static absl::StatusOr<DeviceBuffer> Allocate(const Driver& driver, size_t bytes,
+                                               size_t offset = 0);
   DeviceBuffer() = default;
   DeviceBuffer(DeviceBuffer&& other) noexcept;
   DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
@@ -212,10 +216,11 @@ class DeviceBuffer {
   }
 
  private:
-  DeviceBuffer(const Driver* driver, uint64_t ptr, size_t bytes)
-      : driver_(driver), ptr_(ptr), bytes_(bytes) {}
+  DeviceBuffer(const Driver* driver, uint64_t base, uint64_t ptr, size_t bytes)
+      : driver_(driver), base_(base), ptr_(ptr), bytes_(bytes) {}
   const Driver* driver_ = nullptr;
-  uint64_t ptr_ = 0;
+  uint64_t base_ = 0;  // what cuMemAlloc returned (and cuMemFree takes)
+  uint64_t ptr_ = 0;   // base_ + the offset
   size_t bytes_ = 0;
 };
 

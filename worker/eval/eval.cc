@@ -31,7 +31,7 @@ using reference::JaggedShape;
 constexpr float kLog2e = 1.4426950408889634f;
 // Bumped whenever what a candidate must pass gets stronger: results verified
 // by an older evaluator name an older version.
-constexpr std::string_view kChecksVersion = "checks-2";
+constexpr std::string_view kChecksVersion = "checks-3";
 
 // One problem's inputs on the device. The candidate reads them and nothing
 // writes them once they are made: after every launch their fingerprints are
@@ -218,18 +218,29 @@ struct Evaluator::Impl {
 
   // ------------------------------------------------------------ problems ---
 
-  absl::Status AllocInto(gpu::DeviceBuffer& b, size_t bytes) {
-    absl::StatusOr<gpu::DeviceBuffer> x = gpu::DeviceBuffer::Allocate(*driver, bytes);
+  absl::Status AllocInto(gpu::DeviceBuffer& b, size_t bytes, size_t offset = 0) {
+    absl::StatusOr<gpu::DeviceBuffer> x = gpu::DeviceBuffer::Allocate(*driver, bytes, offset);
     if (!x.ok()) return x.status();
     b = *std::move(x);
     return absl::OkStatus();
+  }
+
+  // A tensor a variant reads or writes (q, k, v, o, lse, dout, dq, dk, dv)
+  // starts 16 bytes past cuMemAlloc's 256-byte alignment: the contract
+  // promises 16 (CONTRACT.md "Parameters"), and a caller's view can start
+  // exactly there, so a variant that assumes more is wrong here, where it
+  // faults in a child process, not in a caller's. Scratch keeps the
+  // runtime's 256.
+  static constexpr size_t kTensorOffset = 16;
+  absl::Status AllocTensorInto(gpu::DeviceBuffer& b, size_t bytes) {
+    return AllocInto(b, bytes, kTensorOffset);
   }
 
   // `n` fresh random bf16 values (RandomBf16's, generated on the device),
   // then scaled and given outliers as `scale` and the style say.
   absl::Status RandomInto(gpu::DeviceBuffer& b, size_t n, float scale, const InputStyle& style,
                           std::mt19937_64& rng) {
-    KF_RETURN_IF_ERROR(AllocInto(b, n * 2));
+    KF_RETURN_IF_ERROR(AllocTensorInto(b, n * 2));
     KF_RETURN_IF_ERROR(tools->FillRandomBf16(b, n, rng(), stream));
     const uint64_t outlier_seed = rng();
     if (scale == 1 && style.outlier_period == 0) return absl::OkStatus();
@@ -276,7 +287,8 @@ struct Evaluator::Impl {
 
     // Forward reference (backward needs its O and LSE as inputs).
     KF_RETURN_IF_ERROR(AllocInto(p.ref_o, s.q_elems() * sizeof(float)));
-    KF_RETURN_IF_ERROR(AllocInto(p.ref_lse, s.lse_elems() * sizeof(float)));
+    // (a backward's LSE input: the reference's, moved)
+    KF_RETURN_IF_ERROR(AllocTensorInto(p.ref_lse, s.lse_elems() * sizeof(float)));
     KfAttnParams params = BaseParams(s);
     SetInputs(params, p.in, false);
     params.o = p.ref_o.get();
@@ -285,7 +297,7 @@ struct Evaluator::Impl {
     KF_RETURN_IF_ERROR(ref->Forward(params, stream));
     if (ref_time != nullptr && !backward) KF_RETURN_IF_ERROR(end.Record(stream));
     if (backward) {
-      KF_RETURN_IF_ERROR(AllocInto(p.in.o, s.q_elems() * 2));
+      KF_RETURN_IF_ERROR(AllocTensorInto(p.in.o, s.q_elems() * 2));
       KF_RETURN_IF_ERROR(tools->ToBf16(p.in.o, p.ref_o, s.q_elems(), stream));
       p.in.lse = std::move(p.ref_lse);
       p.ref_o = gpu::DeviceBuffer{};
@@ -449,14 +461,14 @@ struct Evaluator::Impl {
     }
     out.plan = *std::move(plan);
     if (p.backward) {
-      KF_RETURN_IF_ERROR(AllocInto(out.dq, s.q_elems() * 2));
-      KF_RETURN_IF_ERROR(AllocInto(out.dk, s.k_elems() * 2));
-      KF_RETURN_IF_ERROR(AllocInto(out.dv, s.k_elems() * 2));
+      KF_RETURN_IF_ERROR(AllocTensorInto(out.dq, s.q_elems() * 2));
+      KF_RETURN_IF_ERROR(AllocTensorInto(out.dk, s.k_elems() * 2));
+      KF_RETURN_IF_ERROR(AllocTensorInto(out.dv, s.k_elems() * 2));
       KF_RETURN_IF_ERROR(AllocInto(out.delta, s.lse_elems() * 4));
       KF_RETURN_IF_ERROR(AllocInto(out.dq_accum, s.q_elems() * 4));
     } else {
-      KF_RETURN_IF_ERROR(AllocInto(out.o, s.q_elems() * 2));
-      KF_RETURN_IF_ERROR(AllocInto(out.lse, s.lse_elems() * 4));
+      KF_RETURN_IF_ERROR(AllocTensorInto(out.o, s.q_elems() * 2));
+      KF_RETURN_IF_ERROR(AllocTensorInto(out.lse, s.lse_elems() * 4));
     }
     KF_RETURN_IF_ERROR(AllocInto(out.tiles, out.plan.tiles.size() * sizeof(int32_t)));
     KF_RETURN_IF_ERROR(out.tiles.CopyFromHost(out.plan.tiles.data(),
