@@ -34,10 +34,13 @@ import kfe2e
 from scripted_model import ScriptedModel
 
 ARCH = "sm_100a"
+# Room for the scripted model's whole-source answers (about 5,600 tokens):
+# it cuts an answer off at the request's limit, as an endpoint does.
+MAX_TOKENS = 8192
 
 
 def write_config(path, base_url, **extra):
-    model = {"base_url": base_url, "model": "scripted", "api_key_env": "", "max_tokens": 4096,
+    model = {"base_url": base_url, "model": "scripted", "api_key_env": "", "max_tokens": MAX_TOKENS,
              "min_completion_tokens": 256, "parallelism": 2, "max_repair_attempts": 2, "max_retries": 0,
              "initial_backoff_ms": 10, "price_prompt_per_mtok": 1.0, "price_completion_per_mtok": 4.0}
     model.update(extra)
@@ -110,7 +113,7 @@ def check_job(db, job_id, max_tokens):
     # reserved size; none stays pending after a restart.
     for c in calls:
         if c["outcome"] == "lost":
-            assert c["completion_tokens"] == 4096 or c["completion_tokens"] > 0, c
+            assert c["completion_tokens"] == MAX_TOKENS or c["completion_tokens"] > 0, c
 
     # Dedupe: one task per variant, no two variants with one normalized source.
     assert len(tasks) == len(variants), (len(tasks), len(variants))
@@ -236,21 +239,28 @@ def main():
 
         # ---- job 2: a small token budget ends the job, not the bucket in error
         spent_before = sum(c["prompt_tokens"] + c["completion_tokens"] for c in rows(db, "SELECT * FROM model_calls"))
-        job2 = submit(kernels, pb, "budget", max_variants=50, max_tokens=40_000, seed=6)
+        # Room for about three requests at their reserved size (the prompt's
+        # bytes / 3 plus the answer's limit, agent/model_proposer.cc), so that
+        # two whole answers fit (one draw of the rotation alone may give no
+        # variant); a request sized down to the spend left gets an answer cut
+        # off there (scripted_model.py), so the spend stays within the limit
+        # however the answers fall.
+        per_request = max(len(c["prompt"]) // 3 + MAX_TOKENS for c in rows(db, "SELECT * FROM model_calls"))
+        job2_tokens = 3 * per_request
+        job2 = submit(kernels, pb, "budget", max_variants=50, max_tokens=job2_tokens, seed=6)
         j2 = wait_final(kernels, pb, job2.id)
         assert j2.state == pb.JOB_STATE_SUCCEEDED, j2
-        v2 = check_job(db, job2.id, 40_000)[0]
+        v2 = check_job(db, job2.id, job2_tokens)[0]
         assert 0 < len(v2) < 50, "the token budget, not the variant budget, ended the job: %d" % len(v2)
 
         # ---- job 3: the server's limit, after a restart with a lower one
         total = sum(c["prompt_tokens"] + c["completion_tokens"] for c in rows(db, "SELECT * FROM model_calls"))
         assert total > spent_before
-        # Room for about four requests at their reserved size (the prompt's
-        # bytes / 3 plus the 4096-token answer, agent/model_proposer.cc): the
-        # job needs a refused draft and its repair at least, and a fixed
-        # margin stopped fitting them once the prompts (the contract, the
-        # parent's source) grew.
-        per_request = max(len(c["prompt"]) // 3 + 4096 for c in rows(db, "SELECT * FROM model_calls"))
+        # Room for about four requests at their reserved size: the job needs
+        # a refused draft and its repair at least, and a fixed margin stopped
+        # fitting them once the prompts (the contract, the parent's source)
+        # grew.
+        per_request = max(len(c["prompt"]) // 3 + MAX_TOKENS for c in rows(db, "SELECT * FROM model_calls"))
         limit = total + 4 * per_request
         write_config(config, base, server_max_tokens=limit)
         server.terminate()

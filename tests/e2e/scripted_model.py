@@ -171,12 +171,20 @@ class ScriptedModel:
                 if model.delay_s:
                     time.sleep(model.delay_s)
                 kind, text = model.answer(body)
+                # As an endpoint does: an answer stops at the request's limit
+                # (a whole source is about 5,600 tokens; the proposer sizes
+                # a request down to the spend left), cut off with
+                # finish_reason "length", so spend never passes a reservation.
+                limit = body.get("max_completion_tokens", body.get("max_tokens"))
+                finish = "stop"
+                if isinstance(limit, int) and _tokens(text) > limit:
+                    text, finish = text[:4 * limit], "length"
                 with model.lock:
                     model.answers.append((kind, text))
                 prompt = "".join(m["content"] for m in body["messages"])
                 self.send(200, {"id": "chatcmpl-scripted", "object": "chat.completion", "model": "scripted",
                                 "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                                             "finish_reason": "stop"}],
+                                             "finish_reason": finish}],
                                 "usage": {"prompt_tokens": _tokens(prompt), "completion_tokens": _tokens(text),
                                           "total_tokens": _tokens(prompt) + _tokens(text)}})
 
