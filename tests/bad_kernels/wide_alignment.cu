@@ -3,8 +3,8 @@
 // down to one), where the contract promises 16. Right wherever q is 32-byte
 // aligned, so an evaluator that gives it cuMemAlloc's own alignment verifies
 // it; a caller's view 16 bytes off gets every row's elements from 8 elements
-// earlier. The evaluator's tensors start 16 bytes past a 256-byte boundary,
-// and catch it. Otherwise good.cu.
+// earlier. The tensors of the evaluator's check problems start 16 bytes
+// past a 256-byte boundary, and catch it. Otherwise good.cu.
 #include "kforge/attn_params.h"
 
 #define ROWS 4

@@ -226,21 +226,27 @@ struct Evaluator::Impl {
   }
 
   // A tensor a variant reads or writes (q, k, v, o, lse, dout, dq, dk, dv)
-  // starts 16 bytes past cuMemAlloc's 256-byte alignment: the contract
-  // promises 16 (CONTRACT.md "Parameters"), and a caller's view can start
-  // exactly there, so a variant that assumes more is wrong here, where it
-  // faults in a child process, not in a caller's. Scratch keeps the
-  // runtime's 256.
+  // of a check problem starts 16 bytes past cuMemAlloc's 256-byte alignment:
+  // the contract promises 16 (CONTRACT.md "Parameters"), and a caller's view
+  // can start exactly there, so a variant that assumes more is wrong here,
+  // where it faults in a child process, not in a caller's. The others keep
+  // cuMemAlloc's alignment: the timing problem's as the allocators callers
+  // use give it (a row 16 bytes off a 32-byte L2 sector touches one more
+  // sector), so that it is timed as it is used; the sanitizer gate's so that
+  // memcheck sees a read just before a tensor (the 16 bytes before it would
+  // be the allocation's). Scratch keeps the runtime's 256.
   static constexpr size_t kTensorOffset = 16;
-  absl::Status AllocTensorInto(gpu::DeviceBuffer& b, size_t bytes) {
-    return AllocInto(b, bytes, kTensorOffset);
+  absl::Status AllocTensorInto(gpu::DeviceBuffer& b, size_t bytes, const ProblemSpec& spec) {
+    return AllocInto(b, bytes, spec.role == ProblemRole::kCheck ? kTensorOffset : 0);
   }
 
   // `n` fresh random bf16 values (RandomBf16's, generated on the device),
-  // then scaled and given outliers as `scale` and the style say.
-  absl::Status RandomInto(gpu::DeviceBuffer& b, size_t n, float scale, const InputStyle& style,
+  // then scaled and given outliers as `scale` and the problem's style say,
+  // at the problem's alignment (AllocTensorInto).
+  absl::Status RandomInto(gpu::DeviceBuffer& b, size_t n, float scale, const ProblemSpec& spec,
                           std::mt19937_64& rng) {
-    KF_RETURN_IF_ERROR(AllocTensorInto(b, n * 2));
+    const InputStyle& style = spec.style;
+    KF_RETURN_IF_ERROR(AllocTensorInto(b, n * 2, spec));
     KF_RETURN_IF_ERROR(tools->FillRandomBf16(b, n, rng(), stream));
     const uint64_t outlier_seed = rng();
     if (scale == 1 && style.outlier_period == 0) return absl::OkStatus();
@@ -275,10 +281,10 @@ struct Evaluator::Impl {
     p.backward = backward;
     const JaggedShape& s = p.shape();
     const InputStyle& st = p.spec.style;
-    KF_RETURN_IF_ERROR(RandomInto(p.in.q, s.q_elems(), st.q_scale, st, rng));
-    KF_RETURN_IF_ERROR(RandomInto(p.in.k, s.k_elems(), st.k_scale, st, rng));
-    KF_RETURN_IF_ERROR(RandomInto(p.in.v, s.k_elems(), st.v_scale, st, rng));
-    if (backward) KF_RETURN_IF_ERROR(RandomInto(p.in.dout, s.q_elems(), st.dout_scale, st, rng));
+    KF_RETURN_IF_ERROR(RandomInto(p.in.q, s.q_elems(), st.q_scale, p.spec, rng));
+    KF_RETURN_IF_ERROR(RandomInto(p.in.k, s.k_elems(), st.k_scale, p.spec, rng));
+    KF_RETURN_IF_ERROR(RandomInto(p.in.v, s.k_elems(), st.v_scale, p.spec, rng));
+    if (backward) KF_RETURN_IF_ERROR(RandomInto(p.in.dout, s.q_elems(), st.dout_scale, p.spec, rng));
     for (auto [host, dev] : {std::pair{&s.cu_q, &p.in.cu_q}, std::pair{&s.cu_k, &p.in.cu_k}}) {
       absl::StatusOr<gpu::DeviceBuffer> b = UploadNew(*driver, *host, stream);
       if (!b.ok()) return b.status();
@@ -288,7 +294,7 @@ struct Evaluator::Impl {
     // Forward reference (backward needs its O and LSE as inputs).
     KF_RETURN_IF_ERROR(AllocInto(p.ref_o, s.q_elems() * sizeof(float)));
     // (a backward's LSE input: the reference's, moved)
-    KF_RETURN_IF_ERROR(AllocTensorInto(p.ref_lse, s.lse_elems() * sizeof(float)));
+    KF_RETURN_IF_ERROR(AllocTensorInto(p.ref_lse, s.lse_elems() * sizeof(float), p.spec));
     KfAttnParams params = BaseParams(s);
     SetInputs(params, p.in, false);
     params.o = p.ref_o.get();
@@ -297,7 +303,7 @@ struct Evaluator::Impl {
     KF_RETURN_IF_ERROR(ref->Forward(params, stream));
     if (ref_time != nullptr && !backward) KF_RETURN_IF_ERROR(end.Record(stream));
     if (backward) {
-      KF_RETURN_IF_ERROR(AllocTensorInto(p.in.o, s.q_elems() * 2));
+      KF_RETURN_IF_ERROR(AllocTensorInto(p.in.o, s.q_elems() * 2, p.spec));
       KF_RETURN_IF_ERROR(tools->ToBf16(p.in.o, p.ref_o, s.q_elems(), stream));
       p.in.lse = std::move(p.ref_lse);
       p.ref_o = gpu::DeviceBuffer{};
@@ -461,14 +467,14 @@ struct Evaluator::Impl {
     }
     out.plan = *std::move(plan);
     if (p.backward) {
-      KF_RETURN_IF_ERROR(AllocTensorInto(out.dq, s.q_elems() * 2));
-      KF_RETURN_IF_ERROR(AllocTensorInto(out.dk, s.k_elems() * 2));
-      KF_RETURN_IF_ERROR(AllocTensorInto(out.dv, s.k_elems() * 2));
+      KF_RETURN_IF_ERROR(AllocTensorInto(out.dq, s.q_elems() * 2, p.spec));
+      KF_RETURN_IF_ERROR(AllocTensorInto(out.dk, s.k_elems() * 2, p.spec));
+      KF_RETURN_IF_ERROR(AllocTensorInto(out.dv, s.k_elems() * 2, p.spec));
       KF_RETURN_IF_ERROR(AllocInto(out.delta, s.lse_elems() * 4));
       KF_RETURN_IF_ERROR(AllocInto(out.dq_accum, s.q_elems() * 4));
     } else {
-      KF_RETURN_IF_ERROR(AllocTensorInto(out.o, s.q_elems() * 2));
-      KF_RETURN_IF_ERROR(AllocTensorInto(out.lse, s.lse_elems() * 4));
+      KF_RETURN_IF_ERROR(AllocTensorInto(out.o, s.q_elems() * 2, p.spec));
+      KF_RETURN_IF_ERROR(AllocTensorInto(out.lse, s.lse_elems() * 4, p.spec));
     }
     KF_RETURN_IF_ERROR(AllocInto(out.tiles, out.plan.tiles.size() * sizeof(int32_t)));
     KF_RETURN_IF_ERROR(out.tiles.CopyFromHost(out.plan.tiles.data(),
