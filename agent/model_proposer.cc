@@ -827,6 +827,15 @@ struct State {
     if (choices.empty()) choices.push_back(ChatChoice{answer->content, answer->tool_calls, answer->finish_reason});
     std::vector<Draft> drafts;
     for (const ChatChoice& c : choices) drafts.push_back(Interpret(c, w, shape, options));
+    // The sources the prompt showed (the parent, the inspirations): a draft
+    // that is one of them but for comments and whitespace is a duplicate,
+    // even where that source is no variant the bucket knows (the seed, while
+    // no variant of it was stored, as after a restart). Not the source a
+    // repair repairs: a variant that failed is known by then, and a refused
+    // draft never compiled.
+    std::vector<std::pair<std::string, std::string>> shown;  // normalized hash, handle
+    for (const auto& [handle, source] : w.sources)
+      if (handle != w.repair_of) shown.emplace_back(NormalizedSourceHash(source), handle);
 
     std::vector<Candidate> accepted;
     std::vector<std::string> outcomes;
@@ -844,10 +853,13 @@ struct State {
           const std::string exact = Sha256Hex(d.source);
           norm = NormalizedSourceHash(d.source);
           std::optional<std::string> same = programs->SameSource(ctx.bucket.Id(), norm);
+          auto was_shown = std::find_if(shown.begin(), shown.end(), [&](const auto& p) { return p.first == norm; });
           if (hashes.count(exact)) {
             d.status = absl::AlreadyExistsError("the kernel is identical to one proposed before");
-          } else if (auto it = normalized.find(norm); it != normalized.end() || same) {
-            const std::string who = it != normalized.end() ? it->second : *same;
+          } else if (auto it = normalized.find(norm); it != normalized.end() || same || was_shown != shown.end()) {
+            const std::string who = it != normalized.end() ? it->second
+                                    : same                 ? *same
+                                                           : was_shown->second;
             d.status = absl::AlreadyExistsError(fmt::format(
                 "the kernel is the same as {} apart from comments and whitespace: it would compile to the same "
                 "program",

@@ -581,6 +581,25 @@ TEST(ModelProposerDedupe, ACommentOrWhitespaceChangeIsADuplicateNeverCompiledAga
   EXPECT_THAT(Msg(got.status()), HasSubstr("apart from comments and whitespace"));
 }
 
+TEST(ModelProposerDedupe, TheSeedShownAsTheParentIsADuplicateApartFromComments) {
+  // No variant of the bucket is known (a first proposal, or the first after a
+  // restart whose store holds no timed program): the parent shown is the seed,
+  // and the seed with a comment added is no new program.
+  absl::StatusOr<Variant> seed = DefaultVariant(Shape());
+  ASSERT_TRUE(seed.ok()) << seed.status();
+  FakeOpenAIServer server;
+  server.Then(FakeOpenAIServer::Answer(
+      Fenced(ExtractedKernel{"// A cleaner version of the kernel.\n\n" + seed->source, seed->manifest_json})));
+  ModelOptions o = Options(server);
+  o.max_consecutive_refusals = 1;
+  o.requests_per_candidate = 1;
+  auto got = Make(o)->Propose(Ctx(), 1);
+  ASSERT_EQ(server.Requests().size(), 1u);
+  EXPECT_THAT(UserMessage(server, 0), HasSubstr("## Parent seed"));
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kUnavailable) << got.status();
+  EXPECT_THAT(Msg(got.status()), HasSubstr("the same as seed apart from comments and whitespace"));
+}
+
 TEST(ModelProposerDedupe, TheSharedDatabaseKnowsOtherJobsSources) {
   FakeOpenAIServer server;
   ExtractedKernel k = GoodKernel(77);
