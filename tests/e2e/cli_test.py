@@ -126,7 +126,7 @@ def main():
     # No worker at all: the job says what it waits for (checked once a
     # second), in `jobs show`, the jobs table and --json.
     p = kfe2e.wait_until(lambda: (lambda r: r if "waiting:" in r.stdout else None)(
-        run(cli, addr, "jobs", "show", job_id)), timeout=10)
+        run(cli, addr, "jobs", "show", job_id)), timeout=30)
     assert p, "the job never said it was waiting"
     assert "state=running" in p.stdout, p.stdout
     assert "waiting: waiting for a GPU worker of arch sm_90a" in p.stdout, p.stdout

@@ -330,7 +330,7 @@ def main():
                              arch="sm_100a", batch=8, max_len_q=512, total_q=2000)]),
             metadata=md, timeout=30)
         waiting = kfe2e.wait_until(lambda: kernels.GetJob(pb.GetJobRequest(job_id=compile_job.id),
-                                                          metadata=md).waiting_for, timeout=10)
+                                                          metadata=md).waiting_for, timeout=30)
         assert waiting == "waiting for a worker of arch sm_100a", waiting
         page.open("#/overview")
         assert "waiting for a worker of arch sm_100a" in page.text("#waiting"), page.text("#waiting")

@@ -95,7 +95,7 @@ def main():
     assert sum(v.evaluations for v in variants.variants) >= 3, variants
     # The worker keeps its session (and id) across the restart; the held
     # lease expires and the task comes back.
-    back = kfe2e.wait_until(lambda: lease(500), timeout=15)
+    back = kfe2e.wait_until(lambda: lease(500), timeout=30)
     seen = set()
     while back is not None and back.task_id != held.task_id:
         seen.add(back.task_id)

@@ -88,7 +88,7 @@ def main():
 
     t = threading.Thread(target=watch)
     t.start()
-    kfe2e.wait_until(lambda: events, timeout=10)
+    kfe2e.wait_until(lambda: events, timeout=30)
     cancelled = k.CancelJob(pb.CancelJobRequest(job_id=job.id), metadata=md)
     assert cancelled.state == pb.JOB_STATE_CANCELLED, cancelled
     assert done.wait(20), "WatchJob did not end after CancelJob"

@@ -47,7 +47,7 @@ def main():
         # No worker yet: the job says so (the engine checks once a second).
         shown = kfe2e.wait_until(
             lambda: "waiting: waiting for a worker of arch sm_100a" in kforge("jobs", "show", job_id).stdout,
-            timeout=10)
+            timeout=30)
         assert shown, kforge("jobs", "show", job_id).stdout
 
         worker_log = open(os.path.join(work, "worker.log"), "wb")
