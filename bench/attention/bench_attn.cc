@@ -16,6 +16,7 @@
 // launch (CONTRACT.md, "Backward"). Backward FLOPs = 2.5 x forward FLOPs.
 #include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -25,7 +26,6 @@
 #include <memory>
 #include <set>
 #include <string>
-#include <chrono>
 #include <thread>
 #include <vector>
 

@@ -80,6 +80,12 @@ def rows(db, sql, *args):
         con.close()
 
 
+def reserved_per_request(db):
+    """The most a request of these prompts reserves: the prompt's bytes / 3
+    plus the answer's limit (agent/model_proposer.cc, Reserve)."""
+    return max(len(c["prompt"]) // 3 + MAX_TOKENS for c in rows(db, "SELECT prompt FROM model_calls"))
+
+
 def check_job(db, job_id, max_tokens):
     variants = rows(db, "SELECT * FROM variants WHERE job = ? ORDER BY id", job_id)
     calls = rows(db, "SELECT * FROM model_calls WHERE job = ? ORDER BY id", job_id)
@@ -239,14 +245,12 @@ def main():
 
         # ---- job 2: a small token budget ends the job, not the bucket in error
         spent_before = sum(c["prompt_tokens"] + c["completion_tokens"] for c in rows(db, "SELECT * FROM model_calls"))
-        # Room for about three requests at their reserved size (the prompt's
-        # bytes / 3 plus the answer's limit, agent/model_proposer.cc), so that
-        # two whole answers fit (one draw of the rotation alone may give no
+        # Room for about three requests at their reserved size, so that two
+        # whole answers fit (one draw of the rotation alone may give no
         # variant); a request sized down to the spend left gets an answer cut
         # off there (scripted_model.py), so the spend stays within the limit
         # however the answers fall.
-        per_request = max(len(c["prompt"]) // 3 + MAX_TOKENS for c in rows(db, "SELECT * FROM model_calls"))
-        job2_tokens = 3 * per_request
+        job2_tokens = 3 * reserved_per_request(db)
         job2 = submit(kernels, pb, "budget", max_variants=50, max_tokens=job2_tokens, seed=6)
         j2 = wait_final(kernels, pb, job2.id)
         assert j2.state == pb.JOB_STATE_SUCCEEDED, j2
@@ -260,8 +264,7 @@ def main():
         # a refused draft and its repair at least, and a fixed margin stopped
         # fitting them once the prompts (the contract, the parent's source)
         # grew.
-        per_request = max(len(c["prompt"]) // 3 + MAX_TOKENS for c in rows(db, "SELECT * FROM model_calls"))
-        limit = total + 4 * per_request
+        limit = total + 4 * reserved_per_request(db)
         write_config(config, base, server_max_tokens=limit)
         server.terminate()
         channel = server.start()
