@@ -40,7 +40,6 @@ TemplateDef FwdSm90Template() {
       {"ORDER", {0, 1}, 0},
       {"PACK", {0, 1}, 0},
       {"QAHEAD", {0, 1}, 0},
-      {"PINGPONG", {0, 1}, 0},
   };
   def.info.description =
       "Hopper forward: 1 producer warpgroup (cp.async K/V into a 128B-swizzled mbarrier ring) + 2 "

@@ -42,7 +42,7 @@
 //
 // Knobs (prepended #defines): KF_HEAD_DIM (64|128), KF_BLOCK_N (64..192, /16),
 // KF_STAGES (2|3|4), KF_PERSISTENT (0|1), KF_ORDER (0|1), KF_PACK (0|1),
-// KF_QAHEAD (0|1), KF_PINGPONG (0|1), KF_PRODUCER_REGS (24|32|40|56).
+// KF_PRODUCER_REGS (24|32|40|56).
 // Entry point: extern "C" __global__ kf_attn_fwd(const __grid_constant__ KfAttnParams p).
 // Needs sm_90a (wgmma, setmaxnreg). No toolkit headers.
 #include "kforge/attn_params.h"
@@ -78,16 +78,6 @@
 // for their Q (kernels/notes/sm90.md, QAHEAD).
 #ifndef KF_QAHEAD
 #define KF_QAHEAD 0
-#endif
-// KF_PINGPONG = 1: the consumer warpgroups take turns issuing wgmma (named
-// barriers 3 and 4, FwdConsumer::turn_wait / turn_pass), so that one's
-// softmax overlaps the other's matmuls. Both warpgroups pass the same issue
-// points (same tiles, same key blocks), so the turns stay paired: warpgroup
-// 1 passes once up front so that warpgroup 0 goes first, and warpgroup 0
-// takes that extra turn back after its last tile, so that no arrival is left
-// on a barrier when the CTA exits.
-#ifndef KF_PINGPONG
-#define KF_PINGPONG 0
 #endif
 #define KF_CONSUMER_REGS (((504 - KF_PRODUCER_REGS) / 2) / 8 * 8)
 
@@ -154,14 +144,6 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_fwd(const __grid_constant__ 
   // -------------------------------------------------------------- consumers
   setmaxnreg_inc<KF_CONSUMER_REGS>();
   const FwdConsumer<D, BM, BN, S> consumer(p, smem, tid, wg, warp, lane);
-#if KF_PINGPONG
-  if (consumer.cg == 1) consumer.turn_pass();
-#define KF9_TURN_WAIT() consumer.turn_wait()
-#define KF9_TURN_PASS() consumer.turn_pass()
-#else
-#define KF9_TURN_WAIT() ((void)0)
-#define KF9_TURN_PASS() ((void)0)
-#endif
   int it = 0;
   Tile tile;
 #if KF9_AHEAD
@@ -221,9 +203,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_fwd(const __grid_constant__ 
         tb ^= 1;
         float s[BN / 2];
         u32 pr[BN / 4];
-        KF9_TURN_WAIT();
         consumer.issue_qk(s, it);
-        KF9_TURN_PASS();
         wgmma_wait<0>();
         reg_fence<BN / 2>(s);
         consumer.release(smem.empty_k, it);
@@ -237,9 +217,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_fwd(const __grid_constant__ 
         float sc_lo, sc_hi;
         sm.update<BN>(s, consumer.sl2, sc_lo, sc_hi);
         consumer.pack_p(pr, s);
-        KF9_TURN_WAIT();
         consumer.issue_pv(o, pr, it);
-        KF9_TURN_PASS();
         wgmma_wait<0>();
         reg_fence<D / 2>(o);
         consumer.release(smem.empty_v, it);
@@ -263,9 +241,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_fwd(const __grid_constant__ 
       float s[BN / 2];  // S, then P (fp32)
       u32 pr[BN / 4];   // P as bf16x2 A fragments
       // ---- first block
-      KF9_TURN_WAIT();
       consumer.issue_qk(s, it);
-      KF9_TURN_PASS();
       wgmma_wait<0>();
       reg_fence<BN / 2>(s);
       consumer.release(smem.empty_k, it);
@@ -283,10 +259,8 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_fwd(const __grid_constant__ 
       // ---- main loop
       for (int j = 1; j < g.nb; ++j) {
         const int gi = it + j;
-        KF9_TURN_WAIT();
         consumer.issue_qk(s, gi);
         consumer.issue_pv(o, pr, gi - 1);
-        KF9_TURN_PASS();
         wgmma_wait<1>();
         reg_fence<BN / 2>(s);
         consumer.release(smem.empty_k, gi);
@@ -304,9 +278,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_fwd(const __grid_constant__ 
         OnlineSoftmax::rescale<D>(o, sc_lo, sc_hi);
         consumer.pack_p(pr, s);
       }
-      KF9_TURN_WAIT();
       consumer.issue_pv(o, pr, it + g.nb - 1);
-      KF9_TURN_PASS();
       wgmma_wait<0>();
       reg_fence<D / 2>(o);
       consumer.release(smem.empty_v, it + g.nb - 1);
@@ -314,7 +286,4 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_fwd(const __grid_constant__ 
     }
     fwd_epilogue<D>(p, g, tile, row0, consumer.r_lo, consumer.cq, lane, consumer.sl2, o, sm);
   }
-#if KF_PINGPONG
-  if (consumer.cg == 0) consumer.turn_wait();
-#endif
 }

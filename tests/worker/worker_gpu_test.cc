@@ -493,37 +493,6 @@ TEST_F(WorkerGpuSequence, FwdSm90PackedPassesEveryGate) {
   }
 }
 
-// fwd_sm90 PINGPONG=1 through every gate (synccheck sees the turns' named
-// barriers 3 and 4): the per-tile grid, and the persistent one with QAHEAD
-// and with packed tiles.
-TEST_F(WorkerGpuSequence, FwdSm90PingpongPassesEveryGate) {
-  if (WorkingGates().empty()) GTEST_SKIP() << "no compute-sanitizer tool runs here";
-  if (TheGpu().info.arch != "sm_90a") GTEST_SKIP() << "fwd_sm90 needs sm_90a";
-  gpu::CompilePool pool(2, nullptr);
-  Sandbox sandbox(GpuSandboxOptions());
-  LocalTaskRunner runner(&pool, &sandbox, GatedRunnerOptions());
-  struct S { int d; bool causal, tiny; int persistent, order, pack, qahead; };
-  uint64_t seed = 1990;
-  for (S s : {S{128, true, false, 0, 0, 0, 0}, S{64, false, false, 1, 0, 0, 1},
-              S{128, false, true, 1, 1, 1, 0}}) {
-    absl::StatusOr<Variant> v =
-        Instantiate("fwd_sm90",
-                    {{"BLOCK_M", 128}, {"BLOCK_N", 128}, {"STAGES", 2},
-                     {"PERSISTENT", s.persistent}, {"ORDER", s.order}, {"PACK", s.pack},
-                     {"QAHEAD", s.qahead}, {"PINGPONG", 1}},
-                    s.d);
-    ASSERT_TRUE(v.ok()) << v.status();
-    const std::string label =
-        fmt::format("fwd_sm90 PINGPONG PERSISTENT{} PACK{} QAHEAD{}{}{}", s.persistent, s.pack,
-                    s.qahead, s.causal ? " causal" : "", s.tiny ? " tiny" : "");
-    const ShapeKey k = s.tiny ? TinyGateShape(Op::kForward, s.d, s.causal)
-                              : GateShape(Op::kForward, s.d, s.causal);
-    auto r = ConfirmThroughGates(runner, k, *v, label, ++seed);
-    ASSERT_TRUE(r.has_value());
-    EXPECT_EQ(r->outcome, Outcome::kVerified) << label << " d" << s.d << ": " << r->message;
-  }
-}
-
 // fwd_stream through every gate, on the short-key cross batches it is served
 // for: its served setting at both head dims (causal at D=64: rows that see no
 // key); its stages are refilled by cp.async while other warps still compute.

@@ -554,46 +554,6 @@ TEST_F(EvalGpu, FwdSm90QaheadVerifies) {
   }
 }
 
-// fwd_sm90 PINGPONG=1 (the consumer warpgroups take turns issuing wgmma on
-// named barriers 3 and 4) on the hostile check batches, on every path that
-// issues wgmma: per-tile and persistent grids, the balanced list, packed
-// tiles, QAHEAD, BLOCK_N 64 to 176, both masks, self and cross, GQA, both
-// head dims. A turn missed on one path (or a tile one warpgroup skips)
-// leaves the other waiting: the launch times out instead of verifying.
-TEST_F(EvalGpu, FwdSm90PingpongVerifies) {
-  if (evaluator_->device().arch != "sm_90a") GTEST_SKIP() << "fwd_sm90 needs sm_90a";
-  bool listed = false;
-  for (const auto& t : ListTemplates()) listed = listed || t.name == "fwd_sm90";
-  if (!listed) GTEST_SKIP() << "fwd_sm90 is not in this build";
-  struct S { int d, h, kvh; bool causal, cross; int bn, persistent, order, pack, qahead; bool tiny; };
-  for (S s : {S{128, 4, 4, true, false, 128, 0, 0, 0, 0, false},
-              S{128, 4, 2, false, true, 176, 0, 0, 0, 0, false},
-              S{64, 4, 1, true, true, 128, 0, 0, 0, 0, false},
-              S{128, 4, 4, false, false, 128, 1, 0, 0, 1, false},
-              S{64, 2, 2, true, true, 64, 1, 0, 0, 1, false},
-              S{128, 4, 2, true, false, 128, 1, 1, 1, 0, true},
-              S{64, 4, 4, false, true, 128, 1, 1, 1, 0, false},
-              S{128, 4, 1, false, false, 96, 1, 1, 0, 0, true}}) {
-    SCOPED_TRACE(fmt::format("d{} h{}/{} causal {} cross {} BN{} PERSISTENT{} ORDER{} PACK{} "
-                             "QAHEAD{} tiny {}",
-                             s.d, s.h, s.kvh, s.causal, s.cross, s.bn, s.persistent, s.order,
-                             s.pack, s.qahead, s.tiny));
-    absl::StatusOr<Variant> v =
-        Instantiate("fwd_sm90",
-                    {{"BLOCK_M", 128}, {"BLOCK_N", s.bn}, {"STAGES", 2},
-                     {"PERSISTENT", s.persistent}, {"ORDER", s.order}, {"PACK", s.pack},
-                     {"QAHEAD", s.qahead}, {"PINGPONG", 1}},
-                    s.d);
-    ASSERT_TRUE(v.ok()) << v.status();
-    ShapeKey shape = Shape(Op::kForward, s.d, s.h, s.kvh, s.causal, s.cross);
-    if (s.tiny) MakeTiny(shape);
-    ExpectVerified(*v, shape,
-                   4100 + s.d + s.bn + 3 * s.h + 5 * s.kvh + 7 * s.causal + 11 * s.cross +
-                       13 * s.persistent + 17 * s.order + 19 * s.pack + 23 * s.qahead +
-                       29 * s.tiny);
-  }
-}
-
 // The query-streaming forward (fwd_stream) on the hostile check batches:
 // its served tiles (64 rows, 16 keys, 3 stages) and the corners of its knob
 // space (8 warps, one key block per stage up to 64 keys, 2-4 stages, 128

@@ -122,20 +122,6 @@ struct FwdConsumer {
     }
     wgmma_commit();
   }
-  // PINGPONG=1: the two warpgroups take turns issuing their wgmmas, so that
-  // one's softmax (MUFU-bound) runs under the other's matmuls instead of
-  // both softmaxes running together while the tensor cores idle. Named
-  // barrier 3 + cg means "warpgroup cg may issue": it completes when this
-  // warpgroup's 128 threads sync on it and the other's 128 have arrived.
-  // (no memory clobber: a turn orders wgmma issue, which is volatile asm
-  // itself, not memory, and a clobber would keep ptxas from moving loads
-  // across it)
-  __device__ __forceinline__ void turn_wait() const {
-    asm volatile("bar.sync %0, 256;\n" ::"r"(3 + cg));
-  }
-  __device__ __forceinline__ void turn_pass() const {
-    asm volatile("bar.arrive %0, 256;\n" ::"r"(4 - cg));
-  }
   // one arrival per warp on stage (gi % S) of an empty barrier
   __device__ __forceinline__ void release(u32 bar, int gi) const {
     if (lane == 0) mbar_arrive(bar + 8 * ring_stage<S>(gi));
