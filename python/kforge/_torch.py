@@ -34,10 +34,11 @@ def _ptr(t):
     return t.data_ptr() if t is not None else None
 
 
-def _packed(t):
-    """t, contiguous and starting on a 16-byte boundary, as the runtime takes
-    tensors: a view at another offset (a slice of a flat buffer) is copied."""
-    t = t.contiguous()
+def _aligned(t):
+    """t starting on a 16-byte boundary, as the runtime takes tensors: a view
+    at another offset (a slice of a flat buffer) is copied. Called inside the
+    custom ops only: torch.compile cannot trace data_ptr(), and the ops'
+    bodies are opaque to it."""
     return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
@@ -101,6 +102,7 @@ def attention_fwd(q: Tensor, k: Tensor, v: Tensor, cu_q: Optional[Tensor], cu_k:
                   ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """out, lse (heads, total_q) fp32, and the host offsets used (for the backward)."""
     cross = cu_k is not None or cu_k_host is not None
+    q, k, v = _aligned(q), _aligned(k), _aligned(v)
     out = torch.empty_like(q)
     lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
     host_q, host_k = cu_q_host, cu_k_host
@@ -127,6 +129,8 @@ def attention_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
                   cu_k_host: Optional[Tensor], batch: int, max_q: int, max_k: int, causal: bool,
                   scale: float) -> tuple[Tensor, Tensor, Tensor]:
     cross = cu_k is not None or cu_k_host is not None
+    dout, q, k, v = _aligned(dout), _aligned(q), _aligned(k), _aligned(v)
+    out, lse = _aligned(out), _aligned(lse)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     a = _args(q, k, v, cu_q, cu_k, cu_q_host, cu_k_host, batch, max_q, max_k, causal, scale)
     a.o, a.lse, a.dout = out.data_ptr(), lse.data_ptr(), dout.data_ptr()
@@ -156,7 +160,7 @@ def _backward(ctx, dout, dlse, dhost_q, dhost_k):
         host_q = host_k = None
     elif not ctx.cross:
         host_k = None
-    dq, dk, dv = torch.ops.kforge.attention_bwd(_packed(dout), q, k, v, out, lse, cu_q,
+    dq, dk, dv = torch.ops.kforge.attention_bwd(dout.contiguous(), q, k, v, out, lse, cu_q,
                                                 cu_k if ctx.cross else None, host_q, host_k,
                                                 *ctx.meta)
     return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
@@ -257,7 +261,7 @@ def jagged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     dev_q, host_q = _split(cu_seqlens_q)
     dev_k, host_k = _split(cu_seqlens_k) if cross else (None, None)
     out, _, _, _ = torch.ops.kforge.attention_fwd(
-        _packed(q), _packed(k), _packed(v), dev_q, dev_k, host_q, host_k,
+        q.contiguous(), k.contiguous(), v.contiguous(), dev_q, dev_k, host_q, host_k,
         cu_seqlens_q.shape[0] - 1, max_seqlen_q, max_seqlen_k, bool(causal), scale, need_grad)
     return out
 
