@@ -40,7 +40,6 @@ TemplateDef FwdSm90Template() {
       {"ORDER", {0, 1}, 0},
       {"PACK", {0, 1}, 0},
       {"QAHEAD", {0, 1}, 0},
-      {"NEXTLATE", {0, 1}, 0},
   };
   def.info.description =
       "Hopper forward: 1 producer warpgroup (cp.async K/V into a 128B-swizzled mbarrier ring) + 2 "
@@ -67,11 +66,6 @@ TemplateDef FwdSm90Template() {
           "fwd_sm90: PACK=1 at head_dim 128 with BLOCK_N={} spills (the packed path's row "
           "windows and lookahead do not fit beside 176 score columns); use BLOCK_N=128",
           Knob(k, "BLOCK_N")));
-    }
-    if (Knob(k, "NEXTLATE") == 1 && Knob(k, "PACK") != 1 && Knob(k, "QAHEAD") != 1) {
-      return absl::InvalidArgumentError(
-          "fwd_sm90: NEXTLATE=1 (the next tile's geometry read after this tile's first QK^T) "
-          "needs PACK=1 or QAHEAD=1 (the consumers looking one tile ahead)");
     }
     if (Knob(k, "QAHEAD") == 1 && Knob(k, "PERSISTENT") != 1) {
       return absl::InvalidArgumentError(

@@ -79,15 +79,6 @@
 #ifndef KF_QAHEAD
 #define KF_QAHEAD 0
 #endif
-// KF_NEXTLATE = 1 (with PACK or QAHEAD, which look one tile ahead): the next
-// tile's geometry (its offsets from cu_seqlens, read through its list entry:
-// two dependent global loads) is read once this tile's first QK^T has been
-// issued, so that their latency overlaps the tensor cores' work instead of
-// stalling the top of every tile. Short tiles (packed runs: one key block)
-// are mostly such latencies.
-#ifndef KF_NEXTLATE
-#define KF_NEXTLATE 0
-#endif
 #define KF_CONSUMER_REGS (((504 - KF_PRODUCER_REGS) / 2) / 8 * 8)
 
 #if KF_BLOCK_M != 128
@@ -105,9 +96,6 @@
 #endif
 #if KF_ORDER && !KF_PERSISTENT
 #error "fwd_sm90: KF_ORDER (the host-balanced list) needs the persistent grid"
-#endif
-#if KF_NEXTLATE && !(KF_PACK || KF_QAHEAD)
-#error "fwd_sm90: KF_NEXTLATE needs KF_PACK or KF_QAHEAD (the consumers looking one tile ahead)"
 #endif
 #if KF_QAHEAD && !KF_PERSISTENT
 #error "fwd_sm90: KF_QAHEAD (the next tile's Q early) needs the persistent grid"
@@ -178,39 +166,21 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_fwd(const __grid_constant__ 
 #if KF_PACK
   int tb = 0;            // the table buffer of the next packed tile
 #endif
-#if KF_NEXTLATE
-  bool gn_due = false;  // the next tile's geometry is still to be read
-#define KF9_NEXT_GEOM()          \
-  if (gn_due) {                  \
-    KF9_TILE_GEOM(p, nxt, gn);   \
-    gn_due = false;              \
-  }
-#else
-#define KF9_NEXT_GEOM()
-#endif
   for (int t = 1; more; ++t) {
     tile = nxt;
     const QueryTileGeom g = gn;
     const bool q_here = q_early;
     q_early = false;
     more = KF9_NEXT_TILE(p, t, nxt);
-#if KF_NEXTLATE
-    gn_due = more;
-#else
     if (more) KF9_TILE_GEOM(p, nxt, gn);
-#endif
 #else
-#define KF9_NEXT_GEOM()
   for (int t = 0; KF9_NEXT_TILE(p, t, tile); ++t) {
     QueryTileGeom g;
     KF9_TILE_GEOM(p, tile, g);
 #endif
     const int row0 = g.m0 + 64 * consumer.cg;  // first tile row (sequence-local) of this warpgroup
     const int off = g.Lk - g.Lq;
-    if (g.m0 >= g.Lq) {  // empty tile (per-tile grid); nb == 0 too
-      KF9_NEXT_GEOM();
-      continue;
-    }
+    if (g.m0 >= g.Lq) continue;  // empty tile (per-tile grid); nb == 0 too
 
     float o[D / 2];
 #pragma unroll
@@ -234,7 +204,6 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_fwd(const __grid_constant__ 
         float s[BN / 2];
         u32 pr[BN / 4];
         consumer.issue_qk(s, it);
-        KF9_NEXT_GEOM();
         wgmma_wait<0>();
         reg_fence<BN / 2>(s);
         consumer.release(smem.empty_k, it);
@@ -254,7 +223,6 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_fwd(const __grid_constant__ 
         consumer.release(smem.empty_v, it);
         it += g.nb;
       }
-      KF9_NEXT_GEOM();
       fwd_epilogue<D>(p, g, tile, row0, consumer.r_lo, consumer.cq, lane, consumer.sl2, o, sm);
       continue;
     }
@@ -264,11 +232,9 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_fwd(const __grid_constant__ 
 #if KF_QAHEAD
       if (!q_here) consumer.issue_q(p, g, tile, row0);
       consumer.finish_q();
-#if !KF_NEXTLATE
       // The next tile's Q may come in once this tile's last QK^T is done:
       // a plain tile with keys (a packed one requests its table with it).
       const bool q_next = more && !(KF_PACK && nxt.pack > 0) && gn.nb > 0;
-#endif
 #else
       consumer.load_q(p, g, tile, row0);
 #endif
@@ -276,10 +242,6 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_fwd(const __grid_constant__ 
       u32 pr[BN / 4];   // P as bf16x2 A fragments
       // ---- first block
       consumer.issue_qk(s, it);
-      KF9_NEXT_GEOM();
-#if KF_QAHEAD && KF_NEXTLATE
-      const bool q_next = more && !(KF_PACK && nxt.pack > 0) && gn.nb > 0;
-#endif
       wgmma_wait<0>();
       reg_fence<BN / 2>(s);
       consumer.release(smem.empty_k, it);
@@ -322,7 +284,6 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_fwd(const __grid_constant__ 
       consumer.release(smem.empty_v, it + g.nb - 1);
       it += g.nb;
     }
-    KF9_NEXT_GEOM();
     fwd_epilogue<D>(p, g, tile, row0, consumer.r_lo, consumer.cq, lane, consumer.sl2, o, sm);
   }
 }

@@ -467,26 +467,24 @@ TEST_F(WorkerGpuSequence, BwdSm90PassesEveryGate) {
 // fwd_sm90 with the host-balanced list and packed tiles (ORDER=1 PACK=1)
 // through every gate: each thread's row windows come from the offsets in
 // global memory, and the K/V ring is shared by plain and packed tiles of one
-// CTA's list; on the gate batch and on a batch of tiny sequences, and with
-// the next tile's geometry read late (NEXTLATE=1).
+// CTA's list; on the gate batch and on a batch of tiny sequences.
 TEST_F(WorkerGpuSequence, FwdSm90PackedPassesEveryGate) {
   if (WorkingGates().empty()) GTEST_SKIP() << "no compute-sanitizer tool runs here";
   if (TheGpu().info.arch != "sm_90a") GTEST_SKIP() << "fwd_sm90 needs sm_90a";
   gpu::CompilePool pool(2, nullptr);
   Sandbox sandbox(GpuSandboxOptions());
   LocalTaskRunner runner(&pool, &sandbox, GatedRunnerOptions());
-  struct S { int d; bool causal, tiny; int nextlate; };
+  struct S { int d; bool causal, tiny; };
   uint64_t seed = 990;
-  for (S s : {S{128, true, false, 0}, S{128, false, true, 0}, S{64, true, true, 0},
-              S{128, true, true, 1}}) {
+  for (S s : {S{128, true, false}, S{128, false, true}, S{64, true, true}}) {
     absl::StatusOr<Variant> v =
         Instantiate("fwd_sm90",
                     {{"BLOCK_M", 128}, {"BLOCK_N", 128}, {"STAGES", 2}, {"PERSISTENT", 1},
-                     {"ORDER", 1}, {"PACK", 1}, {"NEXTLATE", s.nextlate}},
+                     {"ORDER", 1}, {"PACK", 1}},
                     s.d);
     ASSERT_TRUE(v.ok()) << v.status();
-    const std::string label = fmt::format("fwd_sm90 PACK1{}{}{}", s.nextlate ? " NEXTLATE" : "",
-                                          s.causal ? " causal" : "", s.tiny ? " tiny" : "");
+    const std::string label =
+        fmt::format("fwd_sm90 PACK1{}{}", s.causal ? " causal" : "", s.tiny ? " tiny" : "");
     const ShapeKey k = s.tiny ? TinyGateShape(Op::kForward, s.d, s.causal)
                               : GateShape(Op::kForward, s.d, s.causal);
     auto r = ConfirmThroughGates(runner, k, *v, label, ++seed);

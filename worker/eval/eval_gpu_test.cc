@@ -554,43 +554,6 @@ TEST_F(EvalGpu, FwdSm90QaheadVerifies) {
   }
 }
 
-// fwd_sm90 NEXTLATE=1 (the next tile's geometry read after this tile's
-// first QK^T) on the hostile check batches, on every path a tile can take
-// before the next one's geometry is due: packed runs (with and without
-// keys), plain tiles with and without keys, empty tiles, QAHEAD's early Q;
-// both masks, self and cross, GQA, both head dims, tiny sequences.
-TEST_F(EvalGpu, FwdSm90NextLateVerifies) {
-  if (evaluator_->device().arch != "sm_90a") GTEST_SKIP() << "fwd_sm90 needs sm_90a";
-  bool listed = false;
-  for (const auto& t : ListTemplates()) listed = listed || t.name == "fwd_sm90";
-  if (!listed) GTEST_SKIP() << "fwd_sm90 is not in this build";
-  struct S { int d, h, kvh; bool causal, cross; int bn, stages, order, pack, qahead; bool tiny; };
-  for (S s : {S{128, 4, 4, true, false, 128, 2, 1, 1, 0, true},
-              S{128, 4, 2, false, true, 128, 2, 1, 1, 0, false},
-              S{64, 4, 1, true, true, 128, 2, 1, 1, 0, true},
-              S{128, 4, 4, false, false, 128, 2, 0, 0, 1, false},
-              S{64, 2, 2, true, true, 64, 3, 0, 0, 1, false},
-              S{128, 4, 1, true, true, 128, 2, 1, 1, 1, true},
-              S{64, 4, 2, false, false, 192, 2, 1, 0, 1, true}}) {
-    SCOPED_TRACE(fmt::format("d{} h{}/{} causal {} cross {} BN{} STAGES{} ORDER{} PACK{} "
-                             "QAHEAD{} tiny {}",
-                             s.d, s.h, s.kvh, s.causal, s.cross, s.bn, s.stages, s.order, s.pack,
-                             s.qahead, s.tiny));
-    absl::StatusOr<Variant> v =
-        Instantiate("fwd_sm90",
-                    {{"BLOCK_M", 128}, {"BLOCK_N", s.bn}, {"STAGES", s.stages},
-                     {"PERSISTENT", 1}, {"ORDER", s.order}, {"PACK", s.pack},
-                     {"QAHEAD", s.qahead}, {"NEXTLATE", 1}},
-                    s.d);
-    ASSERT_TRUE(v.ok()) << v.status();
-    ShapeKey shape = Shape(Op::kForward, s.d, s.h, s.kvh, s.causal, s.cross);
-    if (s.tiny) MakeTiny(shape);
-    ExpectVerified(*v, shape,
-                   4300 + s.d + s.bn + 3 * s.h + 5 * s.kvh + 7 * s.causal + 11 * s.cross +
-                       13 * s.stages + 17 * s.order + 19 * s.pack + 23 * s.qahead + 29 * s.tiny);
-  }
-}
-
 // The query-streaming forward (fwd_stream) on the hostile check batches:
 // its served tiles (64 rows, 16 keys, 3 stages) and the corners of its knob
 // space (8 warps, one key block per stage up to 64 keys, 2-4 stages, 128
