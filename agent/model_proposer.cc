@@ -833,9 +833,9 @@ struct State {
     // no variant of it was stored, as after a restart). Not the source a
     // repair repairs: a variant that failed is known by then, and a refused
     // draft never compiled.
-    std::vector<std::pair<std::string, std::string>> shown;  // normalized hash, handle
+    std::map<std::string, std::string> shown;  // normalized hash -> handle
     for (const auto& [handle, source] : w.sources)
-      if (handle != w.repair_of) shown.emplace_back(NormalizedSourceHash(source), handle);
+      if (handle != w.repair_of) shown.emplace(NormalizedSourceHash(source), handle);
 
     std::vector<Candidate> accepted;
     std::vector<std::string> outcomes;
@@ -850,20 +850,24 @@ struct State {
         Draft& d = drafts[i];
         std::string norm;
         if (d.status.ok()) {
-          const std::string exact = Sha256Hex(d.source);
           norm = NormalizedSourceHash(d.source);
-          std::optional<std::string> same = programs->SameSource(ctx.bucket.Id(), norm);
-          auto was_shown = std::find_if(shown.begin(), shown.end(), [&](const auto& p) { return p.first == norm; });
-          if (hashes.count(exact)) {
+          // Else who the draft repeats but for comments: a draft of this
+          // proposer's, a variant the store knows, or a source shown.
+          std::optional<std::string> who;
+          if (hashes.count(Sha256Hex(d.source))) {
             d.status = absl::AlreadyExistsError("the kernel is identical to one proposed before");
-          } else if (auto it = normalized.find(norm); it != normalized.end() || same || was_shown != shown.end()) {
-            const std::string who = it != normalized.end() ? it->second
-                                    : same                 ? *same
-                                                           : was_shown->second;
+          } else if (auto it = normalized.find(norm); it != normalized.end()) {
+            who = it->second;
+          } else if (std::optional<std::string> same = programs->SameSource(ctx.bucket.Id(), norm)) {
+            who = *same;
+          } else if (auto seen = shown.find(norm); seen != shown.end()) {
+            who = seen->second;
+          }
+          if (who) {
             d.status = absl::AlreadyExistsError(fmt::format(
                 "the kernel is the same as {} apart from comments and whitespace: it would compile to the same "
                 "program",
-                who.empty() ? "a variant proposed before" : who));
+                who->empty() ? "a variant proposed before" : *who));
           }
         }
         if (!d.status.ok()) {
