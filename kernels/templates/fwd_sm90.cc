@@ -1,6 +1,8 @@
 // TemplateDef of the Hopper wgmma forward (templates/fwd_sm90.cuh on the
 // shared parts in templates/sm90/), owned by sm90.
 // Notes and measurements: kernels/notes/sm90.md, kernels/notes/parts.md.
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "kernels/template_def.h"
@@ -143,6 +145,12 @@ TemplateDef FwdSm90Template() {
       // slower), nor with 8 or more query heads a kv head (2837 us against
       // 2773 on 16 heads over 2, head dim 64).
       k["QAHEAD"] = 1;
+      // With the next tile's Q requested early the K/V ring is what a tile
+      // waits for next: a third stage (H100, 2026-12-06 notes/sm90.md: 909 us
+      // against 950 on hstu_imbal_causal, 2166 against 2374 on gdpa_self,
+      // 1568 against 1638 on d64_self_causal; it fits at head dim 128 with
+      // BLOCK_N 128 by 2 KB).
+      k["STAGES"] = std::max(k["STAGES"], 3);
     }
     return k;
   };
