@@ -22,7 +22,7 @@ int Knob(const std::map<std::string, int>& k, const char* name) { return k.at(na
 // The kernel's own layout (templates/sm90/layout.h), evaluated here.
 int SmemBytes(const std::map<std::string, int>& k, int d) {
   return kf_fwd_sm90_layout(d, Knob(k, "BLOCK_M"), Knob(k, "BLOCK_N"), Knob(k, "STAGES"),
-                            Knob(k, "PACK"))
+                            Knob(k, "PACK"), Knob(k, "QAHEAD") == 2 ? 2 : 1)
       .dynamic_bytes;
 }
 
@@ -41,7 +41,7 @@ TemplateDef FwdSm90Template() {
       {"PERSISTENT", {0, 1}, 1},
       {"ORDER", {0, 1}, 0},
       {"PACK", {0, 1}, 0},
-      {"QAHEAD", {0, 1}, 0},
+      {"QAHEAD", {0, 1, 2}, 0},
   };
   def.info.description =
       "Hopper forward: 1 producer warpgroup (cp.async K/V into a 128B-swizzled mbarrier ring) + 2 "
@@ -69,16 +69,22 @@ TemplateDef FwdSm90Template() {
           "windows and lookahead do not fit beside 176 score columns); use BLOCK_N=128",
           Knob(k, "BLOCK_N")));
     }
-    if (Knob(k, "QAHEAD") == 1 && Knob(k, "PERSISTENT") != 1) {
-      return absl::InvalidArgumentError(
-          "fwd_sm90: QAHEAD=1 (the next tile's Q requested early) needs PERSISTENT=1 (a CTA's "
-          "next tile is known only in the tile list)");
-    }
-    if (Knob(k, "QAHEAD") == 1 && d == 128 && Knob(k, "BLOCK_N") > 128) {
+    if (Knob(k, "QAHEAD") >= 1 && Knob(k, "PERSISTENT") != 1) {
       return absl::InvalidArgumentError(fmt::format(
-          "fwd_sm90: QAHEAD=1 at head_dim 128 with BLOCK_N={} spills (the next tile's entry and "
+          "fwd_sm90: QAHEAD={} (the next tile's Q requested early) needs PERSISTENT=1 (a CTA's "
+          "next tile is known only in the tile list)",
+          Knob(k, "QAHEAD")));
+    }
+    if (Knob(k, "QAHEAD") >= 1 && d == 128 && Knob(k, "BLOCK_N") > 128) {
+      return absl::InvalidArgumentError(fmt::format(
+          "fwd_sm90: QAHEAD={} at head_dim 128 with BLOCK_N={} spills (the next tile's entry and "
           "geometry do not fit beside 176 score columns); use BLOCK_N <= 128",
-          Knob(k, "BLOCK_N")));
+          Knob(k, "QAHEAD"), Knob(k, "BLOCK_N")));
+    }
+    if (Knob(k, "QAHEAD") == 2 && Knob(k, "PACK") == 1) {
+      return absl::InvalidArgumentError(
+          "fwd_sm90: QAHEAD=2 (tiles chained through two Q buffers) is for plain tiles; packed "
+          "tiles (PACK=1) request their Q with QAHEAD=0 or 1");
     }
     if (Knob(k, "ORDER") == 1 && Knob(k, "PERSISTENT") != 1) {
       return absl::InvalidArgumentError(

@@ -76,6 +76,11 @@
 // tile's last softmax, PV and O stores. Tiles of one or two key blocks
 // (long queries over short keys) otherwise spend most of their time waiting
 // for their Q (kernels/notes/sm90.md, QAHEAD).
+// KF_QAHEAD = 2 (persistent, not packed): two Q buffers; the next tile's Q is
+// requested at the top of this one, and the next tile's first QK^T is issued
+// before this tile's last PV, its softmax running while that PV is in
+// flight: the boundary between two tiles becomes one more mainloop step,
+// and only the epilogue is left outside the overlap (notes/sm90.md, XTILE).
 #ifndef KF_QAHEAD
 #define KF_QAHEAD 0
 #endif
@@ -100,6 +105,10 @@
 #if KF_QAHEAD && !KF_PERSISTENT
 #error "fwd_sm90: KF_QAHEAD (the next tile's Q early) needs the persistent grid"
 #endif
+#if KF_QAHEAD == 2 && KF_PACK
+#error "fwd_sm90: KF_QAHEAD=2 (tiles chained) is for plain tiles, not with KF_PACK"
+#endif
+#define KF9_QBUFS (KF_QAHEAD == 2 ? 2 : 1)
 // The consumers look one tile ahead (the next tile's entry and geometry).
 #define KF9_AHEAD (KF_PACK || KF_QAHEAD)
 #define KF9_NEXT_TILE next_tile<KF_PERSISTENT != 0, KF_ORDER == 1, KF_PACK == 1>
@@ -110,13 +119,13 @@
 extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_fwd(const __grid_constant__ KfAttnParams p) {
   using namespace kfh;
   constexpr int D = KF_HEAD_DIM, BM = KF_BLOCK_M, BN = KF_BLOCK_N, S = KF_STAGES;
-  constexpr KfFwdSm90Layout L = kf_fwd_sm90_layout(D, BM, BN, S, KF_PACK);
+  constexpr KfFwdSm90Layout L = kf_fwd_sm90_layout(D, BM, BN, S, KF_PACK, KF9_QBUFS);
   static_assert(L.dynamic_bytes <= 232448, "fwd_sm90: shared memory over sm_90a's limit");
   static_assert(L.q % 1024 == 0 && L.q_wg_bytes % 1024 == 0 && L.k % 1024 == 0 &&
                     L.v % 1024 == 0 && L.kv_bytes % 1024 == 0,
                 "fwd_sm90: swizzled tiles must be 1024-byte aligned");
   extern __shared__ __align__(1024) unsigned char kf_smem_raw[];
-  const FwdSmem smem = fwd_smem<D, BM, BN, S>((smem_u32(kf_smem_raw) + 1023u) & ~1023u);
+  const FwdSmem smem = fwd_smem<D, BM, BN, S, KF9_QBUFS>((smem_u32(kf_smem_raw) + 1023u) & ~1023u);
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
@@ -146,6 +155,112 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_fwd(const __grid_constant__ 
   const FwdConsumer<D, BM, BN, S> consumer(p, smem, tid, wg, warp, lane);
   int it = 0;
   Tile tile;
+#if KF_QAHEAD == 2
+  // Tiles chained (see KF_QAHEAD above). The Q buffer alternates with every
+  // tile that has keys. A tile that is `chained` into starts with its Q in,
+  // its first QK^T done, softmaxed into sm and packed into pr, and o zeroed.
+  // Buffer safety: the next tile's Q goes into the buffer of the tile before
+  // this one once finish_q's warpgroup barrier (at this tile's top, or in the
+  // tail of the tile before) has passed, and every warp reaches that barrier
+  // only after its wait for that tile's last QK^T.
+  Tile nxt;
+  QueryTileGeom gn;
+  bool more = KF9_NEXT_TILE(p, 0, nxt);
+  if (more) KF9_TILE_GEOM(p, nxt, gn);
+  int qb = 0;
+  bool chained = false;
+  float o[D / 2];
+  float s[BN / 2];  // S, then P (fp32)
+  u32 pr[BN / 4];   // P as bf16x2 A fragments
+  OnlineSoftmax sm;
+  for (int t = 1; more; ++t) {
+    tile = nxt;
+    const QueryTileGeom g = gn;
+    more = KF9_NEXT_TILE(p, t, nxt);
+    if (more) KF9_TILE_GEOM(p, nxt, gn);
+    const int row0 = g.m0 + 64 * consumer.cg;
+    const int off = g.Lk - g.Lq;
+    if (g.m0 >= g.Lq) continue;  // (never chained into: see `chain`)
+    // whether the next tile's first QK^T goes in before this tile's last PV
+    const bool chain = g.nb > 0 && more && gn.nb > 0 && gn.m0 < gn.Lq;
+    if (!chained) {
+#pragma unroll
+      for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+      sm.init();
+    }
+    if (g.nb > 0) {
+      if (!chained) {
+        consumer.issue_q_buf(p, g, tile, row0, qb);
+        consumer.finish_q();
+      }
+      if (chain) consumer.issue_q_buf(p, gn, nxt, gn.m0 + 64 * consumer.cg, qb ^ 1);
+      if (!chained) {
+        consumer.issue_qk_buf(s, it, qb);
+        wgmma_wait<0>();
+        reg_fence<BN / 2>(s);
+        consumer.release(smem.empty_k, it);
+        float sc_lo, sc_hi;
+        consumer.softmax(p, g, row0, off, 0, s, sm, sc_lo, sc_hi);
+        consumer.pack_p(pr, s);
+      }
+      for (int j = 1; j < g.nb; ++j) {
+        const int gi = it + j;
+        consumer.issue_qk_buf(s, gi, qb);
+        consumer.issue_pv(o, pr, gi - 1);
+        wgmma_wait<1>();
+        reg_fence<BN / 2>(s);
+        consumer.release(smem.empty_k, gi);
+        float sc_lo, sc_hi;
+        consumer.softmax(p, g, row0, off, j, s, sm, sc_lo, sc_hi);
+        wgmma_wait<0>();
+        reg_fence<D / 2>(o);
+        consumer.release(smem.empty_v, gi - 1);
+        OnlineSoftmax::rescale<D>(o, sc_lo, sc_hi);
+        consumer.pack_p(pr, s);
+      }
+      const int last = it + g.nb - 1;
+      it += g.nb;
+      if (chain) {
+        // the next tile's Q has landed, and every warp is past this tile's QK^Ts
+        consumer.finish_q();
+        consumer.issue_qk_buf(s, it, qb ^ 1);
+        consumer.issue_pv(o, pr, last);
+        wgmma_wait<1>();
+        reg_fence<BN / 2>(s);
+        consumer.release(smem.empty_k, it);
+        OnlineSoftmax smn;
+        smn.init();
+        {
+          const int row0n = gn.m0 + 64 * consumer.cg;
+          const int offn = gn.Lk - gn.Lq;
+          float sc_lo, sc_hi;
+          consumer.softmax(p, gn, row0n, offn, 0, s, smn, sc_lo, sc_hi);
+        }
+        wgmma_wait<0>();
+        reg_fence<D / 2>(o);
+        consumer.release(smem.empty_v, last);
+        fwd_epilogue<D>(p, g, tile, row0, consumer.r_lo, consumer.cq, lane, consumer.sl2, o, sm);
+#pragma unroll
+        for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+        sm = smn;
+        consumer.pack_p(pr, s);
+        chained = true;
+      } else {
+        consumer.issue_pv(o, pr, last);
+        wgmma_wait<0>();
+        reg_fence<D / 2>(o);
+        consumer.release(smem.empty_v, last);
+        fwd_epilogue<D>(p, g, tile, row0, consumer.r_lo, consumer.cq, lane, consumer.sl2, o, sm);
+        chained = false;
+      }
+      qb ^= 1;
+    } else {
+      // rows without keys: O = 0, LSE = -inf
+      fwd_epilogue<D>(p, g, tile, row0, consumer.r_lo, consumer.cq, lane, consumer.sl2, o, sm);
+      chained = false;
+    }
+  }
+#else
 #if KF9_AHEAD
 #if KF_PACK
   // One tile ahead: the next tile's entry and offsets are read at the top of
@@ -286,4 +401,5 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_fwd(const __grid_constant__ 
     }
     fwd_epilogue<D>(p, g, tile, row0, consumer.r_lo, consumer.cq, lane, consumer.sl2, o, sm);
   }
+#endif  // KF_QAHEAD == 2
 }

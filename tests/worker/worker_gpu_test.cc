@@ -493,6 +493,35 @@ TEST_F(WorkerGpuSequence, FwdSm90PackedPassesEveryGate) {
   }
 }
 
+// fwd_sm90 QAHEAD=2 through every gate: the next tile's Q is copied into the
+// buffer the tile before read, while the other warps may still be in this
+// tile, and the next tile's first QK^T runs beside this one's last PV, so a
+// missing barrier would show as a race or a sync error here.
+TEST_F(WorkerGpuSequence, FwdSm90ChainedPassesEveryGate) {
+  if (WorkingGates().empty()) GTEST_SKIP() << "no compute-sanitizer tool runs here";
+  if (TheGpu().info.arch != "sm_90a") GTEST_SKIP() << "fwd_sm90 needs sm_90a";
+  gpu::CompilePool pool(2, nullptr);
+  Sandbox sandbox(GpuSandboxOptions());
+  LocalTaskRunner runner(&pool, &sandbox, GatedRunnerOptions());
+  struct S { int d, stages; bool causal, tiny; };
+  uint64_t seed = 1010;
+  for (S s : {S{128, 2, true, false}, S{64, 3, false, true}}) {
+    absl::StatusOr<Variant> v =
+        Instantiate("fwd_sm90",
+                    {{"BLOCK_M", 128}, {"BLOCK_N", 128}, {"STAGES", s.stages}, {"PERSISTENT", 1},
+                     {"QAHEAD", 2}},
+                    s.d);
+    ASSERT_TRUE(v.ok()) << v.status();
+    const std::string label =
+        fmt::format("fwd_sm90 QAHEAD2{}{}", s.causal ? " causal" : "", s.tiny ? " tiny" : "");
+    const ShapeKey k = s.tiny ? TinyGateShape(Op::kForward, s.d, s.causal)
+                              : GateShape(Op::kForward, s.d, s.causal);
+    auto r = ConfirmThroughGates(runner, k, *v, label, ++seed);
+    ASSERT_TRUE(r.has_value());
+    EXPECT_EQ(r->outcome, Outcome::kVerified) << label << " d" << s.d << ": " << r->message;
+  }
+}
+
 // fwd_stream through every gate, on the short-key cross batches it is served
 // for: its served setting at both head dims (causal at D=64: rows that see no
 // key); its stages are refilled by cp.async while other warps still compute.

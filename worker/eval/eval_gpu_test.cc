@@ -554,6 +554,49 @@ TEST_F(EvalGpu, FwdSm90QaheadVerifies) {
   }
 }
 
+// fwd_sm90 QAHEAD=2 (tiles chained: two Q buffers, the next tile's first
+// QK^T issued before this one's last PV) on the hostile check batches: tiles
+// of one and several key blocks, tiles without keys between chained ones
+// (cross batches with empty key sequences), both masks, GQA, both head dims,
+// the balanced list, many tiles a CTA (the check caps the grid).
+TEST_F(EvalGpu, FwdSm90ChainedVerifies) {
+  if (evaluator_->device().arch != "sm_90a") GTEST_SKIP() << "fwd_sm90 needs sm_90a";
+  bool listed = false;
+  for (const auto& t : ListTemplates()) listed = listed || t.name == "fwd_sm90";
+  if (!listed) GTEST_SKIP() << "fwd_sm90 is not in this build";
+  struct S { int d, h, kvh; bool causal, cross, short_keys; int bn, stages, order; bool tiny; };
+  for (S s : {S{128, 4, 4, true, false, false, 128, 2, 0, false},
+              S{128, 4, 4, false, true, true, 64, 3, 0, false},
+              S{128, 4, 1, true, true, true, 64, 3, 1, false},
+              S{64, 4, 2, false, true, true, 128, 4, 0, false},
+              S{64, 2, 2, false, false, false, 192, 3, 1, false},
+              S{64, 8, 8, true, false, false, 128, 3, 0, false},
+              S{128, 4, 2, false, true, false, 96, 2, 1, false},
+              S{128, 4, 4, true, false, false, 128, 2, 0, true}}) {
+    SCOPED_TRACE(fmt::format("d{} h{}/{} causal {} cross {} short keys {} BN{} STAGES{} ORDER{} "
+                             "tiny {}",
+                             s.d, s.h, s.kvh, s.causal, s.cross, s.short_keys, s.bn, s.stages,
+                             s.order, s.tiny));
+    absl::StatusOr<Variant> v =
+        Instantiate("fwd_sm90",
+                    {{"BLOCK_M", 128}, {"BLOCK_N", s.bn}, {"STAGES", s.stages}, {"PERSISTENT", 1},
+                     {"ORDER", s.order}, {"QAHEAD", 2}},
+                    s.d);
+    ASSERT_TRUE(v.ok()) << v.status();
+    ShapeKey shape = Shape(Op::kForward, s.d, s.h, s.kvh, s.causal, s.cross);
+    if (s.tiny) MakeTiny(shape);
+    if (s.short_keys) {  // 1-2 key blocks a tile
+      shape.max_len_q = 2048;
+      shape.total_q = 12 * 1500;
+      shape.max_len_k = 200;
+      shape.total_k = 12 * 100;
+    }
+    ExpectVerified(*v, shape,
+                   3300 + s.d + s.bn + 3 * s.h + 5 * s.kvh + 7 * s.causal + 11 * s.cross +
+                       13 * s.short_keys + 17 * s.order + 23 * s.tiny);
+  }
+}
+
 // The query-streaming forward (fwd_stream) on the hostile check batches:
 // its served tiles (64 rows, 16 keys, 3 stages) and the corners of its knob
 // space (8 warps, one key block per stage up to 64 keys, 2-4 stages, 128

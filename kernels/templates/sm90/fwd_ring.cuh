@@ -16,16 +16,17 @@
 namespace kfh {
 
 struct FwdSmem {
-  u32 q;                  // Q tile (warpgroup w at q + w * q_wg_bytes)
+  u32 q;                  // Q tile (warpgroup w at q + w * q_wg_bytes; QAHEAD=2's second
+                          // buffer at q + q_bytes)
   u32 k, v;               // stage s at + s * kv_bytes
   u32 full_k, full_v;     // mbarrier of stage s at + 8 * s
   u32 empty_k, empty_v;
 };
 
 // Addresses from the dynamic shared memory's 1024-aligned base.
-template <int D, int BM, int BN, int S>
+template <int D, int BM, int BN, int S, int QB = 1>
 __device__ __forceinline__ FwdSmem fwd_smem(u32 base) {
-  constexpr KfFwdSm90Layout L = kf_fwd_sm90_layout(D, BM, BN, S);
+  constexpr KfFwdSm90Layout L = kf_fwd_sm90_layout(D, BM, BN, S, 0, QB);
   FwdSmem m;
   m.q = base + L.q;
   m.k = base + L.k;

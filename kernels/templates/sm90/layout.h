@@ -25,11 +25,12 @@ struct KfSmemCarver {
 // last. BuildTiles' kMaxQueryPack sequences + 1, rounded up to 16 bytes.
 constexpr int kf_fwd_sm90_pack_entries() { return 132; }
 
-// fwd_sm90: Q, a ring of K tiles, a ring of V tiles, then the ring's mbarriers
-// (and with PACK=1 the member-offset tables).
+// fwd_sm90: Q (one tile, or two with QAHEAD=2), a ring of K tiles, a ring of V
+// tiles, then the ring's mbarriers (and with PACK=1 the member-offset tables).
 struct KfFwdSm90Layout {
   int q;            // Q tile, block_m x d bf16: one block of 64 rows per consumer warpgroup,
-  int q_wg_bytes;   //   each d/64 panels of 64 rows x 128 B; warpgroup w at q + w * q_wg_bytes
+  int q_wg_bytes;   //   each d/64 panels of 64 rows x 128 B; warpgroup w at q + w * q_wg_bytes,
+  int q_bytes;      //   buffer b (of q_bufs) at + b * q_bytes
   int kv_bytes;     // one K or V tile, block_n x d bf16 (d/64 panels of block_n rows x 128 B)
   int k;            // K stage s at k + s * kv_bytes
   int v;            // V stage s at v + s * kv_bytes
@@ -44,12 +45,13 @@ struct KfFwdSm90Layout {
 };
 
 constexpr KfFwdSm90Layout kf_fwd_sm90_layout(int d, int block_m, int block_n, int stages,
-                                             int pack = 0) {
+                                             int pack = 0, int q_bufs = 1) {
   KfFwdSm90Layout l{};
   KfSmemCarver c{0};
   l.q_wg_bytes = 64 * d * 2;
+  l.q_bytes = block_m * d * 2;
   l.kv_bytes = block_n * d * 2;
-  l.q = c.take(block_m * d * 2, 1024);
+  l.q = c.take(q_bufs * l.q_bytes, 1024);
   l.k = c.take(stages * l.kv_bytes, 1024);
   l.v = c.take(stages * l.kv_bytes, 1024);
   l.full_k = c.take(8 * stages, 8);
