@@ -48,7 +48,8 @@ TemplateDef FwdSm90Template() {
       "consumer warpgroups (wgmma SS for QK^T, RS for PV with P in registers, intra-warpgroup "
       "softmax/QK^T overlap), setmaxnreg 40/232/232, per-tile or persistent grid (static "
       "round-robin, or ORDER=1 a host-balanced list), PACK=1 packs runs of short sequences "
-      "into one tile";
+      "into one tile, QAHEAD=1 requests the next tile's Q early, QAHEAD=2 chains tiles (two Q "
+      "buffers, the next tile's first QK^T beside this one's last PV)";
   def.validate = [](const std::map<std::string, int>& k, int d) -> absl::Status {
     if (d == 128 && Knob(k, "BLOCK_N") > 176) {
       return absl::InvalidArgumentError(fmt::format(
