@@ -235,6 +235,51 @@ TEST(CatalogTest, BwdSm90DefaultsForShortKeysAndFewLongCausalSequences) {
   EXPECT_EQ(DefaultVariant(s)->knobs.at("ORDER"), 1);
 }
 
+// fwd_sm90's search options beside the defaults: ORDER=2 walks the host's
+// list grouped by (sequence, head), QAHEAD=2 chains tiles through a second Q
+// buffer; both need the persistent grid and plain (unpacked) tiles.
+TEST(CatalogTest, FwdSm90GroupedOrderAndChainedTiles) {
+  bool listed = false;
+  for (const auto& t : ListTemplates()) listed = listed || t.name == "fwd_sm90";
+  if (!listed) GTEST_SKIP() << "fwd_sm90 is not in this build";
+  const std::map<std::string, int> base = {
+      {"BLOCK_M", 128}, {"BLOCK_N", 128}, {"STAGES", 2}, {"PERSISTENT", 1}};
+  auto with = [&](std::map<std::string, int> extra) {
+    std::map<std::string, int> k = base;
+    for (const auto& [name, value] : extra) k[name] = value;
+    return k;
+  };
+  auto v = Instantiate("fwd_sm90", with({{"ORDER", 2}}), 128);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->manifest.tile_order, TileOrder::kGrouped);
+  EXPECT_EQ(v->manifest.grid, GridPolicy::kPersistent);
+  EXPECT_EQ(Instantiate("fwd_sm90", with({{"ORDER", 1}}), 128)->manifest.tile_order,
+            TileOrder::kBalanced);
+  EXPECT_EQ(Instantiate("fwd_sm90", with({{"ORDER", 0}}), 128)->manifest.tile_order,
+            TileOrder::kLongestFirst);
+  auto refused = Instantiate("fwd_sm90", with({{"ORDER", 2}, {"PERSISTENT", 0}}), 128);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("ORDER=2"), std::string::npos);
+  refused = Instantiate("fwd_sm90", with({{"ORDER", 2}, {"PACK", 1}}), 128);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("PACK=1"), std::string::npos);
+
+  // QAHEAD=2: a second Q tile of shared memory, so at head dim 128 BLOCK_N 128
+  // fits two stages and not three.
+  v = Instantiate("fwd_sm90", with({{"QAHEAD", 2}}), 128);
+  ASSERT_TRUE(v.ok()) << v.status();
+  auto one_q = Instantiate("fwd_sm90", with({{"QAHEAD", 1}}), 128);
+  ASSERT_TRUE(one_q.ok()) << one_q.status();
+  EXPECT_EQ(v->manifest.dynamic_smem_bytes, one_q->manifest.dynamic_smem_bytes + 128 * 128 * 2);
+  refused = Instantiate("fwd_sm90", with({{"QAHEAD", 2}, {"STAGES", 3}}), 128);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("shared memory"), std::string::npos);
+  EXPECT_TRUE(Instantiate("fwd_sm90", with({{"QAHEAD", 2}, {"STAGES", 4}}), 64).ok());
+  refused = Instantiate("fwd_sm90", with({{"QAHEAD", 2}, {"PACK", 1}}), 128);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("QAHEAD=2"), std::string::npos);
+}
+
 TEST(CatalogTest, DefaultKnobsAreValidForEveryHeadDim) {
   for (const auto& t : ListTemplates()) {
     for (int d : t.head_dims) {

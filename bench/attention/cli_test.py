@@ -131,10 +131,16 @@ class CliTest(unittest.TestCase):
             self.assertEqual(len(mma), 384)
             self.assertTrue(all(k["BLOCK_M"] == 16 * k["WARPS"] for k in mma))
             sm90 = [v["knobs"] for v in shape["variants"] if v["template"] == "fwd_sm90"]
-            # 5 BLOCK_N x 3 STAGES x 2 PERSISTENT x 2 ORDER x 2 PACK x 3 QAHEAD; ORDER=1,
+            # 5 BLOCK_N x 3 STAGES x 2 PERSISTENT x 3 ORDER x 2 PACK x 3 QAHEAD; ORDER>=1,
             # PACK=1 and QAHEAD>=1 need the persistent grid, PACK=1 a BLOCK_N of 128 or more,
-            # QAHEAD=2 no PACK and a second Q buffer in shared memory.
-            self.assertEqual(space["templates"]["fwd_sm90"]["product"], 360)
+            # QAHEAD=2 and ORDER=2 no PACK, QAHEAD=2 a second Q buffer in shared memory.
+            self.assertEqual(space["templates"]["fwd_sm90"]["product"], 540)
+            self.assertTrue(all(k["PERSISTENT"] == 1 and k["PACK"] == 0
+                                for k in sm90 if k["ORDER"] == 2))
+            # ORDER=2 is ORDER=0's persistent unpacked settings on the grouped list
+            self.assertEqual(sum(k["ORDER"] == 2 for k in sm90),
+                             sum(k["ORDER"] == 0 and k["PERSISTENT"] == 1 and k["PACK"] == 0
+                                 for k in sm90))
             self.assertTrue(all(k["PERSISTENT"] == 1 for k in sm90 if k["QAHEAD"] >= 1))
             self.assertTrue(all(k["PACK"] == 0 for k in sm90 if k["QAHEAD"] == 2))
             if shape["head_dim"] == 128:  # BLOCK_N > 176 spills at D = 128, and smem caps the rest
@@ -142,11 +148,11 @@ class CliTest(unittest.TestCase):
                 self.assertTrue(all(k["BLOCK_N"] == 128 for k in sm90 if k["PACK"] == 1))
                 # (QAHEAD>=1 spills past BLOCK_N 128 there)
                 self.assertTrue(all(k["BLOCK_N"] <= 128 for k in sm90 if k["QAHEAD"] >= 1))
-                # QAHEAD=2: BLOCK_N 64 (STAGES 2-4), 96 (2-3), 128 (2) x ORDER 0/1
-                self.assertEqual(len(sm90), 59)
+                # QAHEAD=2: BLOCK_N 64 (STAGES 2-4), 96 (2-3), 128 (2) x ORDER 0/1/2; ORDER=2: 23
+                self.assertEqual(len(sm90), 82)
             else:
-                # QAHEAD=2: every BLOCK_N and STAGES x ORDER 0/1
-                self.assertEqual(len(sm90), 141)
+                # QAHEAD=2: every BLOCK_N and STAGES x ORDER 0/1/2; ORDER=2: 45
+                self.assertEqual(len(sm90), 186)
         # The served default is one of the settings: the search starts inside the table.
         defaults = listing("--variants", "default")
         for key, labels in defaults.items():

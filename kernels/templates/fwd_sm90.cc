@@ -39,7 +39,7 @@ TemplateDef FwdSm90Template() {
       {"BLOCK_N", {64, 96, 128, 176, 192}, 128},
       {"STAGES", {2, 3, 4}, 2},
       {"PERSISTENT", {0, 1}, 1},
-      {"ORDER", {0, 1}, 0},
+      {"ORDER", {0, 1, 2}, 0},
       {"PACK", {0, 1}, 0},
       {"QAHEAD", {0, 1, 2}, 0},
   };
@@ -47,7 +47,8 @@ TemplateDef FwdSm90Template() {
       "Hopper forward: 1 producer warpgroup (cp.async K/V into a 128B-swizzled mbarrier ring) + 2 "
       "consumer warpgroups (wgmma SS for QK^T, RS for PV with P in registers, intra-warpgroup "
       "softmax/QK^T overlap), setmaxnreg 40/232/232, per-tile or persistent grid (static "
-      "round-robin, or ORDER=1 a host-balanced list), PACK=1 packs runs of short sequences "
+      "round-robin over the longest-first list, ORDER=1 a host-balanced list, ORDER=2 the list "
+      "grouped by (sequence, head)), PACK=1 packs runs of short sequences "
       "into one tile, QAHEAD=1 requests the next tile's Q early, QAHEAD=2 chains tiles (two Q "
       "buffers, the next tile's first QK^T beside this one's last PV)";
   def.validate = [](const std::map<std::string, int>& k, int d) -> absl::Status {
@@ -87,9 +88,14 @@ TemplateDef FwdSm90Template() {
           "fwd_sm90: QAHEAD=2 (tiles chained through two Q buffers) is for plain tiles; packed "
           "tiles (PACK=1) request their Q with QAHEAD=0 or 1");
     }
-    if (Knob(k, "ORDER") == 1 && Knob(k, "PERSISTENT") != 1) {
+    if (Knob(k, "ORDER") >= 1 && Knob(k, "PERSISTENT") != 1) {
+      return absl::InvalidArgumentError(fmt::format(
+          "fwd_sm90: ORDER={} (a host-ordered tile list) needs PERSISTENT=1", Knob(k, "ORDER")));
+    }
+    if (Knob(k, "ORDER") == 2 && Knob(k, "PACK") == 1) {
       return absl::InvalidArgumentError(
-          "fwd_sm90: ORDER=1 (the host-balanced tile list) needs PERSISTENT=1");
+          "fwd_sm90: ORDER=2 (the grouped tile list) is for plain tiles; packed runs (PACK=1) "
+          "take ORDER=1, the balanced list");
     }
     if (SmemBytes(k, d) > 232448) {
       return absl::InvalidArgumentError(fmt::format(
@@ -117,7 +123,14 @@ TemplateDef FwdSm90Template() {
     m.causal = m.noncausal = m.gqa = true;
     m.ctas_per_sm = 1;
     m.pack_short = Knob(k, "PACK") == 1;
-    m.tile_order = Knob(k, "ORDER") == 1 ? TileOrder::kBalanced : TileOrder::kLongestFirst;
+    // ORDER=2: the tiles of one (sequence, head) side by side, so that the CTAs
+    // running together share K/V in L2 (H100 2026-12-06, notes/sm90.md: 855-859
+    // us against 886-889 on hstu_imbal_causal in two runs, 0.94x on
+    // d64_self_causal: a search option, not a default). The kernel walks it as
+    // it walks ORDER=0's list.
+    m.tile_order = Knob(k, "ORDER") == 1   ? TileOrder::kBalanced
+                   : Knob(k, "ORDER") == 2 ? TileOrder::kGrouped
+                                           : TileOrder::kLongestFirst;
     return v;
   };
   def.default_knobs = [](const ShapeKey& s) -> std::map<std::string, int> {

@@ -41,7 +41,8 @@
 //     keys only (sm90/packed_rows.cuh), one key block per tile.
 //
 // Knobs (prepended #defines): KF_HEAD_DIM (64|128), KF_BLOCK_N (64..192, /16),
-// KF_STAGES (2|3|4), KF_PERSISTENT (0|1), KF_ORDER (0|1), KF_PACK (0|1),
+// KF_STAGES (2|3|4), KF_PERSISTENT (0|1), KF_ORDER (0|1|2; 2: the host's list
+// grouped by (sequence, head), walked like 0's), KF_PACK (0|1),
 // KF_PRODUCER_REGS (24|32|40|56).
 // Entry point: extern "C" __global__ kf_attn_fwd(const __grid_constant__ KfAttnParams p).
 // Needs sm_90a (wgmma, setmaxnreg). No toolkit headers.
@@ -100,7 +101,7 @@
 #error "fwd_sm90: KF_PACK needs the persistent grid and KF_BLOCK_N >= 128 (one key block a packed tile)"
 #endif
 #if KF_ORDER && !KF_PERSISTENT
-#error "fwd_sm90: KF_ORDER (the host-balanced list) needs the persistent grid"
+#error "fwd_sm90: KF_ORDER (a host-ordered list) needs the persistent grid"
 #endif
 #if KF_QAHEAD && !KF_PERSISTENT
 #error "fwd_sm90: KF_QAHEAD (the next tile's Q early) needs the persistent grid"
