@@ -191,12 +191,12 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_fwd(const __grid_constant__ 
     }
     if (g.nb > 0) {
       if (!chained) {
-        consumer.issue_q_buf(p, g, tile, row0, qb);
+        consumer.issue_q(p, g, tile, row0, qb);
         consumer.finish_q();
       }
-      if (chain) consumer.issue_q_buf(p, gn, nxt, gn.m0 + 64 * consumer.cg, qb ^ 1);
+      if (chain) consumer.issue_q(p, gn, nxt, gn.m0 + 64 * consumer.cg, qb ^ 1);
       if (!chained) {
-        consumer.issue_qk_buf(s, it, qb);
+        consumer.issue_qk(s, it, qb);
         wgmma_wait<0>();
         reg_fence<BN / 2>(s);
         consumer.release(smem.empty_k, it);
@@ -206,7 +206,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_fwd(const __grid_constant__ 
       }
       for (int j = 1; j < g.nb; ++j) {
         const int gi = it + j;
-        consumer.issue_qk_buf(s, gi, qb);
+        consumer.issue_qk(s, gi, qb);
         consumer.issue_pv(o, pr, gi - 1);
         wgmma_wait<1>();
         reg_fence<BN / 2>(s);
@@ -224,7 +224,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_fwd(const __grid_constant__ 
       if (chain) {
         // the next tile's Q has landed, and every warp is past this tile's QK^Ts
         consumer.finish_q();
-        consumer.issue_qk_buf(s, it, qb ^ 1);
+        consumer.issue_qk(s, it, qb ^ 1);
         consumer.issue_pv(o, pr, last);
         wgmma_wait<1>();
         reg_fence<BN / 2>(s);

@@ -62,10 +62,13 @@ struct FwdConsumer {
   }
   // The two halves of load_q: the copies, then the wait that makes them
   // visible to the warpgroup (packed tiles request Q early, between them).
+  // qb: the Q buffer (QAHEAD=2 has two; every other setting one, qb = 0).
   __device__ __forceinline__ void issue_q(const KfAttnParams& p, const QueryTileGeom& g,
-                                          const Tile& tile, int row0) const {
+                                          const Tile& tile, int row0, int qb = 0) const {
+    constexpr KfFwdSm90Layout L = kf_fwd_sm90_layout(D, BM, BN, S);
     const bf16* src = (const bf16*)p.q + ((long long)(g.q0 + row0) * p.heads + tile.h) * D;
-    load_tile<D, 64, 128, 8>(sQg, src, ldq, g.Lq - row0, ctid, (const bf16*)p.q);
+    load_tile<D, 64, 128, 8>(sQg + qb * L.q_bytes, src, ldq, g.Lq - row0, ctid,
+                             (const bf16*)p.q);
   }
   __device__ __forceinline__ void finish_q() const {
     cp_async_wait_all();
@@ -93,15 +96,8 @@ struct FwdConsumer {
       cp_async4(tab_k + 4 * j, p.cu_seqlens_k + tile.b + j);
     }
   }
-  // QAHEAD=2 (two Q buffers): issue_q and issue_qk on Q buffer qb.
-  __device__ __forceinline__ void issue_q_buf(const KfAttnParams& p, const QueryTileGeom& g,
-                                              const Tile& tile, int row0, int qb) const {
-    constexpr KfFwdSm90Layout L = kf_fwd_sm90_layout(D, BM, BN, S);
-    const bf16* src = (const bf16*)p.q + ((long long)(g.q0 + row0) * p.heads + tile.h) * D;
-    load_tile<D, 64, 128, 8>(sQg + qb * L.q_bytes, src, ldq, g.Lq - row0, ctid,
-                             (const bf16*)p.q);
-  }
-  __device__ __forceinline__ void issue_qk_buf(float* s, int gi, int qb) const {
+  // S = Q K^T for item gi into s[] (issued, not waited for), Q from buffer qb
+  __device__ __forceinline__ void issue_qk(float* s, int gi, int qb = 0) const {
     constexpr KfFwdSm90Layout L = kf_fwd_sm90_layout(D, BM, BN, S);
     const int stage = ring_stage<S>(gi);
     mbar_wait(m.full_k + 8 * stage, ring_phase<S>(gi));
@@ -112,21 +108,6 @@ struct FwdConsumer {
     for (int ks = 0; ks < D / 16; ++ks) {
       const int panel = ks >> 2, kk = ks & 3;
       wgmma_ss<BN, 0>(s, dQ + (u64)(panel * (64 * 128 / 16) + 2 * kk),
-                      dK + (u64)(panel * (BN * 128 / 16) + 2 * kk), ks > 0 ? 1 : 0);
-    }
-    wgmma_commit();
-  }
-  // S = Q K^T for item gi into s[] (issued, not waited for)
-  __device__ __forceinline__ void issue_qk(float* s, int gi) const {
-    constexpr KfFwdSm90Layout L = kf_fwd_sm90_layout(D, BM, BN, S);
-    const int stage = ring_stage<S>(gi);
-    mbar_wait(m.full_k + 8 * stage, ring_phase<S>(gi));
-    const u64 dK = make_desc(m.k + stage * L.kv_bytes, 16, 1024);
-    wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
-      const int panel = ks >> 2, kk = ks & 3;
-      wgmma_ss<BN, 0>(s, descQ0 + (u64)(panel * (64 * 128 / 16) + 2 * kk),
                       dK + (u64)(panel * (BN * 128 / 16) + 2 * kk), ks > 0 ? 1 : 0);
     }
     wgmma_commit();
