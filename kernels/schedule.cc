@@ -216,6 +216,29 @@ absl::StatusOr<KeyMajorTiles> BuildKeyTiles(std::span<const int32_t> cu_q,
   return out;
 }
 
+namespace {
+
+// The finish time of the last of `ctas` CTAs that take `tiles` in list
+// order, each the next tile when it frees (the kernel's tile counter), in
+// tenths of a step: a tile costs 10 x its work, a split half (head field
+// above bit 16) 13 x its steps + 10.
+int64_t ListMakespan(std::span<const TileWork> tiles, int ctas) {
+  std::priority_queue<int64_t, std::vector<int64_t>, std::greater<>> free_at;
+  for (int c = 0; c < std::max(ctas, 1); ++c) free_at.push(0);
+  int64_t last = 0;
+  for (const TileWork& t : tiles) {
+    const bool half = t.m_block >= 0 && t.pack >= 0 && (t.head >> 16) != 0;
+    const int64_t cost = half ? 13 * (t.work - 1) + 10 : 10 * t.work;
+    const int64_t end = free_at.top() + cost;
+    free_at.pop();
+    free_at.push(end);
+    last = std::max(last, end);
+  }
+  return last;
+}
+
+}  // namespace
+
 int SplitHeavyKeyTiles(std::vector<TileWork>& tiles, int ctas) {
   auto plain = [](const TileWork& t) { return t.m_block >= 0 && t.pack >= 0; };
   int64_t w_max = 0;
@@ -243,6 +266,14 @@ int SplitHeavyKeyTiles(std::vector<TileWork>& tiles, int ctas) {
     }
     ++slot;
   }
+  // Only where the halves shorten the list: tiles go to CTAs in list order
+  // (the tile counter), and a half's step costs 1.3 of a whole tile's (a
+  // split half of powerlaw_short's 1929-key sequence takes ~6 us a step,
+  // ~4.7 unsplit: notes/bwd.md v8, v14). So the lone long sequence splits
+  // (its makespan halves: 147.6 -> 101.3 us), and powerlaw_short, whose
+  // other long sequences and packed runs keep every SM busy as long as the
+  // unsplit tiles run, does not (176-177 us against 179-180 split, H100).
+  if (ListMakespan(out, ctas) >= ListMakespan(tiles, ctas)) return 0;
   tiles = std::move(out);
   return slot;
 }

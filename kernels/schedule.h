@@ -92,7 +92,10 @@ struct KeyMajorTiles {
 // steps / 2 steps, half 2: the rest; slot: the pair's index, < kMaxSplits).
 // The two halves visit disjoint query blocks, so each query block is still
 // added into (and counted) once by its key block; the half that finishes
-// second sums the other's dK/dV partial. Returns the pairs made.
+// second sums the other's dK/dV partial. And only where that shortens the
+// list: a model of the tile counter (each tile, in list order, to the CTA
+// that frees first; a half's step at 1.3 of a whole tile's, as measured)
+// must finish sooner with the halves. Returns the pairs made.
 inline constexpr int kMaxSplits = 8192;
 int SplitHeavyKeyTiles(std::vector<TileWork>& tiles, int ctas);
 

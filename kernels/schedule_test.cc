@@ -385,6 +385,31 @@ TEST(KeyMajorTiles, OnlyAFewHeavyTilesAreSplit) {
   EXPECT_EQ(tiles.size(), kt->tiles.size());
 }
 
+// The heavy tiles split only where the halves shorten the list. A lone long
+// sequence (v8: 147.6 -> 101.3 us) splits; beside it another long sequence
+// and thousands of short ones, which keep every SM busy as long as the
+// unsplit tiles run, it does not (powerlaw_short's case: 176-177 us unsplit
+// against 179-180 split, notes/bwd.md v14).
+TEST(KeyMajorTiles, HeavyTilesSplitOnlyWhereTheListGetsShorter) {
+  auto splits = [](std::vector<int32_t> lengths) {
+    std::vector<int32_t> cu = {0};
+    for (int32_t l : lengths) cu.push_back(cu.back() + l);
+    auto kt = BuildKeyTiles(cu, {}, 4, 4, 64, 128, false, TileOrder::kGrouped, true);
+    EXPECT_TRUE(kt.ok());
+    std::vector<TileWork> tiles = kt->tiles;
+    const int n = SplitHeavyKeyTiles(tiles, 132);
+    if (n == 0) EXPECT_EQ(tiles.size(), kt->tiles.size());
+    return n;
+  };
+  EXPECT_EQ(splits({1929}), 16 * 4);
+  std::vector<int32_t> crowded = {1929, 862};
+  for (int b = 0; b < 4000; ++b) crowded.push_back(1 + b % 5);
+  EXPECT_EQ(splits(crowded), 0);
+  std::vector<int32_t> alone = {1929};
+  for (int b = 0; b < 200; ++b) alone.push_back(1 + b % 5);
+  EXPECT_EQ(splits(alone), 16 * 4);
+}
+
 TEST(KeyMajorTiles, PackedRunsHoldEachShortSequenceOnce) {
   std::vector<int32_t> lq = {5, 0, 7, 1, 300, 3, 0, 64, 64, 1, 200, 0, 0, 9, 0, 2};
   std::vector<int32_t> lk = {5, 0, 7, 0, 300, 9, 4, 60, 70, 1, 50, 0, 0, 9, 0, 2};

@@ -182,9 +182,11 @@ TemplateDef BwdSm90Template() {
   // BLOCK_M=64 (the only setting that fits). ORDER=1 at both masks now that
   // tiles come from a counter (v5: 1.05-1.17x on the causal shapes).
   // SPLIT=1 for heavy-tailed batches of short sequences (HeavyTailedShort
-  // on keys): the few heavy key tiles of the tail are split, powerlaw_short
-  // 190 -> 182 us, its 1929-key sequence alone 147 -> 100; elsewhere SPLIT=1's
-  // code costs 1-2% with nothing to split (notes/bwd.md, v8).
+  // on keys): the few heavy key tiles of the tail are split where that
+  // shortens the tile list (SplitHeavyKeyTiles' model): a lone 1929-key
+  // sequence 147 -> 100 us; not powerlaw_short itself any more, whose other
+  // long sequences and packed runs keep the SMs busy meanwhile (v8, v14).
+  // Elsewhere SPLIT=1's code costs 1-2% with nothing to split (v8).
   // DQ_DIRECT=1 where every sequence's keys fit one 128-key block, or in
   // cross attention most do (v9).
   // CSKIP=1 and TMA=1 everywhere: together 1.005-1.015x on every public
