@@ -324,7 +324,10 @@ TEST_F(EvalGpu, BwdSm90SkipAndTmaVerify) {
               S{128, 4, 2, true, true, 64, 1, 1, 1, 0, 0, 1},
               S{64, 2, 2, false, false, 128, 1, 0, 1, 0, 0, 1},
               S{128, 4, 4, false, false, 64, 1, 1, 1, 1, 0, 3},
-              S{128, 4, 4, false, true, 64, 1, 1, 0, 0, 1, 2}}) {
+              S{128, 4, 4, false, true, 64, 1, 1, 0, 0, 1, 2},
+              // (GQA cross attention with both off: the setting of the one wrong
+              // result seen beside the pair tiles, notes/bwd.md v14)
+              S{128, 4, 2, false, true, 64, 1, 0, 0, 0, 0, 0}}) {
     ExpectBwdSm90Verified({{"BLOCK_M", s.bm}, {"ORDER", s.order}, {"SPLIT", s.split},
                            {"DQ_DIRECT", s.direct}, {"CSKIP", s.cskip}, {"TMA", s.tma}},
                           s.d, s.h, s.kvh, s.causal, s.cross, s.kind,
