@@ -272,7 +272,8 @@ int SplitHeavyKeyTiles(std::vector<TileWork>& tiles, int ctas) {
   // ~4.7 unsplit: notes/bwd.md v8, v14). So the lone long sequence splits
   // (its makespan halves: 147.6 -> 101.3 us), and powerlaw_short, whose
   // other long sequences and packed runs keep every SM busy as long as the
-  // unsplit tiles run, does not (176-177 us against 179-180 split, H100).
+  // unsplit tiles run, does not (the SPLIT=0 kernel 176-177 us against 179-180
+  // split on an H100; unsplit in the SPLIT=1 kernel 171.8 on an H200, v14).
   if (ListMakespan(out, ctas) >= ListMakespan(tiles, ctas)) return 0;
   tiles = std::move(out);
   return slot;

@@ -388,8 +388,8 @@ TEST(KeyMajorTiles, OnlyAFewHeavyTilesAreSplit) {
 // The heavy tiles split only where the halves shorten the list. A lone long
 // sequence (v8: 147.6 -> 101.3 us) splits; beside it another long sequence
 // and thousands of short ones, which keep every SM busy as long as the
-// unsplit tiles run, it does not (powerlaw_short's case: 176-177 us unsplit
-// against 179-180 split, notes/bwd.md v14).
+// unsplit tiles run, it does not (powerlaw_short's case: 176-177 us with the
+// SPLIT=0 kernel against 179-180 split, notes/bwd.md v14).
 TEST(KeyMajorTiles, HeavyTilesSplitOnlyWhereTheListGetsShorter) {
   auto splits = [](std::vector<int32_t> lengths) {
     std::vector<int32_t> cu = {0};
