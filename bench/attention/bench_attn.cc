@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <atomic>
@@ -249,6 +250,9 @@ class Bench {
         for (size_t i; (i = next.fetch_add(1)) < todo.size();) {
           gpu::CompileRequest req;
           req.source = todo[i]->variant.source;
+          const auto& ops = todo[i]->variant.manifest.ops;
+          if (trace_ && std::find(ops.begin(), ops.end(), "bwd") != ops.end())
+            req.source = "#define KF_TRACE 1\n" + req.source;
           req.arch = info_.arch;
           req.name = todo[i]->variant.template_name + ".cu";
           results[i] = gpu::Compile(req);
@@ -791,9 +795,46 @@ class Bench {
         reps, [] { return absl::OkStatus(); }, [&] { return RunBwd(c, *l); });
   }
 
+  // One launch of the traced build (--trace-dir) with the trace buffer
+  // set, after an L2 flush as in TimeLoop: the events to stem.bin (raw
+  // little-endian u64 pairs, [CTA][role][event]), what reading them needs
+  // to stem.json. NOT_FOUND when the candidate's module has no kf_trace
+  // (its template has no trace points).
+  absl::Status TraceBwd(const Candidate& c, const Problem& pr, BwdData& d,
+                        const std::string& stem, const std::string& shape) {
+    auto g = c.module->GetGlobal("kf_trace");
+    if (!g.ok()) return g.status();
+    auto l = PlanBwd(c, pr, d);
+    if (!l.ok()) return l.status();
+    constexpr uint64_t kCap = 4096, kRoles = 3;
+    const uint64_t ctas = l->plan.grid[0];
+    auto buf = gpu::DeviceBuffer::Allocate(driver_, ctas * kRoles * kCap * 16);
+    if (!buf.ok()) return buf.status();
+    BENCH_TRY(buf->Fill8(0, stream_));
+    const uint64_t on[2] = {buf->address(), kCap}, off[2] = {0, 0};
+    BENCH_TRY(gpu::CopyToDeviceAsync(driver_, g->address, on, sizeof on, stream_));
+    BENCH_TRY(flush_.Fill32(12345u, stream_));
+    BENCH_TRY(RunBwd(c, *l));
+    BENCH_TRY(gpu::CopyToDeviceAsync(driver_, g->address, off, sizeof off, stream_));
+    std::vector<uint64_t> host(buf->size() / 8);
+    BENCH_TRY(buf->Download(std::span<uint64_t>(host), stream_));
+    std::ofstream bin(stem + ".bin", std::ios::binary);
+    bin.write(reinterpret_cast<const char*>(host.data()), host.size() * 8);
+    json meta = {{"shape", shape}, {"variant", c.label}, {"ctas", ctas}, {"roles", kRoles},
+                 {"cap", kCap}, {"heads", pr.heads}, {"kv_heads", pr.kv_heads},
+                 {"head_dim", pr.head_dim}, {"causal", pr.causal}, {"cu_q", pr.cu_q},
+                 {"cu_k", pr.cu_k}, {"tiles", l->plan.tiles}, {"num_tiles", l->plan.num_tiles},
+                 {"sm_count", info_.sm_count}};
+    std::ofstream(stem + ".json") << meta.dump() << "\n";
+    if (!bin) return absl::InternalError("cannot write " + stem + ".bin");
+    return absl::OkStatus();
+  }
+
+  void set_trace(bool on) { trace_ = on; }
   const gpu::DeviceInfo& info() const { return info_; }
 
  private:
+  bool trace_ = false;
   const gpu::Driver& driver_;
   gpu::DeviceInfo info_;
   gpu::Stream stream_;
@@ -1176,7 +1217,7 @@ constexpr const char* kUsage =
     "usage: kforge-bench-attn [--lengths F] [--out F] [--op fwd|bwd|both] [--only a,b]\n"
     "                         [--reps N] [--variants default|sweep|all] [--templates a,b]\n"
     "                         [--settings \"tmpl:K=V,K=V;...\"] [--jobs N] [--cool-ms N]\n"
-    "                         [--list-candidates [--arch sm_90a]] [--help]\n"
+    "                         [--trace-dir D] [--list-candidates [--arch sm_90a]] [--help]\n"
     "  --lengths F     shapes with their drawn lengths (lengths.py); default lengths.json\n"
     "  --out F         write every candidate's result as JSON (rows carry \"op\")\n"
     "  --op            fwd (default), bwd, or both (per shape: forward, then backward)\n"
@@ -1198,12 +1239,18 @@ constexpr const char* kUsage =
     "  --settings S    also time these knob settings (each over its template's defaults for\n"
     "                  the shape), e.g. \"bwd_sm90:ORDER=0;fwd_sm90:BLOCK_N=64,STAGES=3\"\n"
     "                  (with --variants all every setting is timed already)\n"
+    "  --trace-dir D   development: compile backward candidates with KF_TRACE=1 (the\n"
+    "                  templates that have it stamp the time at points of each tile's life)\n"
+    "                  and, after timing each, write one traced launch to D/<shape>.<n>.bin\n"
+    "                  with a .json beside it (tile list, lengths); timings are the traced\n"
+    "                  build's. kernels/dev/trace_bwd.py reads them\n"
     "  --list-candidates  print each shape's candidates and exit (no GPU; --arch picks the\n"
     "                  target, default sm_90a); with --out, also as JSON (the run's layout,\n"
     "                  without results)\n";
 
 struct Options {
   std::string lengths = "lengths.json", out, only, mode = "sweep", templates, op = "fwd";
+  std::string trace_dir;  // --trace-dir: traced backward builds, one trace per candidate
   std::string arch = "sm_90a";  // --list-candidates only; a GPU run uses the GPU's
   int reps = 0;  // 0: 20, or kAllModeReps with --variants all
   int cool_ms = 0;  // idle before each candidate's timed runs
@@ -1228,7 +1275,8 @@ std::string ParseArgs(int argc, char** argv, Options& o) {
     }
     static const std::set<std::string> kValued = {"--lengths", "--out", "--only", "--reps",
                                                   "--variants", "--templates", "--op", "--arch",
-                                                  "--jobs", "--settings", "--cool-ms"};
+                                                  "--jobs", "--settings", "--cool-ms",
+                                                  "--trace-dir"};
     if (!kValued.count(a)) return fmt::format("unknown argument {}", a);
     if (i + 1 >= argc) return fmt::format("{} needs a value", a);
     const std::string v = argv[++i];
@@ -1237,6 +1285,7 @@ std::string ParseArgs(int argc, char** argv, Options& o) {
     else if (a == "--only") o.only = v;
     else if (a == "--arch") o.arch = v;
     else if (a == "--templates") o.templates = v;
+    else if (a == "--trace-dir") o.trace_dir = v;
     else if (a == "--settings") {
       if (auto why = ParseSettings(v, &g_settings); !why.empty()) return why;
     }
@@ -1521,6 +1570,12 @@ json BenchBackward(Bench& bench, const Problem& pr, const Options& o, Verdicts& 
       std::printf("  %-70s FAILED %s\n", c.label.c_str(),
                   std::string(us.status().message()).c_str());
     }
+    if (!o.trace_dir.empty() && us.ok()) {
+      const std::string stem = fmt::format("{}/{}.{}", o.trace_dir, name, i);
+      const absl::Status t = bench.TraceBwd(c, pr, *data, stem, name);
+      std::printf("    trace %s: %s\n", stem.c_str(),
+                  t.ok() ? "written" : std::string(t.message()).c_str());
+    }
     std::fflush(stdout);
     jshape["variants"].push_back(jv);
     if (progress && (i + 1) % 32 == 0) progress(jshape);
@@ -1606,6 +1661,15 @@ int Main(int argc, char** argv) {
   }
   std::printf("GPU %s (%s, %d SMs)\n", info->name.c_str(), info->arch.c_str(), info->sm_count);
   Bench bench(**driver, *info, std::move(*stream));
+  bench.set_trace(!o.trace_dir.empty());
+  if (!o.trace_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(o.trace_dir, ec);
+    if (ec) {
+      std::fprintf(stderr, "--trace-dir %s: %s\n", o.trace_dir.c_str(), ec.message().c_str());
+      return 1;
+    }
+  }
   if (auto s = bench.Init(); !s.ok()) {
     std::fprintf(stderr, "init: %s\n", std::string(s.message()).c_str());
     return 1;

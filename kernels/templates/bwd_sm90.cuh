@@ -376,6 +376,62 @@ struct KfBwdSm90Maps {
 #define KF9_MAPS_PARAM
 #endif
 
+// KF_TRACE = 1 (development only, never in the knob space: the bench
+// prepends it through KFORGE_DEV_DEFINES; kernels/dev/trace_bwd.py reads the
+// result): one thread of each warpgroup stamps %globaltimer and %clock at the
+// points of a tile's life named below, into the buffer kf_trace points to.
+// Where the time of a batch goes (waits between tiles, a step, a tile's end)
+// is a latency question that stall samples do not answer. The host sets
+// kf_trace for one launch and clears it again; with ptr null nothing is
+// written.
+#ifndef KF_TRACE
+#define KF_TRACE 0
+#endif
+#if KF_TRACE
+struct KfTrace {
+  unsigned long long* ptr;  // [CTA][role: producer, consumer 0, consumer 1][cap][2 words]
+  unsigned long long cap;   // events per role and CTA
+};
+__device__ KfTrace kf_trace;
+__shared__ int kf9_trace_count[3];
+// Event ids (kernels/dev/trace_bwd.py has the same table).
+enum : int {
+  kTrProdTile = 1,    // producer: the tile index handed on (arg: index)
+  kTrProdEmpty = 2,   // producer: a stage free (arg: step)
+  kTrProdKvEmpty = 3, // producer: K/V buffers free (the previous tile's last dQ wgmma)
+  kTrProdFull = 4,    // producer: a stage's LSE/delta done, arriving on full (arg: step)
+  kTrProdNext = 5,    // producer: the next tile index fetched
+  kTrConsTile = 10,   // consumer: tile index taken (arg: index)
+  kTrConsKv = 11,     // consumer: K/V in (arg: steps)
+  kTrConsFull = 12,   // consumer: a stage in (arg: step)
+  kTrConsSync = 13,   // consumer: past the dS barrier (arg: step)
+  kTrConsAdd = 14,    // consumer: dQ slice issued (arg: step)
+  kTrConsHead = 15,   // consumer: a head's counting and conversions done
+  kTrConsEnd = 16,    // consumer: dK/dV stored
+};
+__device__ __forceinline__ void kf9_trace(int role, int ev, int arg) {
+  const KfTrace tr = kf_trace;
+  if (tr.ptr == nullptr) return;
+  const int n = atomicAdd(&kf9_trace_count[role], 1);
+  if ((unsigned long long)n >= tr.cap) return;
+  unsigned long long g;
+  unsigned c;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(g));
+  asm volatile("mov.u32 %0, %%clock;\n" : "=r"(c));
+  unsigned long long* e = tr.ptr + 2 * ((blockIdx.x * 3ull + role) * tr.cap + n);
+  e[0] = g;
+  e[1] = ((unsigned long long)ev << 56) | ((unsigned long long)(arg & 0xffffff) << 32) | c;
+}
+// The producer's thread 0, and thread 0 of consumer w.
+#define KF9_TRP(ev, arg) \
+  if (t == 0) kf9_trace(0, ev, arg)
+#define KF9_TRC(ev, arg) \
+  if ((tid & 127) == 0) kf9_trace(1 + w, ev, arg)
+#else
+#define KF9_TRP(ev, arg) ((void)0)
+#define KF9_TRC(ev, arg) ((void)0)
+#endif
+
 // (launch bounds through a macro: kernels/check.cc's entry regex stops at '(')
 #define KF_LAUNCH_BOUNDS __launch_bounds__(384, 1)
 extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ KfAttnParams p KF9_MAPS_PARAM) {
@@ -432,6 +488,9 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
     for (int s = 0; s < kS; ++s) mbar_init(bar_land + 8 * s, 1);
 #endif
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#if KF_TRACE
+    kf9_trace_count[0] = kf9_trace_count[1] = kf9_trace_count[2] = 0;
+#endif
   }
   __syncthreads();
 
@@ -449,6 +508,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
 #define KF9_ISSUE_KV()                                                                        \
   {                                                                                           \
     mbar_wait(bar_kv_empty, (kt & 1) ^ 1);                                                    \
+    KF9_TRP(kTrProdKvEmpty, 0);                                                               \
     const long long off = ((long long)(T.k0 + n0) * p.kv_heads + T.g) * kD;                   \
     load_tile<kBN>(sK, (const bf16*)p.k + off, KF9_LDK, T.lk - n0, t, (const bf16*)p.k);      \
     load_tile<kBN>(sV, (const bf16*)p.v + off, KF9_LDK, T.lk - n0, t, (const bf16*)p.v);      \
@@ -468,6 +528,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         flags[258 + (ti & 1)] = idx;
         mbar_arrive(bar_tile_full + 8 * (ti & 1));
       }
+      KF9_TRP(kTrProdTile, idx);
       if (!KF9_KEY_TILE(p, idx, T)) break;
       // (zero-dQ tiles and key blocks no query sees have no steps: they are
       // the consumers' alone)
@@ -478,6 +539,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         const int m0 = kfh::key_tile_block<kBM, kBN, KF_ORDER == 1>(p, T, i) * kBM;
         const int s = it % kS;
         mbar_wait(bar_empty + 8 * s, ((it / kS) & 1) ^ 1);
+        KF9_TRP(kTrProdEmpty, u);
         const u32 sQ = base + L.stage + s * L.stage_bytes;
         const long long row0 = ((long long)(T.q0 + m0) * p.heads + h) * kD;
 #if KF_TMA
@@ -622,12 +684,14 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
 #endif
         cp_async_wait_all();
         fence_proxy_async();
+        KF9_TRP(kTrProdFull, u);
         mbar_arrive(bar_full + 8 * s);
       }
       if (KF9_STEPS > 0) ++kt;
       if (t == 0) flags[260 + (ti & 1)] = atomicAdd(p.tile_counter, 1) + (int)gridDim.x;
       wg_sync(4);
       idx = flags[260 + (ti & 1)];
+      KF9_TRP(kTrProdNext, idx);
     }
 #undef KF9_LDQ
 #undef KF9_LDK
@@ -663,6 +727,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
     mbar_wait(bar_tile_full + 8 * (ti & 1), (ti >> 1) & 1);
     const int idx = flags[258 + (ti & 1)];
     mbar_arrive(bar_tile_empty + 8 * (ti & 1));
+    KF9_TRC(kTrConsTile, idx);
     if (!KF9_KEY_TILE(p, idx, T)) break;
     if (T.block < 0) {  // a query block that sees no key: dQ = 0
       const int m0 = (-1 - T.block) * kBM;
@@ -691,6 +756,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
 
     if (KF9_STEPS > 0) {
       mbar_wait(bar_kv_full, kt & 1);
+      KF9_TRC(kTrConsKv, KF9_STEPS);
       for (int u = 0; u < KF9_STEPS; ++u, ++it) {
         const int i = KF9_STEP(u);
         const int h = T.g * T.group + i / T.visited;
@@ -704,6 +770,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
 #if KF_TMA
         mbar_wait(bar_land + 8 * s, (it / kS) & 1);
 #endif
+        KF9_TRC(kTrConsFull, u);
 #if KF9_CSKIP
         // Consumer 1's keys n0 + 64 .. n0 + 127 all masked in this step (the
         // same answer in both consumers: the dQ below depends on it).
@@ -890,6 +957,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         if ((tid & 127) == 0) bulk_wait_read();
 #endif
         consumer_sync();  // both halves of dS are in place (and the other buffer is free)
+        KF9_TRC(kTrConsSync, u);
         // A 64 x 64 slice of dQ = dS K: A = dS (K-major, key panels kBM * 128 B
         // apart), B = K (MN-major: head-dim panels kBN * 128 B apart, 16 key
         // rows = 2048 B per k-step).
@@ -968,6 +1036,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
 #endif
         kfh::add_dq<kD, kBM, KF_DQ_DIRECT != 0>(p, dq, T.q0, T.lq, m0, h, w, warp, lane, sDq,
                                                 direct, own);
+        KF9_TRC(kTrConsAdd, u);
 #if KF_DQW
         if (own && !direct && T.qbase >= 0) owed = (int)(dq_flag - (int*)p.workspace);
 #endif
@@ -1029,6 +1098,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
           }
 #undef KF9_COUNTED
 #undef KF9_COUNTED_MM
+          KF9_TRC(kTrConsHead, 0);
         }
       }
       ++kt;
@@ -1144,6 +1214,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         store((bf16*)p.dk, sDq);
         store((bf16*)p.dv, sDq + 64 * kRowBytes);
       }
+      KF9_TRC(kTrConsEnd, 0);
     }
   }
 }
