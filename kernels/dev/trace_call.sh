@@ -14,3 +14,6 @@ timeout 150 $B/kforge-bench-attn --lengths $L --op bwd --variants default --temp
 for j in $OUT/tr/*.json; do s=${j%.json}; python3 kernels/dev/trace_bwd.py $s --tiles 6 > $s.txt 2>&1; gzip -f $s.bin; done
 grep -E "OK |BAD|us " $OUT/plain.log | head; grep -E "OK |BAD|trace" $OUT/traced.log | head -20
 cat $OUT/tr/*.txt | head -150
+# knob A/B on powerlaw_short (untraced build)
+timeout 120 $B/kforge-bench-attn --lengths $L --only powerlaw_short,pl_short64 --op bwd --variants default --templates bwd_sm90 --settings "bwd_sm90:DQ_DIRECT=1;bwd_sm90:SPLIT=0;bwd_sm90:SPLIT=0,DQ_DIRECT=1;bwd_sm90:SPLIT=0,KVFIRST=0" > $OUT/ab.log 2>&1; echo "ab rc=$?"
+grep -E "OK |BAD" $OUT/ab.log
