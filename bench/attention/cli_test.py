@@ -38,7 +38,7 @@ class CliTest(unittest.TestCase):
     def test_help(self):
         r = run("--help")
         self.assertEqual(r.returncode, 0)
-        for word in ("--op", "fwd|bwd|both", "--templates", "--list-candidates"):
+        for word in ("--op", "fwd|bwd|both", "--templates", "--list-candidates", "--trace-dir"):
             self.assertIn(word, r.stdout)
 
     def test_bad_arguments_exit_2_with_the_reason(self):
@@ -51,6 +51,7 @@ class CliTest(unittest.TestCase):
                           (["--cool-ms", "1s"], "--cool-ms must be an integer in 0..60000"),
                           (["--templates", "fwd_mma,bwd_nope"], "bwd_nope is not in this build's catalog"),
                           (["--lengths"], "--lengths needs a value"),
+                          (["--trace-dir"], "--trace-dir needs a value"),
                           (["--frobnicate"], "unknown argument --frobnicate")]:
             r = run(*args)
             self.assertEqual(r.returncode, 2, args)
