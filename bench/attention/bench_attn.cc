@@ -820,14 +820,15 @@ class Bench {
     BENCH_TRY(buf->Download(std::span<uint64_t>(host), stream_));
     std::ofstream bin(stem + ".bin", std::ios::binary);
     bin.write(reinterpret_cast<const char*>(host.data()), host.size() * 8);
+    if (!bin) return absl::InternalError("cannot write " + stem + ".bin");
     json meta = {{"shape", shape}, {"variant", c.label}, {"ctas", ctas}, {"roles", kRoles},
                  {"cap", kCap}, {"heads", pr.heads}, {"kv_heads", pr.kv_heads},
                  {"head_dim", pr.head_dim}, {"causal", pr.causal}, {"cu_q", pr.cu_q},
                  {"cu_k", pr.cu_k}, {"tiles", l->plan.tiles}, {"num_tiles", l->plan.num_tiles},
                  {"sm_count", info_.sm_count}};
-    std::ofstream(stem + ".json") << meta.dump() << "\n";
-    if (!bin) return absl::InternalError("cannot write " + stem + ".bin");
-    return absl::OkStatus();
+    std::ofstream js(stem + ".json");
+    js << meta.dump() << "\n";
+    return js ? absl::OkStatus() : absl::InternalError("cannot write " + stem + ".json");
   }
 
   void set_trace(bool on) { trace_ = on; }

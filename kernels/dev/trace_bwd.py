@@ -6,6 +6,13 @@
 # Event ids: kernels/templates/bwd_sm90.cuh, "KF_TRACE".
 import json, struct, sys, collections, statistics
 
+PHASES = {12: ("b. wait for a stage (per step)", "prev", "full"),
+          13: ("c. stage -> dS barrier (per step)", "full", "sync"),
+          14: ("d. dS barrier -> dQ issued (per step)", "sync", "prev"),
+          15: ("e. head end: counts, conversions", "prev", "prev"),
+          16: ("f. dK/dV epilogue", "prev", "prev")}
+# cycles per ns where a CTA has too few events to measure its SM's clock
+DEFAULT_RATE = 1.755
 EV = {1: "P.tile", 2: "P.empty", 3: "P.kv_empty", 4: "P.full", 5: "P.next",
       10: "C.tile", 11: "C.kv", 12: "C.full", 13: "C.sync", 14: "C.add", 15: "C.head", 16: "C.end"}
 
@@ -56,7 +63,7 @@ def main():
     # clock cycles per ns, per CTA (its SM's clock), from consumer 0's first and last event
     def rate(v):
         if len(v) < 2 or v[-1][0] == v[0][0]:
-            return 1.755
+            return DEFAULT_RATE
         dc = (v[-1][1] - v[0][1]) & 0xffffffff
         return dc / (v[-1][0] - v[0][0])
 
@@ -97,24 +104,18 @@ def main():
                 P["tile total (to the next tile)"].append(us(t[0], nxt))
             if kv:
                 P["a. tile -> K/V in"].append(us(t[0], kv))
-            prev = kv
+            # each consumer event closes the phase that began at one mark and
+            # may start another: id -> (phase, from mark, mark it sets)
+            marks = {"prev": kv}
             for e in t:
-                if e[2] == 12:  # full
-                    P["b. wait for a stage (per step)"].append(us(prev, e))
-                    full = e
-                elif e[2] == 13:
-                    P["c. stage -> dS barrier (per step)"].append(us(full, e))
-                    sync = e
-                elif e[2] == 14:
-                    P["d. dS barrier -> dQ issued (per step)"].append(us(sync, e))
-                    prev = e
-                elif e[2] == 15:
-                    P["e. head end: counts, conversions"].append(us(prev, e))
-                    prev = e
-                elif e[2] == 16:
-                    P["f. dK/dV epilogue"].append(us(prev, e))
-                    if nxt:
-                        P["g. end -> next tile"].append(us(e, nxt))
+                if e[2] not in PHASES:
+                    continue
+                name, since, sets = PHASES[e[2]]
+                if marks.get(since) is not None:
+                    P[name].append(us(marks[since], e))
+                marks[sets] = e
+                if e[2] == 16 and nxt:
+                    P["g. end -> next tile"].append(us(e, nxt))
             if show and cta == 0 and k < show:
                 print("   tile", idx, cls, " ".join(f"{EV[e[2]]}:{e[3]}@{us(t[0], e):.2f}" for e in t))
     print("  tiles by class (consumer 0):", dict(counts))
@@ -125,10 +126,10 @@ def main():
             print(f"    {name:42s} n={len(x):6d} mean {statistics.mean(x):7.2f} us"
                   f"  median {statistics.median(x):7.2f}  sum/CTA {sum(x) / len(ends):7.1f}")
     # producer: per step, the wait for a free stage and the stage's own time
-    pw, pf, pk = [], [], []
+    pw, pf = [], []
     for cta in range(meta["ctas"]):
         v = ev[(cta, 0)]
-        r = rate(ev[(cta, 1)]) if ev[(cta, 1)] else 1.755
+        r = rate(ev[(cta, 1)]) if ev[(cta, 1)] else DEFAULT_RATE
         us = lambda a, b: ((b[1] - a[1]) & 0xffffffff) / r / 1e3
         last = None
         for e in v:
@@ -139,8 +140,6 @@ def main():
             elif e[2] == 4:
                 pf.append(us(emp, e))
                 last = e
-            elif e[2] == 3:
-                pk.append(e)
     if pf:
         print(f"  producer: stage free -> full {statistics.mean(pf):.2f} us mean "
               f"(median {statistics.median(pf):.2f}); full -> next stage free "

@@ -376,9 +376,8 @@ struct KfBwdSm90Maps {
 #define KF9_MAPS_PARAM
 #endif
 
-// KF_TRACE = 1 (development only, never in the knob space: the bench
-// prepends it through KFORGE_DEV_DEFINES; kernels/dev/trace_bwd.py reads the
-// result): one thread of each warpgroup stamps %globaltimer and %clock at the
+// KF_TRACE = 1 (development only, never in the knob space: kforge-bench-attn
+// --trace-dir prepends it; kernels/dev/trace_bwd.py reads the result): one thread of each warpgroup stamps %globaltimer and %clock at the
 // points of a tile's life named below, into the buffer kf_trace points to.
 // Where the time of a batch goes (waits between tiles, a step, a tile's end)
 // is a latency question that stall samples do not answer. The host sets
