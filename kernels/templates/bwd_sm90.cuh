@@ -363,6 +363,26 @@ __device__ __forceinline__ void load_tile(u32 dst, const bf16* src, long long st
 __device__ void write_dq(const KfAttnParams& p, int q0, int lq, int m0, int h, bool zero, int ct) {
   kfh::write_dq<kD, kBM, KF_DQZ != 0>(p, q0, lq, m0, h, zero, ct);
 }
+// Query blocks converted together at a head's end (write_dq_trio): two
+// through the consumers' dS and dQ staging buffers, free there: one
+// contiguous range (the layout's order) of at least two blocks' fp32 rows.
+static_assert(kf_bwd_sm90_layout(kD, kBM, kBN, kS).dq ==
+                      kf_bwd_sm90_layout(kD, kBM, kBN, kS).ds +
+                          2 * kf_bwd_sm90_layout(kD, kBM, kBN, kS).ds_bytes &&
+                  2 * kf_bwd_sm90_layout(kD, kBM, kBN, kS).ds_bytes +
+                          2 * kf_bwd_sm90_layout(kD, kBM, kBN, kS).dq_bytes >=
+                      2 * kfh::write_dq_stage_bytes<kD, kBM>(),
+              "bwd_sm90: the dS and dQ staging buffers must hold two query blocks of dq_accum");
+// (a call: inline, the group's addresses spilled the consumers, whose dK and
+// dV are live here; its own registers are free)
+__device__ __noinline__ void write_dq_trio(const KfAttnParams& p, int q0, int lq, int m0a,
+                                           int m0b, int m0c, int h, int ct, u32 buf) {
+  // two through shared memory, a third through registers meanwhile
+  const int m0s[2] = {m0a, m0b};
+  kfh::write_dq_staged_issue<kD, kBM, 2>(p, q0, lq, m0s, h, ct, buf);
+  if (m0c >= 0) kfh::write_dq<kD, kBM, KF_DQZ != 0>(p, q0, lq, m0c, h, false, ct);
+  kfh::write_dq_staged_finish<kD, kBM, 2, KF_DQZ != 0>(p, q0, lq, m0s, h, ct, buf);
+}
 
 }  // namespace kf9
 
@@ -1090,9 +1110,23 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
             }
             flags[ct] = done;
             consumer_sync();
+            // (the completed blocks three at a time, the loads of all three
+            // in flight together)
+            int pa = -1, pb = -1;
             for (int j = 0; j < 256 && b0 + j < c_hi; ++j) {
-              if (flags[j]) write_dq(p, T.q0, T.lq, KF9_COUNTED(b0 + j) * kBM, h, false, ct);
+              if (flags[j]) {
+                const int m0c = KF9_COUNTED(b0 + j) * kBM;
+                if (pa < 0) {
+                  pa = m0c;
+                } else if (pb < 0) {
+                  pb = m0c;
+                } else {
+                  write_dq_trio(p, T.q0, T.lq, pa, pb, m0c, h, ct, base + L.ds);
+                  pa = pb = -1;
+                }
+              }
             }
+            if (pa >= 0) write_dq_trio(p, T.q0, T.lq, pa, pb, -1, h, ct, base + L.ds);
             consumer_sync();
           }
 #undef KF9_COUNTED

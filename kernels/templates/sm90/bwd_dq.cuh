@@ -142,6 +142,81 @@ __device__ __forceinline__ void write_dq(const KfAttnParams& p, int q0, int lq, 
   }
 }
 
+// write_dq for up to G query blocks at once (m0s[g] < 0: no block), through
+// shared memory at `buf` (write_dq_stage_bytes<D, BM>() a block): each thread
+// copies its own chunks of every block there by cp.async, so all of them are
+// in flight together without holding registers, waits for its own copies
+// (no barrier: it reads back only what it copied) and converts them. A
+// block's conversion is one round trip to L2, and the key block that
+// completes the last counts of a head converts every one of its query
+// blocks (with the grouped visiting order its key blocks end together, so
+// one of them completes them all): one block at a time, a 2048-key head took
+// that CTA ~55 us after its last step (notes/bwd.md v15). Loading G blocks
+// into registers instead spilled the consumers (dK and dV are live here).
+template <int D, int BM>
+__device__ __forceinline__ constexpr int write_dq_stage_bytes() {
+  return BM * D * 4;
+}
+// The copies (each thread's own chunks, cp.async) ...
+template <int D, int BM, int G>
+__device__ __forceinline__ void write_dq_staged_issue(const KfAttnParams& p, int q0, int lq,
+                                                      const int (&m0s)[G], int h, int ct, u32 buf) {
+  constexpr int kChunks = D / 8;
+  constexpr int kIters = BM * kChunks / 256;
+  static_assert(BM * kChunks % 256 == 0, "write_dq_staged: the chunks must divide among 256 threads");
+  // chunk (g, k, half) of this thread at buf + ((g * kIters + k) * 2 + half) * 4096 + 16 ct
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    const int rows = m0s[g] < 0 ? 0 : (lq - m0s[g] < BM ? lq - m0s[g] : BM);
+#pragma unroll
+    for (int k = 0; k < kIters; ++k) {
+      const int i = ct + 256 * k;
+      if (i / kChunks < rows) {
+        const float* src =
+            p.dq_accum + dq_panel_offset<D>(p, q0, m0s[g] + i / kChunks, h, (i % kChunks) * 8);
+        const u32 dst = buf + ((g * kIters + k) * 2) * 4096 + 16 * ct;
+        cp_async16(dst, src, 16);
+        cp_async16(dst + 4096, src + 4, 16);
+      }
+    }
+  }
+}
+// ... and, once they are in, the conversion (this thread's chunks only).
+template <int D, int BM, int G, bool kRestore = false>
+__device__ __forceinline__ void write_dq_staged_finish(const KfAttnParams& p, int q0, int lq,
+                                                       const int (&m0s)[G], int h, int ct,
+                                                       u32 buf) {
+  constexpr int kChunks = D / 8;
+  constexpr int kIters = BM * kChunks / 256;
+  cp_async_wait_all();
+  const float sc = p.softmax_scale;
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    const int rows = m0s[g] < 0 ? 0 : (lq - m0s[g] < BM ? lq - m0s[g] : BM);
+#pragma unroll
+    for (int k = 0; k < kIters; ++k) {
+      const int i = ct + 256 * k;
+      const int r = i / kChunks;
+      if (r < rows) {
+        const u32 at = buf + ((g * kIters + k) * 2) * 4096 + 16 * ct;
+        const uint4 a = ld_shared_v4(at), b = ld_shared_v4(at + 4096);
+        const long long off = ((long long)(q0 + m0s[g] + r) * p.heads + h) * D + (i % kChunks) * 8;
+        *(uint4*)((bf16*)p.dq + off) =
+            make_uint4(pack_bf16(__uint_as_float(a.x) * sc, __uint_as_float(a.y) * sc),
+                       pack_bf16(__uint_as_float(a.z) * sc, __uint_as_float(a.w) * sc),
+                       pack_bf16(__uint_as_float(b.x) * sc, __uint_as_float(b.y) * sc),
+                       pack_bf16(__uint_as_float(b.z) * sc, __uint_as_float(b.w) * sc));
+        if constexpr (kRestore) {
+          float* const src =
+              p.dq_accum + dq_panel_offset<D>(p, q0, m0s[g] + r, h, (i % kChunks) * 8);
+          __stcg((float4*)src, make_float4(0.f, 0.f, 0.f, 0.f));
+          __stcg((float4*)(src + 4), make_float4(0.f, 0.f, 0.f, 0.f));
+        }
+      }
+    }
+  }
+}
+
 // This consumer's 64 x 64 slice of dQ (the unscaled accumulators: row
 // r0 = 16 * warp + lane / 4 holds dq[4j], dq[4j+1] at columns 8j + cq, +1 and
 // row r0 + 8 dq[4j+2], dq[4j+3]) added into dq_accum rows m0.. of head h
