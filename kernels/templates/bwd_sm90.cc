@@ -98,6 +98,10 @@ TemplateDef BwdSm90Template() {
       // every launch (manifest restores_dq_accum; notes/bwd.md v13). Not
       // with DQW=1.
       {"DQZ", {0, 1}, 0},
+      // 1: once every tile is handed out, a head's end queues the query blocks
+      // it completed, and CTAs left without tiles convert them (manifest
+      // workspace fixed_bytes: the queue; notes/bwd.md v16).
+      {"HELP", {0, 1}, 0},
   };
   def.info.description =
       "Hopper backward (FA3-style): a CTA per key block of 128 keys (runs of short sequences "
@@ -175,6 +179,7 @@ TemplateDef BwdSm90Template() {
     m.split_slot_bytes = Knob(k, "SPLIT") ? 256 * d * 4 : 0;
     m.zero_dq_accum = Knob(k, "DQW") == 0;
     m.restores_dq_accum = Knob(k, "DQZ") == 1;
+    m.workspace_fixed_bytes = Knob(k, "HELP") ? kf_bwd_sm90_help_bytes() : 0;
     return v;
   };
   // D=64: BLOCK_M=128 (dQ split by rows: one reduction per element and key
@@ -211,7 +216,7 @@ TemplateDef BwdSm90Template() {
             {"ORDER", order}, {"SPLIT", heavy_short ? 1 : 0},
             {"DQ_DIRECT", MostKeysFitOneBlock(s) ? 1 : 0}, {"CSKIP", 1}, {"TMA", 1},
             {"KVFIRST", heavy_short ? 1 : 0}, {"DQW", heavy_short ? 1 : 0},
-            {"DQZ", heavy_short ? 0 : 1}};
+            {"DQZ", heavy_short ? 0 : 1}, {"HELP", 0}};
   };
   def.preference = [](const ShapeKey& s) {
     if (s.op != Op::kBackward || s.arch != "sm_90a") return 0;

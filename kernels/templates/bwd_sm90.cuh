@@ -54,7 +54,8 @@
 //
 // Knobs (prepended #defines): KF_HEAD_DIM (64|128), KF_BLOCK_M (64|128; 128
 // only with D = 64), KF_BLOCK_N (128), KF_STAGES (1|2; the space has 2),
-// KF_ORDER, KF_SPLIT, KF_DQ_DIRECT, KF_CSKIP, KF_TMA, KF_KVFIRST, KF_DQW (below).
+// KF_ORDER, KF_SPLIT, KF_DQ_DIRECT, KF_CSKIP, KF_TMA, KF_KVFIRST, KF_DQW, KF_DQZ,
+// KF_HELP (below).
 // The shared-memory layout is kf_bwd_sm90_layout()
 // (templates/bwd_sm90_layout.h, prepended).
 // Entry point: extern "C" __global__ kf_attn_bwd(const __grid_constant__ KfAttnParams p),
@@ -170,6 +171,21 @@
 #if (KF_DQZ != 0) && (KF_DQZ != 1)
 #error "bwd_sm90: KF_DQZ must be 0 or 1"
 #endif
+// KF_HELP = 1 (manifest fixed workspace bytes: the help queue,
+// kf_bwd_sm90_help_bytes): once every tile has been handed out, a head's end
+// queues the query blocks it completed (three to an item) instead of
+// converting them itself, and a CTA left without tiles takes items from the
+// queue and converts them until every tile is finished and the queue is
+// empty. With the grouped order the key blocks of a head end together and
+// the last one completes every count: alone it converted the head's blocks
+// one round trip at a time while the SMs its siblings left sat idle, the
+// launch's tail (notes/bwd.md v15, v16).
+#ifndef KF_HELP
+#define KF_HELP 0
+#endif
+#if (KF_HELP != 0) && (KF_HELP != 1)
+#error "bwd_sm90: KF_HELP must be 0 or 1"
+#endif
 #if KF_DQZ && KF_DQW
 #error "bwd_sm90: KF_DQZ restores the zeros KF_DQW does not need"
 #endif
@@ -253,6 +269,10 @@ constexpr int kCountMask = kDqReady - 1;
 #else
 constexpr int kCountMask = kDeltaClaim - 1;
 #endif
+// The workspace's counter area comes after the help queue (KF_HELP), the
+// manifest's fixed bytes (kernels/CONTRACT.md: counters after the fixed bytes).
+#define KF9_HELP_BYTES (KF_HELP ? kf_bwd_sm90_help_bytes() : 0)
+#define KF9_COUNTERS ((int*)((char*)p.workspace + KF9_HELP_BYTES))
 // p.delta holds each published row's delta as its bits XOR kDeltaTag, with
 // -0 stored as +0 (the sign of a zero delta changes
 // nothing), so the zero the host leaves there reads as "not published" and
@@ -383,6 +403,79 @@ __device__ __noinline__ void write_dq_trio(const KfAttnParams& p, int q0, int lq
   if (m0c >= 0) kfh::write_dq<kD, kBM, KF_DQZ != 0>(p, q0, lq, m0c, h, false, ct);
   kfh::write_dq_staged_finish<kD, kBM, 2, KF_DQZ != 0>(p, q0, lq, m0s, h, ct, buf);
 }
+
+#if KF_HELP
+// The help queue (templates/bwd_sm90_layout.h): ints 0 (items reserved),
+// 1 (tickets taken), 2 (tiles finished), items from int 64.
+__device__ __forceinline__ int* help_queue(const KfAttnParams& p) { return (int*)p.workspace; }
+__device__ __forceinline__ void st_release(int* a, int v) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(a), "r"(v) : "memory");
+}
+__device__ __forceinline__ void red_add_release(int* a, int v) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(a), "r"(v) : "memory");
+}
+// The consumers' barrier 5: how many of the 256 threads pass `v`.
+__device__ __forceinline__ int consumer_sync_count(bool v) {
+  int n;
+  asm volatile(
+      "{\n.reg .pred q;\nsetp.ne.u32 q, %1, 0;\nbar.red.popc.u32 %0, 5, 256, q;\n}\n"
+      : "=r"(n)
+      : "r"((u32)v)
+      : "memory");
+  return n;
+}
+// Item `slot`: rows m0a, m0b, m0c (-1: none) of head h of the sequence (or
+// packed run) at q0, lq rows. One thread writes it; lq (> 0) goes last, with
+// release: the counts that completed these blocks, acquired by this CTA's
+// counter atomics and fences, precede it, so a helper that reads the tag
+// reads the blocks' finished sums.
+__device__ __forceinline__ void help_push(const KfAttnParams& p, int slot, int q0, int lq,
+                                          int h, int m0a, int m0b, int m0c) {
+  int* const it = help_queue(p) + 64 + 8 * slot;
+  it[1] = q0;
+  it[2] = h;
+  it[3] = m0a;
+  it[4] = m0b;
+  it[5] = m0c;
+  st_release(it, lq);
+}
+// A CTA without tiles: takes tickets, one item each, and converts the item's
+// blocks, until a ticket has no item and every tile is finished (every push
+// comes before its tile's finish count, so none can come after). A ticket's
+// item may still be on its way (reserved, not yet written): waited for.
+__device__ __noinline__ void help_convert(const KfAttnParams& p, int ct, u32 buf, int* flags) {
+  int* const q = help_queue(p);
+  for (;;) {
+    if (ct == 0) {
+      const int t = atomicAdd(q + 1, 1);
+      int lq = 0;
+      if (t < kf_bwd_sm90_help_items()) {
+        int* const it = q + 64 + 8 * t;
+        for (;;) {
+          lq = kfh::ld_acquire(it);
+          if (lq) break;
+          if (kfh::ld_acquire(q + 2) >= p.num_tiles) {
+            lq = kfh::ld_acquire(it);
+            break;
+          }
+          __nanosleep(128);
+        }
+        if (lq) {
+#pragma unroll
+          for (int j = 1; j < 6; ++j) flags[j] = __ldcg(it + j);
+        }
+      }
+      flags[0] = lq;
+    }
+    consumer_sync();
+    const int lq = flags[0], q0 = flags[1], h = flags[2];
+    const int m0a = flags[3], m0b = flags[4], m0c = flags[5];
+    consumer_sync();  // flags[] read by all before thread 0 writes the next item
+    if (!lq) return;
+    write_dq_trio(p, q0, lq, m0a, m0b, m0c, h, ct, buf);
+  }
+}
+#endif
 
 }  // namespace kf9
 
@@ -614,7 +707,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
           const int c =
               alone ? kDeltaClaim
                     : kfh::atom_or_acquire(
-                          (int*)p.workspace + (long long)(T.qbase + m0 / kBM) * p.heads + h,
+                          KF9_COUNTERS + (long long)(T.qbase + m0 / kBM) * p.heads + h,
                           kDeltaClaim);
           flags[256 + (it & 1)] = c;
           flags[262 + s] = alone ? 0 : c;
@@ -624,7 +717,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
           flags[256 + (it & 1)] =
               T.qbase < 0 || (KF_DQ_DIRECT && T.lk <= kBN)
                   ? kDeltaClaim
-                  : atomicOr((int*)p.workspace + (long long)(T.qbase + m0 / kBM) * p.heads + h,
+                  : atomicOr(KF9_COUNTERS + (long long)(T.qbase + m0 / kBM) * p.heads + h,
                                      kDeltaClaim);
         }
 #endif
@@ -743,6 +836,10 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
   int owed = -1;
 #endif
   for (int ti = 0;; ++ti) {
+#if KF_HELP
+    // The previous tile is finished and its items pushed (by this thread).
+    if (ct == 0 && ti > 0) red_add_release(help_queue(p) + 2, 1);
+#endif
     mbar_wait(bar_tile_full + 8 * (ti & 1), (ti >> 1) & 1);
     const int idx = flags[258 + (ti & 1)];
     mbar_arrive(bar_tile_empty + 8 * (ti & 1));
@@ -828,7 +925,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
           if (owed >= 0) {
             if ((tid & 127) == 0) {
               bulk_wait_all();
-              kfh::publish_dq_ready((int*)p.workspace + owed, kDqReady << w);
+              kfh::publish_dq_ready(KF9_COUNTERS + owed, kDqReady << w);
             }
             owed = -1;
           }
@@ -966,7 +1063,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         if ((tid & 127) == 0) {
           if (owed >= 0) {
             bulk_wait_all();
-            kfh::publish_dq_ready((int*)p.workspace + owed, kDqReady << w);
+            kfh::publish_dq_ready(KF9_COUNTERS + owed, kDqReady << w);
           } else {
             bulk_wait_read();
           }
@@ -1021,7 +1118,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         const int dq_claim = flags[262 + s];
         const bool own = !(dq_claim & kDeltaClaim);
         const bool unseen = !own && !(dq_claim & (kDqReady << w));
-        int* const dq_flag = (int*)p.workspace + (long long)(T.qbase + m) * p.heads + h;
+        int* const dq_flag = KF9_COUNTERS + (long long)(T.qbase + m) * p.heads + h;
         int seen = 0;
         if ((tid & 127) == 0 && unseen) seen = kfh::ld_relaxed(dq_flag);
 #endif
@@ -1057,7 +1154,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
                                                 direct, own);
         KF9_TRC(kTrConsAdd, u);
 #if KF_DQW
-        if (own && !direct && T.qbase >= 0) owed = (int)(dq_flag - (int*)p.workspace);
+        if (own && !direct && T.qbase >= 0) owed = (int)(dq_flag - KF9_COUNTERS);
 #endif
 
 #if KF_SPLIT
@@ -1074,10 +1171,16 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
           // its tile converts them all, without counting.
           // (the bulk reduce-adds of this warpgroup complete first, and are
           // ordered, async proxy to generic, before the fence)
+#if KF_HELP
+          // Whether every tile has been handed out (then CTAs without tiles
+          // will be there to convert): read here, used after the counts,
+          // whose round trips hide its own.
+          const int handed = ct == 0 ? kfh::ld_relaxed(p.tile_counter) : 0;
+#endif
 #if KF_DQW
           if ((tid & 127) == 0) {
             bulk_wait_all();
-            if (owed >= 0) kfh::publish_dq_ready((int*)p.workspace + owed, kDqReady << w);
+            if (owed >= 0) kfh::publish_dq_ready(KF9_COUNTERS + owed, kDqReady << w);
           }
           owed = -1;
 #else
@@ -1103,13 +1206,41 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
             if (mm < T.m_blocks && T.pack) {
               done = 1;
             } else if (mm < T.m_blocks) {
-              int* counter = (int*)p.workspace + (long long)(T.qbase + mm) * p.heads + h;
+              int* counter = KF9_COUNTERS + (long long)(T.qbase + mm) * p.heads + h;
               done = ((atomicAdd(counter, 1) + 1) & kCountMask) ==
                      kfh::key_blocks_into<kBM, kBN>(T.lq, T.lk, mm, p.causal);
               __threadfence();
             }
             flags[ct] = done;
+#if KF_HELP
+            // Every tile handed out: the completed blocks go to the help
+            // queue, three to an item, in slots reserved at once (a full
+            // queue: converted here as before).
+            const int n_done = consumer_sync_count(done);
+            if (ct == 0) {
+              int first = -1;
+              if (n_done > 0 && handed + (int)gridDim.x >= p.num_tiles) {
+                const int items = (n_done + 2) / 3;
+                const int r = atomicAdd(help_queue(p), items);
+                first = r + items <= kf_bwd_sm90_help_items() ? r : -1;
+              }
+              flags[264] = first;
+            }
             consumer_sync();
+            int slot = flags[264];
+#define KF9_CONVERT(a, b, c)                                                        \
+  {                                                                                 \
+    if (slot >= 0) {                                                                \
+      if (ct == 0) help_push(p, slot, T.q0, T.lq, h, a, b, c);                      \
+      ++slot;                                                                       \
+    } else {                                                                        \
+      write_dq_trio(p, T.q0, T.lq, a, b, c, h, ct, base + L.ds);                    \
+    }                                                                               \
+  }
+#else
+            consumer_sync();
+#define KF9_CONVERT(a, b, c) write_dq_trio(p, T.q0, T.lq, a, b, c, h, ct, base + L.ds)
+#endif
             // (the completed blocks three at a time, the loads of all three
             // in flight together)
             int pa = -1, pb = -1;
@@ -1121,12 +1252,13 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
                 } else if (pb < 0) {
                   pb = m0c;
                 } else {
-                  write_dq_trio(p, T.q0, T.lq, pa, pb, m0c, h, ct, base + L.ds);
+                  KF9_CONVERT(pa, pb, m0c);
                   pa = pb = -1;
                 }
               }
             }
-            if (pa >= 0) write_dq_trio(p, T.q0, T.lq, pa, pb, -1, h, ct, base + L.ds);
+            if (pa >= 0) KF9_CONVERT(pa, pb, -1);
+#undef KF9_CONVERT
             consumer_sync();
           }
 #undef KF9_COUNTED
@@ -1150,7 +1282,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
       constexpr int kSlotBytes = 256 * kD * 4;  // 256 consumer threads x (dK, dV) of kD / 2
       const long long area =
           (4ll * p.heads * (p.total_q / kBM + p.batch + 1) + 255) / 256 * 256;
-      char* const pair = (char*)p.workspace + area + (long long)T.slot * (256 + kSlotBytes);
+      char* const pair = (char*)KF9_COUNTERS + area + (long long)T.slot * (256 + kSlotBytes);
       float4* const mine = (float4*)(pair + 256) + ct * (kD / 4);
       consumer_sync();  // every thread is done with flags[] of the last step
       if (ct == 0) flags[0] = atomicAdd((int*)pair, 1);
@@ -1250,4 +1382,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
       KF9_TRC(kTrConsEnd, 0);
     }
   }
+#if KF_HELP
+  help_convert(p, ct, base + L.ds, flags);
+#endif
 }

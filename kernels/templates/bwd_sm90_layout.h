@@ -25,7 +25,9 @@ struct KfBwdSm90Layout {
   int delta;        // ... and BLOCK_M floats delta; stage s at + s * 4 * BLOCK_M
   int flags;        // 256 ints (dq completion flags of the consumer warpgroups), then
                     //   8 ints for the producer: 256-257 the delta claim it broadcasts,
-                    //   258-259 the tile index it passes on, 260-261 the next one
+                    //   258-259 the tile index it passes on, 260-261 the next one,
+                    //   262-263 the stage's claim word (DQW); then 4 for the consumers:
+                    //   264 the first help-queue slot of a head's end (HELP)
   int win;          // the consumers': a packed tile's row windows (BLOCK_N ints, lo | hi << 16)
   int pack;         //   and its members' query and key offsets (2 x kf_bwd_sm90_pack_entries())
   int bars;         // mbarriers (8 B each): full[S], empty[S], kv_full, kv_empty,
@@ -39,6 +41,13 @@ struct KfBwdSm90Layout {
 // (A function, not a constant: under -default-device a namespace-scope
 // constant becomes device memory.) BuildKeyTiles' kMaxKeyPack must fit.
 constexpr int kf_bwd_sm90_pack_entries() { return 132; }
+
+// The help queue (KF_HELP = 1, kernels/notes/bwd.md v16): the manifest's fixed
+// workspace bytes, before the counters. Ints 0-2: items reserved, tickets
+// taken, tiles finished; items of 8 ints each from int 64 ({lq, q0, head,
+// up to three query-block row offsets}, lq written last as the item's tag).
+constexpr int kf_bwd_sm90_help_items() { return 2048; }
+constexpr int kf_bwd_sm90_help_bytes() { return 256 + 32 * kf_bwd_sm90_help_items(); }
 
 constexpr KfBwdSm90Layout kf_bwd_sm90_layout(int d, int block_m, int block_n, int stages) {
   KfBwdSm90Layout l{};
@@ -58,7 +67,7 @@ constexpr KfBwdSm90Layout kf_bwd_sm90_layout(int d, int block_m, int block_n, in
   l.lse = l.o + l.tile_q_bytes;
   l.delta = l.lse + stages * block_m * 4;
   l.flags = l.delta + stages * block_m * 4;
-  l.win = l.flags + 264 * 4;
+  l.win = l.flags + 268 * 4;
   l.pack = l.win + block_n * 4;
   l.bars = l.pack + 2 * kf_bwd_sm90_pack_entries() * 4;
   l.total = l.bars + (3 * stages + 6) * 8;
