@@ -837,8 +837,18 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
 #endif
   for (int ti = 0;; ++ti) {
 #if KF_HELP
-    // The previous tile is finished and its items pushed (by this thread).
-    if (ct == 0 && ti > 0) red_add_release(help_queue(p) + 2, 1);
+    // The previous tile is finished and its items pushed (by this thread):
+    // with release where it pushed any (a helper that sees every tile
+    // finished sees their tags), relaxed elsewhere (a release here waits for
+    // the tile's dK and dV stores, a microsecond a tile).
+    if (ct == 0 && ti > 0) {
+      if (flags[265]) {
+        red_add_release(help_queue(p) + 2, 1);
+      } else {
+        atomicAdd(help_queue(p) + 2, 1);
+      }
+    }
+    if (ct == 0) flags[265] = 0;
 #endif
     mbar_wait(bar_tile_full + 8 * (ti & 1), (ti >> 1) & 1);
     const int idx = flags[258 + (ti & 1)];
@@ -1231,7 +1241,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
 #define KF9_CONVERT(a, b, c)                                                        \
   {                                                                                 \
     if (slot >= 0) {                                                                \
-      if (ct == 0) help_push(p, slot, T.q0, T.lq, h, a, b, c);                      \
+      if (ct == 0) help_push(p, slot, T.q0, T.lq, h, a, b, c), flags[265] = 1;      \
       ++slot;                                                                       \
     } else {                                                                        \
       write_dq_trio(p, T.q0, T.lq, a, b, c, h, ct, base + L.ds);                    \

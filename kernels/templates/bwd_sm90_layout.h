@@ -27,7 +27,8 @@ struct KfBwdSm90Layout {
                     //   8 ints for the producer: 256-257 the delta claim it broadcasts,
                     //   258-259 the tile index it passes on, 260-261 the next one,
                     //   262-263 the stage's claim word (DQW); then 4 for the consumers:
-                    //   264 the first help-queue slot of a head's end (HELP)
+                    //   264 the first help-queue slot of a head's end, 265 whether this tile
+                    //   pushed any item (HELP)
   int win;          // the consumers': a packed tile's row windows (BLOCK_N ints, lo | hi << 16)
   int pack;         //   and its members' query and key offsets (2 x kf_bwd_sm90_pack_entries())
   int bars;         // mbarriers (8 B each): full[S], empty[S], kv_full, kv_empty,
