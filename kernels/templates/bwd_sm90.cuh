@@ -841,14 +841,14 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
     // with release where it pushed any (a helper that sees every tile
     // finished sees their tags), relaxed elsewhere (a release here waits for
     // the tile's dK and dV stores, a microsecond a tile).
-    if (ct == 0 && ti > 0) {
-      if (flags[265]) {
+    if (ct == 0) {
+      if (ti > 0 && flags[265]) {
         red_add_release(help_queue(p) + 2, 1);
-      } else {
+      } else if (ti > 0) {
         atomicAdd(help_queue(p) + 2, 1);
       }
+      flags[265] = 0;
     }
-    if (ct == 0) flags[265] = 0;
 #endif
     mbar_wait(bar_tile_full + 8 * (ti & 1), (ti >> 1) & 1);
     const int idx = flags[258 + (ti & 1)];
