@@ -6,8 +6,9 @@
 //
 // Structure (FA3-style warp specialisation; Q and dO by TMA with KF_TMA):
 //   * 384 threads = 3 warpgroups. A CTA takes key-major tiles
-//     {b, kv head g, n_block, qbase} from p.tiles: its first is blockIdx.x,
-//     then the producer's thread 0 takes the next from p.tile_counter and
+//     {b, kv head g, n_block, qbase} from p.tiles: its first is blockIdx.x
+//     (KF_HELP: from the counter too), then the producer's thread 0 takes
+//     the next from p.tile_counter and
 //     passes each index to the consumers through two smem slots (tile_full /
 //     tile_empty mbarriers), so a CTA that drew light tiles takes more.
 //   * WG0, the producer (setmaxnreg.dec): per step (one query head of the
@@ -272,6 +273,9 @@ constexpr int kCountMask = kDeltaClaim - 1;
 // The workspace's counter area comes after the help queue (KF_HELP), the
 // manifest's fixed bytes (kernels/CONTRACT.md: counters after the fixed bytes).
 #define KF9_HELP_BYTES (KF_HELP ? kf_bwd_sm90_help_bytes() : 0)
+// Tiles not drawn from the counter: each CTA's first is blockIdx.x, except
+// with the help queue, where every tile is drawn (see the producer's loop).
+#define KF9_FIRST_TAKEN (KF_HELP ? 0 : (int)gridDim.x)
 #define KF9_COUNTERS ((int*)((char*)p.workspace + KF9_HELP_BYTES))
 // p.delta holds each published row's delta as its bits XOR kDeltaTag, with
 // -0 stored as +0 (the sign of a zero delta changes
@@ -406,7 +410,7 @@ __device__ __noinline__ void write_dq_trio(const KfAttnParams& p, int q0, int lq
 
 #if KF_HELP
 // The help queue (templates/bwd_sm90_layout.h): ints 0 (items reserved),
-// 1 (tickets taken), 2 (tiles finished), items from int 64.
+// 1 (tickets taken), 32 (tiles finished), items from int 64.
 __device__ __forceinline__ int* help_queue(const KfAttnParams& p) { return (int*)p.workspace; }
 __device__ __forceinline__ void st_release(int* a, int v) {
   asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(a), "r"(v) : "memory");
@@ -454,7 +458,7 @@ __device__ __noinline__ void help_convert(const KfAttnParams& p, int ct, u32 buf
         for (;;) {
           lq = kfh::ld_acquire(it);
           if (lq) break;
-          if (kfh::ld_acquire(q + 2) >= p.num_tiles) {
+          if (kfh::ld_acquire(q + 32) >= p.num_tiles) {
             lq = kfh::ld_acquire(it);
             break;
           }
@@ -633,7 +637,18 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
     // the other producer threads through flags[260 + (ti & 1)]. (Fetching it
     // at the tile's first step, beside the delta claim, measured 2-4% slower
     // on the causal shapes: notes/bwd.md v6.)
+#if KF_HELP
+    // With the help queue the first tile comes from the counter too: helpers
+    // wait until every tile is finished, so every tile handed out must be
+    // held by a CTA that runs. Tile blockIdx.x would belong to a CTA not yet
+    // resident (another launch holding SMs) and the helpers would wait for
+    // it while holding the SMs it needs.
+    if (t == 0) flags[261] = atomicAdd(p.tile_counter, 1);
+    wg_sync(4);
+    int idx = flags[261];  // (next written at tile 1's end, after tile 0's barrier)
+#else
     int idx = blockIdx.x;
+#endif
     for (int ti = 0;; ++ti) {
       if (t == 0) {
         mbar_wait(bar_tile_empty + 8 * (ti & 1), ((ti >> 1) & 1) ^ 1);
@@ -800,7 +815,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         mbar_arrive(bar_full + 8 * s);
       }
       if (KF9_STEPS > 0) ++kt;
-      if (t == 0) flags[260 + (ti & 1)] = atomicAdd(p.tile_counter, 1) + (int)gridDim.x;
+      if (t == 0) flags[260 + (ti & 1)] = atomicAdd(p.tile_counter, 1) + KF9_FIRST_TAKEN;
       wg_sync(4);
       idx = flags[260 + (ti & 1)];
       KF9_TRP(kTrProdNext, idx);
@@ -843,9 +858,9 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
     // the tile's dK and dV stores, a microsecond a tile).
     if (ct == 0) {
       if (ti > 0 && flags[265]) {
-        red_add_release(help_queue(p) + 2, 1);
+        red_add_release(help_queue(p) + 32, 1);
       } else if (ti > 0) {
-        atomicAdd(help_queue(p) + 2, 1);
+        atomicAdd(help_queue(p) + 32, 1);
       }
       flags[265] = 0;
     }
@@ -1229,7 +1244,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
             const int n_done = consumer_sync_count(done);
             if (ct == 0) {
               int first = -1;
-              if (n_done > 0 && handed + (int)gridDim.x >= p.num_tiles) {
+              if (n_done > 0 && handed >= p.num_tiles) {
                 const int items = (n_done + 2) / 3;
                 const int r = atomicAdd(help_queue(p), items);
                 first = r + items <= kf_bwd_sm90_help_items() ? r : -1;

@@ -44,9 +44,11 @@ struct KfBwdSm90Layout {
 constexpr int kf_bwd_sm90_pack_entries() { return 132; }
 
 // The help queue (KF_HELP = 1, kernels/notes/bwd.md v16): the manifest's fixed
-// workspace bytes, before the counters. Ints 0-2: items reserved, tickets
-// taken, tiles finished; items of 8 ints each from int 64 ({lq, q0, head,
-// up to three query-block row offsets}, lq written last as the item's tag).
+// workspace bytes, before the counters. Ints 0 and 1: items reserved,
+// tickets taken; int 32: tiles finished (the helpers poll it, so it sits in
+// another 128-byte line than the two atomics); items of 8 ints each from int
+// 64 ({lq, q0, head, up to three query-block row offsets}, lq written last as
+// the item's tag).
 constexpr int kf_bwd_sm90_help_items() { return 2048; }
 constexpr int kf_bwd_sm90_help_bytes() { return 256 + 32 * kf_bwd_sm90_help_items(); }
 
