@@ -387,27 +387,6 @@ __device__ __forceinline__ void load_tile(u32 dst, const bf16* src, long long st
 __device__ void write_dq(const KfAttnParams& p, int q0, int lq, int m0, int h, bool zero, int ct) {
   kfh::write_dq<kD, kBM, KF_DQZ != 0>(p, q0, lq, m0, h, zero, ct);
 }
-// Query blocks converted together at a head's end (write_dq_trio): two
-// through the consumers' dS and dQ staging buffers, free there: one
-// contiguous range (the layout's order) of at least two blocks' fp32 rows.
-static_assert(kf_bwd_sm90_layout(kD, kBM, kBN, kS).dq ==
-                      kf_bwd_sm90_layout(kD, kBM, kBN, kS).ds +
-                          2 * kf_bwd_sm90_layout(kD, kBM, kBN, kS).ds_bytes &&
-                  2 * kf_bwd_sm90_layout(kD, kBM, kBN, kS).ds_bytes +
-                          2 * kf_bwd_sm90_layout(kD, kBM, kBN, kS).dq_bytes >=
-                      2 * kfh::write_dq_stage_bytes<kD, kBM>(),
-              "bwd_sm90: the dS and dQ staging buffers must hold two query blocks of dq_accum");
-// (a call: inline, the group's addresses spilled the consumers, whose dK and
-// dV are live here; its own registers are free)
-__device__ __noinline__ void write_dq_trio(const KfAttnParams& p, int q0, int lq, int m0a,
-                                           int m0b, int m0c, int h, int ct, u32 buf) {
-  // two through shared memory, a third through registers meanwhile
-  const int m0s[2] = {m0a, m0b};
-  kfh::write_dq_staged_issue<kD, kBM, 2>(p, q0, lq, m0s, h, ct, buf);
-  if (m0c >= 0) kfh::write_dq<kD, kBM, KF_DQZ != 0>(p, q0, lq, m0c, h, false, ct);
-  kfh::write_dq_staged_finish<kD, kBM, 2, KF_DQZ != 0>(p, q0, lq, m0s, h, ct, buf);
-}
-
 #if KF_HELP
 // The help queue (templates/bwd_sm90_layout.h): ints 0 (items reserved),
 // 1 (tickets taken), 32 (tiles finished), items from int 64.
@@ -447,7 +426,7 @@ __device__ __forceinline__ void help_push(const KfAttnParams& p, int slot, int q
 // blocks, until a ticket has no item and every tile is finished (every push
 // comes before its tile's finish count, so none can come after). A ticket's
 // item may still be on its way (reserved, not yet written): waited for.
-__device__ __noinline__ void help_convert(const KfAttnParams& p, int ct, u32 buf, int* flags) {
+__device__ __noinline__ void help_convert(const KfAttnParams& p, int ct, int* flags) {
   int* const q = help_queue(p);
   for (;;) {
     if (ct == 0) {
@@ -476,7 +455,9 @@ __device__ __noinline__ void help_convert(const KfAttnParams& p, int ct, u32 buf
     const int m0a = flags[3], m0b = flags[4], m0c = flags[5];
     consumer_sync();  // flags[] read by all before thread 0 writes the next item
     if (!lq) return;
-    write_dq_trio(p, q0, lq, m0a, m0b, m0c, h, ct, buf);
+    write_dq(p, q0, lq, m0a, h, false, ct);
+    if (m0b >= 0) write_dq(p, q0, lq, m0b, h, false, ct);
+    if (m0c >= 0) write_dq(p, q0, lq, m0c, h, false, ct);
   }
 }
 #endif
@@ -578,10 +559,11 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
   float* const delta_s = (float*)(base_ptr + L.delta);                              \
   int* const win_s = (int*)(base_ptr + L.win);                                      \
   int* const flags = (int*)(base_ptr + L.flags);                                    \
+  int* const help_s = (int*)(base_ptr + L.help);                                    \
   (void)sK; (void)sV; (void)bar_full; (void)bar_empty; (void)bar_kv_full;           \
   (void)bar_kv_empty; (void)bar_tile_full; (void)bar_tile_empty; (void)bar_land; \
   (void)lse_s;                                                                      \
-  (void)delta_s; (void)win_s; (void)flags
+  (void)delta_s; (void)win_s; (void)flags; (void)help_s
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
@@ -857,12 +839,12 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
     // finished sees their tags), relaxed elsewhere (a release here waits for
     // the tile's dK and dV stores, a microsecond a tile).
     if (ct == 0) {
-      if (ti > 0 && flags[265]) {
+      if (ti > 0 && help_s[1]) {
         red_add_release(help_queue(p) + 32, 1);
       } else if (ti > 0) {
         atomicAdd(help_queue(p) + 32, 1);
       }
-      flags[265] = 0;
+      help_s[1] = 0;
     }
 #endif
     mbar_wait(bar_tile_full + 8 * (ti & 1), (ti >> 1) & 1);
@@ -1249,41 +1231,39 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
                 const int r = atomicAdd(help_queue(p), items);
                 first = r + items <= kf_bwd_sm90_help_items() ? r : -1;
               }
-              flags[264] = first;
+              help_s[0] = first;
             }
             consumer_sync();
-            int slot = flags[264];
-#define KF9_CONVERT(a, b, c)                                                        \
-  {                                                                                 \
-    if (slot >= 0) {                                                                \
-      if (ct == 0) help_push(p, slot, T.q0, T.lq, h, a, b, c), flags[265] = 1;      \
-      ++slot;                                                                       \
-    } else {                                                                        \
-      write_dq_trio(p, T.q0, T.lq, a, b, c, h, ct, base + L.ds);                    \
-    }                                                                               \
-  }
-#else
-            consumer_sync();
-#define KF9_CONVERT(a, b, c) write_dq_trio(p, T.q0, T.lq, a, b, c, h, ct, base + L.ds)
-#endif
-            // (the completed blocks three at a time, the loads of all three
-            // in flight together)
-            int pa = -1, pb = -1;
-            for (int j = 0; j < 256 && b0 + j < c_hi; ++j) {
-              if (flags[j]) {
-                const int m0c = KF9_COUNTED(b0 + j) * kBM;
-                if (pa < 0) {
-                  pa = m0c;
-                } else if (pb < 0) {
-                  pb = m0c;
-                } else {
-                  KF9_CONVERT(pa, pb, m0c);
-                  pa = pb = -1;
+            if (help_s[0] >= 0) {
+              // (thread 0 alone: the items name the blocks, three to an item)
+              if (ct == 0) {
+                int slot = help_s[0], pa = -1, pb = -1;
+                for (int j = 0; j < 256 && b0 + j < c_hi; ++j) {
+                  if (!flags[j]) continue;
+                  const int mc = KF9_COUNTED(b0 + j) * kBM;
+                  if (pa < 0) {
+                    pa = mc;
+                  } else if (pb < 0) {
+                    pb = mc;
+                  } else {
+                    help_push(p, slot++, T.q0, T.lq, h, pa, pb, mc);
+                    pa = pb = -1;
+                  }
                 }
+                if (pa >= 0) help_push(p, slot, T.q0, T.lq, h, pa, pb, -1);
+                help_s[1] = 1;
+              }
+            } else {
+              for (int j = 0; j < 256 && b0 + j < c_hi; ++j) {
+                if (flags[j]) write_dq(p, T.q0, T.lq, KF9_COUNTED(b0 + j) * kBM, h, false, ct);
               }
             }
-            if (pa >= 0) KF9_CONVERT(pa, pb, -1);
-#undef KF9_CONVERT
+#else
+            consumer_sync();
+            for (int j = 0; j < 256 && b0 + j < c_hi; ++j) {
+              if (flags[j]) write_dq(p, T.q0, T.lq, KF9_COUNTED(b0 + j) * kBM, h, false, ct);
+            }
+#endif
             consumer_sync();
           }
 #undef KF9_COUNTED
@@ -1408,6 +1388,6 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
     }
   }
 #if KF_HELP
-  help_convert(p, ct, base + L.ds, flags);
+  help_convert(p, ct, flags);
 #endif
 }

@@ -26,13 +26,14 @@ struct KfBwdSm90Layout {
   int flags;        // 256 ints (dq completion flags of the consumer warpgroups), then
                     //   8 ints for the producer: 256-257 the delta claim it broadcasts,
                     //   258-259 the tile index it passes on, 260-261 the next one,
-                    //   262-263 the stage's claim word (DQW); then 4 for the consumers:
-                    //   264 the first help-queue slot of a head's end, 265 whether this tile
-                    //   pushed any item (HELP)
+                    //   262-263 the stage's claim word (DQW)
   int win;          // the consumers': a packed tile's row windows (BLOCK_N ints, lo | hi << 16)
   int pack;         //   and its members' query and key offsets (2 x kf_bwd_sm90_pack_entries())
   int bars;         // mbarriers (8 B each): full[S], empty[S], kv_full, kv_empty,
                     //   tile_full[2], tile_empty[2], land[S] (TMA: a stage's Q and dO in)
+  int help;         // 4 ints for the consumers (KF_HELP): 0 the first help-queue slot of a
+                    //   head's end, 1 whether this tile pushed any item. Last, so that
+                    //   every other offset is the same with and without the knob.
   int total;        // bytes used from the aligned base
   int dynamic_bytes;// dynamic shared memory to request
 };
@@ -70,10 +71,11 @@ constexpr KfBwdSm90Layout kf_bwd_sm90_layout(int d, int block_m, int block_n, in
   l.lse = l.o + l.tile_q_bytes;
   l.delta = l.lse + stages * block_m * 4;
   l.flags = l.delta + stages * block_m * 4;
-  l.win = l.flags + 268 * 4;
+  l.win = l.flags + 264 * 4;
   l.pack = l.win + block_n * 4;
   l.bars = l.pack + 2 * kf_bwd_sm90_pack_entries() * 4;
-  l.total = l.bars + (3 * stages + 6) * 8;
+  l.help = l.bars + (3 * stages + 6) * 8;
+  l.total = l.help + 4 * 4;
   l.dynamic_bytes = l.total + 1024;
   return l;
 }
