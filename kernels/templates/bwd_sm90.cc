@@ -102,6 +102,9 @@ TemplateDef BwdSm90Template() {
       // it completed, and CTAs left without tiles convert them (manifest
       // workspace fixed_bytes: the queue; notes/bwd.md v16).
       {"HELP", {0, 1}, 0},
+      // 1: a head's end converts the query blocks it completed two at a time,
+      // one round trip a pair (notes/bwd.md v17).
+      {"CONV2", {0, 1}, 0},
   };
   def.info.description =
       "Hopper backward (FA3-style): a CTA per key block of 128 keys (runs of short sequences "
@@ -216,7 +219,7 @@ TemplateDef BwdSm90Template() {
             {"ORDER", order}, {"SPLIT", heavy_short ? 1 : 0},
             {"DQ_DIRECT", MostKeysFitOneBlock(s) ? 1 : 0}, {"CSKIP", 1}, {"TMA", 1},
             {"KVFIRST", heavy_short ? 1 : 0}, {"DQW", heavy_short ? 1 : 0},
-            {"DQZ", heavy_short ? 0 : 1}, {"HELP", 0}};
+            {"DQZ", heavy_short ? 0 : 1}, {"HELP", 0}, {"CONV2", 0}};
   };
   def.preference = [](const ShapeKey& s) {
     if (s.op != Op::kBackward || s.arch != "sm_90a") return 0;
