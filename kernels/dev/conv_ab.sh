@@ -21,8 +21,10 @@ run() {  # name lengths only settings
     --templates bwd_sm90 --settings "$set" > $OUT/$n.log 2>&1
   echo "== $n rc=$?" >> $OUT/ab.txt; short $OUT/$n.log >> $OUT/ab.txt
 }
-run pub /tmp/pub.json hstu_prod_causal,gdpa_dense,hstu_imbal_causal,d64_self_causal,gdpa_self,pffn_cross_d64,powerlaw_short \
+run pub /tmp/pub.json hstu_prod_causal,gdpa_dense,hstu_imbal_causal,d64_self_causal,gdpa_self,pffn_cross_d64 \
   "bwd_sm90:CONV2=1;bwd_sm90:HELP=1"
-run tr1 kernels/dev/trace_shapes.json powerlaw_short,pl_long,dense32 "bwd_sm90:CONV2=1;bwd_sm90:HELP=1;bwd_sm90:HELP=1,CONV2=1"
+run pls /tmp/pub.json powerlaw_short "bwd_sm90:HELP=2;bwd_sm90:HELP=1;bwd_sm90:CONV2=1;bwd_sm90:HELP=2,SPLIT=0"
+run tr1 kernels/dev/trace_shapes.json powerlaw_short,pl_long,dense32 "bwd_sm90:HELP=2;bwd_sm90:CONV2=1"
+run pls2 /tmp/pub.json powerlaw_short "bwd_sm90:HELP=2;bwd_sm90:HELP=1"
 l=$(left 120); [ "$l" -gt 40 ] && TLIM=$l bash kernels/dev/trace_help.sh
 cat $OUT/ab.txt

@@ -101,7 +101,7 @@ TemplateDef BwdSm90Template() {
       // 1: once every tile is handed out, a head's end queues the query blocks
       // it completed, and CTAs left without tiles convert them (manifest
       // workspace fixed_bytes: the queue; notes/bwd.md v16).
-      {"HELP", {0, 1}, 0},
+      {"HELP", {0, 1, 2}, 0},
       // 1: a head's end converts the query blocks it completed two at a time,
       // one round trip a pair (notes/bwd.md v17).
       {"CONV2", {0, 1}, 0},

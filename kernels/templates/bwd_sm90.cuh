@@ -184,8 +184,13 @@
 #ifndef KF_HELP
 #define KF_HELP 0
 #endif
-#if (KF_HELP != 0) && (KF_HELP != 1)
-#error "bwd_sm90: KF_HELP must be 0 or 1"
+// KF_HELP = 2: as 1, and a head's end that completed KF9_HELP_MANY blocks or
+// more queues them even while tiles are left (then they wait for the first
+// CTA without tiles): in a heavy-tailed batch the long sequence's last key
+// block otherwise converts its head's blocks one round trip each after every
+// other CTA is done with its tiles (notes/bwd.md v17).
+#if (KF_HELP != 0) && (KF_HELP != 1) && (KF_HELP != 2)
+#error "bwd_sm90: KF_HELP must be 0, 1 or 2"
 #endif
 // KF_CONV2 = 1: where a tile's last head's end completes query blocks (and
 // the tile's blocks fit one counting pass), it converts them after the
@@ -286,6 +291,9 @@ constexpr int kCountMask = kDeltaClaim - 1;
 #endif
 // The workspace's counter area comes after the help queue (KF_HELP), the
 // manifest's fixed bytes (kernels/CONTRACT.md: counters after the fixed bytes).
+// (KF_HELP = 2) completed blocks that are queued whatever the tile counter
+// says: where converting them here would take ~14 round trips.
+#define KF9_HELP_MANY 14
 #define KF9_HELP_BYTES (KF_HELP ? kf_bwd_sm90_help_bytes() : 0)
 // Tiles not drawn from the counter: each CTA's first is blockIdx.x, except
 // with the help queue, where every tile is drawn (see the producer's loop).
@@ -402,7 +410,7 @@ __device__ void write_dq(const KfAttnParams& p, int q0, int lq, int m0, int h, b
   kfh::write_dq<kD, kBM, KF_DQZ != 0>(p, q0, lq, m0, h, zero, ct);
 }
 #if KF_CONV2
-__device__ __noinline__ void write_dq4(const KfAttnParams& p, int q0, int lq, int ma, int mb, int mc, int md,
+__device__ __forceinline__ void write_dq4(const KfAttnParams& p, int q0, int lq, int ma, int mb, int mc, int md,
                           int h, int ct) {
   const int m0[4] = {ma, mb, mc, md};
   kfh::write_dq_group<kD, kBM, KF_DQZ != 0, 4>(p, q0, lq, m0, h, ct);
@@ -506,7 +514,7 @@ __device__ __forceinline__ void help_push(const KfAttnParams& p, int slot, int q
 // blocks, until a ticket has no item and every tile is finished (every push
 // comes before its tile's finish count, so none can come after). A ticket's
 // item may still be on its way (reserved, not yet written): waited for.
-__device__ __noinline__ void help_convert(const KfAttnParams& p, int ct, int* flags) {
+__device__ __forceinline__ void help_convert(const KfAttnParams& p, int ct, int* flags) {
   int* const q = help_queue(p);
   for (;;) {
     if (ct == 0) {
@@ -1312,7 +1320,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
             const int n_done = consumer_sync_count(done);
             if (ct == 0) {
               int first = -1;
-              if (n_done > 0 && handed >= p.num_tiles) {
+              if (n_done > 0 && (handed >= p.num_tiles || (KF_HELP == 2 && n_done >= KF9_HELP_MANY))) {
                 const int items = (n_done + 2) / 3;
                 const int r = atomicAdd(help_queue(p), items);
                 first = r + items <= kf_bwd_sm90_help_items() ? r : -1;
