@@ -185,26 +185,13 @@
 #define KF_HELP 0
 #endif
 // KF_HELP = 2: as 1, and a head's end that completed KF9_HELP_MANY blocks or
-// more queues them even while tiles are left (then they wait for the first
-// CTA without tiles): in a heavy-tailed batch the long sequence's last key
-// block otherwise converts its head's blocks one round trip each after every
-// other CTA is done with its tiles (notes/bwd.md v17).
+// more queues them even while tiles are left (they wait for the first CTA
+// without tiles): in a heavy-tailed batch the long sequence's tiles end
+// while short ones are still handed out, and the last key block of each of
+// its heads then converted the head's blocks one round trip each after
+// every other CTA was done (notes/bwd.md v17).
 #if (KF_HELP != 0) && (KF_HELP != 1) && (KF_HELP != 2)
 #error "bwd_sm90: KF_HELP must be 0, 1 or 2"
-#endif
-// KF_CONV2 = 1: where a tile's last head's end completes query blocks (and
-// the tile's blocks fit one counting pass), it converts them after the
-// tile's dK/dV stores rather than before, four blocks a round trip
-// (write_dq_group: the dK and dV accumulators are dead there, so the loads
-// of four blocks fit in registers). The key block that completes a head's
-// counts converts all of them, in a causal batch the head's longest key
-// block, every head: one round trip a block was ~3% of hstu_prod_causal's
-// time (notes/bwd.md v15, v17).
-#ifndef KF_CONV2
-#define KF_CONV2 0
-#endif
-#if (KF_CONV2 != 0) && (KF_CONV2 != 1)
-#error "bwd_sm90: KF_CONV2 must be 0 or 1"
 #endif
 #if KF_DQZ && KF_DQW
 #error "bwd_sm90: KF_DQZ restores the zeros KF_DQW does not need"
@@ -409,72 +396,6 @@ __device__ __forceinline__ void load_tile(u32 dst, const bf16* src, long long st
 __device__ void write_dq(const KfAttnParams& p, int q0, int lq, int m0, int h, bool zero, int ct) {
   kfh::write_dq<kD, kBM, KF_DQZ != 0>(p, q0, lq, m0, h, zero, ct);
 }
-#if KF_CONV2
-__device__ __forceinline__ void write_dq4(const KfAttnParams& p, int q0, int lq, int ma, int mb, int mc, int md,
-                          int h, int ct) {
-  const int m0[4] = {ma, mb, mc, md};
-  kfh::write_dq_group<kD, kBM, KF_DQZ != 0, 4>(p, q0, lq, m0, h, ct);
-}
-#endif
-// A head's end, its counting pass [b0, c_hi) done (flags[] filled, after a
-// consumer barrier): convert the completed blocks now, one round trip each,
-// or (KF_CONV2, the tile's last step, one pass) leave them for after the
-// dK/dV stores.
-#if KF_CONV2
-#define KF9_CONVERT_OR_DEFER()                                                          \
-  if (u == KF9_STEPS - 1 && c_hi - c_lo <= 256) {                                       \
-    conv_h = h;                                                                         \
-    conv_b0 = b0;                                                                       \
-    conv_hi = c_hi;                                                                     \
-    conv_done = done;                                                                   \
-  } else {                                                                              \
-    for (int j = 0; j < 256 && b0 + j < c_hi; ++j) {                                    \
-      if (flags[j]) write_dq(p, T.q0, T.lq, KF9_COUNTED(b0 + j) * kBM, h, false, ct);   \
-    }                                                                                   \
-  }
-#else
-#define KF9_CONVERT_OR_DEFER()                                                          \
-  {                                                                                     \
-    for (int j = 0; j < 256 && b0 + j < c_hi; ++j) {                                    \
-      if (flags[j]) write_dq(p, T.q0, T.lq, KF9_COUNTED(b0 + j) * kBM, h, false, ct);   \
-    }                                                                                   \
-  }
-#endif
-// The deferred conversions (KF_CONV2), four blocks a round trip, by the 256
-// consumer threads once dK and dV are stored (or left in the split pair's
-// slot). The blocks go through flags[] again, behind a barrier: the tile's
-// last reads of it (its counting, a split half's pair word) come before.
-#if KF_CONV2
-#if KF_SPLIT
-#define KF9_CONV_BLOCK(j) kfh::key_tile_block<kBM, kBN, true>(p, T, j)
-#else
-#define KF9_CONV_BLOCK(j) (j)
-#endif
-#define KF9_DEFERRED_CONVERT()                                                    \
-  if (conv_h >= 0) {                                                              \
-    consumer_sync();                                                              \
-    flags[ct] = conv_done;                                                        \
-    consumer_sync();                                                              \
-    int ma = -1, mb = -1, mc = -1, md = -1, nq = 0;                               \
-    for (int j = 0; j < 256 && conv_b0 + j < conv_hi; ++j) {                      \
-      if (!flags[j]) continue;                                                    \
-      ma = mb;                                                                    \
-      mb = mc;                                                                    \
-      mc = md;                                                                    \
-      md = KF9_CONV_BLOCK(conv_b0 + j) * kBM;                                     \
-      if (++nq == 4) {                                                            \
-        write_dq4(p, T.q0, T.lq, ma, mb, mc, md, conv_h, ct);                     \
-        ma = mb = mc = md = -1;                                                   \
-        nq = 0;                                                                   \
-      }                                                                           \
-    }                                                                             \
-    if (nq > 0) write_dq4(p, T.q0, T.lq, ma, mb, mc, md, conv_h, ct);             \
-    consumer_sync();                                                              \
-    conv_h = -1;                                                                  \
-  }
-#else
-#define KF9_DEFERRED_CONVERT() ((void)0)
-#endif
 #if KF_HELP
 // The help queue (templates/bwd_sm90_layout.h): ints 0 (items reserved),
 // 1 (tickets taken), 32 (tiles finished), items from int 64.
@@ -514,7 +435,15 @@ __device__ __forceinline__ void help_push(const KfAttnParams& p, int slot, int q
 // blocks, until a ticket has no item and every tile is finished (every push
 // comes before its tile's finish count, so none can come after). A ticket's
 // item may still be on its way (reserved, not yet written): waited for.
-__device__ __forceinline__ void help_convert(const KfAttnParams& p, int ct, int* flags) {
+// (Inline with HELP=2, a call with HELP=1: the forms measured. Inline, HELP=1
+// cost hstu_prod_causal and gdpa_dense 11-16% on an H100, as a call 0-3%;
+// HELP=2's 7.8% gain on powerlaw_short is the inline form's; notes/bwd.md v17.)
+#if KF_HELP == 2
+#define KF9_HELP_CONVERT_INLINE __forceinline__
+#else
+#define KF9_HELP_CONVERT_INLINE __noinline__
+#endif
+__device__ KF9_HELP_CONVERT_INLINE void help_convert(const KfAttnParams& p, int ct, int* flags) {
   int* const q = help_queue(p);
   for (;;) {
     if (ct == 0) {
@@ -919,12 +848,6 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
   // query block), or -1; raised before the next step's barrier or at the
   // head's end, once the copy is complete.
   int owed = -1;
-#endif
-#if KF_CONV2
-  // The tile's last head's conversions, deferred past its dK/dV stores: the
-  // head (-1: none), its counting pass (first and end) and this thread's
-  // block's done bit of that pass.
-  int conv_h = -1, conv_b0 = 0, conv_hi = 0, conv_done = 0;
 #endif
   for (int ti = 0;; ++ti) {
 #if KF_HELP
@@ -1347,10 +1270,16 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
                 if (pa >= 0) help_push(p, slot, T.q0, T.lq, h, pa, pb, -1);
                 help_s[1] = 1;
               }
-            } else KF9_CONVERT_OR_DEFER()
+            } else {
+              for (int j = 0; j < 256 && b0 + j < c_hi; ++j) {
+                if (flags[j]) write_dq(p, T.q0, T.lq, KF9_COUNTED(b0 + j) * kBM, h, false, ct);
+              }
+            }
 #else
             consumer_sync();
-            KF9_CONVERT_OR_DEFER()
+            for (int j = 0; j < 256 && b0 + j < c_hi; ++j) {
+              if (flags[j]) write_dq(p, T.q0, T.lq, KF9_COUNTED(b0 + j) * kBM, h, false, ct);
+            }
 #endif
             consumer_sync();
           }
@@ -1389,7 +1318,6 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         __threadfence();
         consumer_sync();
         if (ct == 0) atomicExch((int*)pair + 1, 1);
-        KF9_DEFERRED_CONVERT();
         continue;  // the other half stores this key block's dK and dV
       }
       if (ct == 0) {
@@ -1475,7 +1403,6 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
       }
       KF9_TRC(kTrConsEnd, 0);
     }
-    KF9_DEFERRED_CONVERT();
   }
 #if KF_HELP
   help_convert(p, ct, flags);

@@ -2,6 +2,7 @@
 // ptxas resource report (registers, spills) per configuration.
 //   kforge-kernels-compile [--all] [template] [arch] [head_dim] [KNOB=V ...]
 //   kforge-kernels-compile --cubin-sha256 template [arch]
+//   kforge-kernels-compile --cubin-sha256 template arch head_dim KNOB=V ...  (one setting)
 //       sha256 of the cubin of every valid knob setting at each head dim (the
 //       table in templates_compile_test.cc's cubin pin)
 //   kforge-kernels-compile --text fwd_sm90
@@ -79,6 +80,24 @@ int CubinHashes(const std::string& name, const std::string& arch) {
 
 int main(int argc, char** argv) {
   std::string name = argc > 1 ? argv[1] : "fwd_mma";
+  if (name == "--cubin-sha256" && argc > 4) {
+    // one setting: --cubin-sha256 template arch head_dim KNOB=V ...
+    std::map<std::string, int> knobs;
+    for (int i = 5; i < argc; ++i) {
+      std::string a = argv[i];
+      const auto eq = a.find('=');
+      if (eq == std::string::npos) return 2;
+      knobs[a.substr(0, eq)] = std::stoi(a.substr(eq + 1));
+    }
+    auto var = Instantiate(argv[2], knobs, std::stoi(argv[4]));
+    if (!var.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(var.status().message()).c_str());
+      return 1;
+    }
+    auto r = testing::CompileVariant(var->source, argv[3]);
+    std::printf("%s\n", r.ok ? Sha256Hex(r.cubin).c_str() : "compile error");
+    return r.ok ? 0 : 1;
+  }
   if (name == "--cubin-sha256" && argc > 2) {
     return CubinHashes(argv[2], argc > 3 ? argv[3] : "sm_90a");
   }

@@ -464,6 +464,37 @@ TEST_F(WorkerGpuSequence, BwdSm90PassesEveryGate) {
   }
 }
 
+// bwd_sm90 as served to the heavy-tailed short class at head dim 128
+// (SPLIT=1 KVFIRST=1 DQW=1 HELP=2, notes/bwd.md v17) through every gate: head
+// ends that complete many blocks queue them while tiles are left, and CTAs
+// without tiles convert them from the queue (global-memory tags, a ticket
+// counter and a tiles-finished count), both masks and a batch of tiny
+// sequences.
+TEST_F(WorkerGpuSequence, BwdSm90Help2PassesEveryGate) {
+  if (WorkingGates().empty()) GTEST_SKIP() << "no compute-sanitizer tool runs here";
+  if (TheGpu().info.arch != "sm_90a") GTEST_SKIP() << "bwd_sm90 needs sm_90a";
+  gpu::CompilePool pool(2, nullptr);
+  Sandbox sandbox(GpuSandboxOptions());
+  LocalTaskRunner runner(&pool, &sandbox, GatedRunnerOptions());
+  absl::StatusOr<Variant> v = Instantiate(
+      "bwd_sm90",
+      {{"BLOCK_M", 64}, {"BLOCK_N", 128}, {"STAGES", 2}, {"ORDER", 1}, {"SPLIT", 1},
+       {"KVFIRST", 1}, {"DQW", 1}, {"HELP", 2}},
+      128);
+  ASSERT_TRUE(v.ok()) << v.status();
+  struct S { bool causal, tiny; };
+  uint64_t seed = 970;
+  for (S s : {S{false, false}, S{true, false}, S{false, true}}) {
+    const std::string label = fmt::format("bwd_sm90 HELP2{}{}", s.causal ? " causal" : "",
+                                          s.tiny ? " tiny" : "");
+    const ShapeKey k = s.tiny ? TinyGateShape(Op::kBackward, 128, s.causal)
+                              : GateShape(Op::kBackward, 128, s.causal);
+    auto r = ConfirmThroughGates(runner, k, *v, label, ++seed);
+    ASSERT_TRUE(r.has_value());
+    EXPECT_EQ(r->outcome, Outcome::kVerified) << label << ": " << r->message;
+  }
+}
+
 // fwd_sm90 with the host-balanced list and packed tiles (ORDER=1 PACK=1)
 // through every gate: each thread's row windows come from the offsets in
 // global memory, and the K/V ring is shared by plain and packed tiles of one

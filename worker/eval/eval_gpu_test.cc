@@ -493,33 +493,6 @@ TEST_F(EvalGpu, BwdSm90HelpVerify) {
   }
 }
 
-// KF_CONV2 (the tile's last head's conversions after its dK/dV stores, four
-// blocks a round trip) on the same hostile batches, with and without HELP.
-TEST_F(EvalGpu, BwdSm90Conv2Verify) {
-  if (std::string why = WhyNoBwdSm90(); !why.empty()) GTEST_SKIP() << why;
-  struct S { int d, h, kvh; bool causal, cross; int bm, order, split, direct, dqw, dqz, plain, kind, help; };
-  for (S s : {S{128, 4, 4, true, false, 64, 1, 0, 0, 0, 1, 0, 0, 0},
-              S{128, 4, 2, false, true, 64, 1, 0, 0, 0, 0, 0, 0, 1},
-              S{128, 2, 1, true, true, 64, 0, 0, 0, 0, 1, 0, 0, 0},
-              S{64, 4, 1, true, true, 128, 1, 0, 0, 1, 0, 0, 0, 0},
-              S{64, 2, 2, false, false, 64, 1, 0, 0, 0, 1, 0, 0, 1},
-              S{128, 4, 2, true, true, 64, 1, 0, 0, 0, 1, 1, 0, 0},
-              S{128, 4, 4, false, false, 64, 1, 1, 0, 1, 0, 0, 3, 0},
-              S{64, 4, 2, true, false, 128, 1, 1, 0, 0, 1, 0, 3, 1},
-              S{128, 4, 4, false, true, 64, 1, 0, 1, 0, 1, 0, 2, 0},
-              S{128, 4, 2, true, true, 64, 1, 0, 0, 1, 0, 0, 1, 1},
-              S{64, 2, 2, false, false, 128, 1, 0, 0, 0, 1, 0, 1, 0}}) {
-    ExpectBwdSm90Verified({{"BLOCK_M", s.bm}, {"ORDER", s.order}, {"SPLIT", s.split},
-                           {"DQ_DIRECT", s.direct}, {"DQW", s.dqw}, {"DQZ", s.dqz},
-                           {"CSKIP", s.plain ? 0 : 1}, {"TMA", s.plain ? 0 : 1},
-                           {"HELP", s.help}, {"CONV2", 1}},
-                          s.d, s.h, s.kvh, s.causal, s.cross, s.kind,
-                          8700 + s.d + s.bm + 3 * s.h + 5 * s.kvh + 7 * s.causal + 11 * s.cross +
-                              13 * s.order + 17 * s.split + 19 * s.direct + 23 * s.kind +
-                              29 * s.plain + 31 * s.dqw + 37 * s.help);
-  }
-}
-
 // A variant that claims restores_dq_accum but leaves its sums in dq_accum
 // (bwd_mma and bwd_sm90 DQZ=0, with only the manifest flag changed) is
 // wrong after its first launch, with the flag and the count named.

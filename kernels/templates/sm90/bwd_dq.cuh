@@ -142,53 +142,6 @@ __device__ __forceinline__ void write_dq(const KfAttnParams& p, int q0, int lq, 
   }
 }
 
-// write_dq for up to N query blocks at once (m0[n] < 0: none), every load of
-// them issued before the first store, so the group costs one round trip, not
-// N (bwd_sm90 KF_CONV2: the key block that completes a head's counts
-// converts all of its blocks in a row; notes/bwd.md v17). N * BM * D / 64
-// registers a thread hold the loads: for where nothing else is live. Only
-// counted blocks: no zero fill.
-template <int D, int BM, bool kRestore, int N>
-__device__ __forceinline__ void write_dq_group(const KfAttnParams& p, int q0, int lq,
-                                               const int (&m0)[N], int h, int ct) {
-  constexpr int kChunks = D / 8;
-  constexpr int kIters = BM * kChunks / 256;
-  int rows[N];
-#pragma unroll
-  for (int n = 0; n < N; ++n) rows[n] = m0[n] < 0 ? 0 : (lq - m0[n] < BM ? lq - m0[n] : BM);
-  float4 a[N * kIters], b[N * kIters];
-#pragma unroll
-  for (int k = 0; k < N * kIters; ++k) {
-    const int n = k / kIters;
-    const int i = ct + 256 * (k % kIters);
-    const int r = i / kChunks;
-    a[k] = b[k] = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (r < rows[n]) {
-      const float* src = p.dq_accum + dq_panel_offset<D>(p, q0, m0[n] + r, h, (i % kChunks) * 8);
-      a[k] = __ldcg((const float4*)src);
-      b[k] = __ldcg((const float4*)(src + 4));
-    }
-  }
-  const float sc = p.softmax_scale;
-#pragma unroll
-  for (int k = 0; k < N * kIters; ++k) {
-    const int n = k / kIters;
-    const int i = ct + 256 * (k % kIters);
-    const int r = i / kChunks;
-    if (r < rows[n]) {
-      const long long off = ((long long)(q0 + m0[n] + r) * p.heads + h) * D + (i % kChunks) * 8;
-      *(uint4*)((bf16*)p.dq + off) =
-          make_uint4(pack_bf16(a[k].x * sc, a[k].y * sc), pack_bf16(a[k].z * sc, a[k].w * sc),
-                     pack_bf16(b[k].x * sc, b[k].y * sc), pack_bf16(b[k].z * sc, b[k].w * sc));
-      if constexpr (kRestore) {
-        float* const src = p.dq_accum + dq_panel_offset<D>(p, q0, m0[n] + r, h, (i % kChunks) * 8);
-        __stcg((float4*)src, make_float4(0.f, 0.f, 0.f, 0.f));
-        __stcg((float4*)(src + 4), make_float4(0.f, 0.f, 0.f, 0.f));
-      }
-    }
-  }
-}
-
 // This consumer's 64 x 64 slice of dQ (the unscaled accumulators: row
 // r0 = 16 * warp + lane / 4 holds dq[4j], dq[4j+1] at columns 8j + cq, +1 and
 // row r0 + 8 dq[4j+2], dq[4j+3]) added into dq_accum rows m0.. of head h
