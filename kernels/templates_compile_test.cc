@@ -331,7 +331,7 @@ TEST(TemplatesCompileSm90, FwdSm90CubinsArePinned) {
 // (v11, notes/bwd.md: P^T while dP^T runs; the CSKIP=1 TMA=1 defaults,
 // KVFIRST=1 with SPLIT=1's class; v13: each setting with DQZ=0 and with the
 // default DQZ=1, whose DQZ=0 cubins v12's are; v17: HELP=2 with SPLIT=1's
-// class at head dim 128, run on an H100). A
+// class at head dim 128, run on an H100, not yet the default). A
 // deliberate kernel change changes them: regenerate with
 // `kforge-kernels-compile --cubin-sha256 bwd_sm90` and say so in the commit.
 TEST(TemplatesCompileSm90, BwdSm90SettingsKeepTheWgmmaPipelineAndArePinned) {
@@ -402,7 +402,7 @@ TEST(TemplatesCompileSm90, BwdSm90SettingsKeepTheWgmmaPipelineAndArePinned) {
                          d);
     ASSERT_TRUE(v.ok()) << v.status();
     jobs.emplace_back(Describe(v->knobs, d), v->source);
-    if (d == 128) {  // and its HELP=2, served at head dim 128 (v17)
+    if (d == 128) {  // and its HELP=2 (v17: the cubin run on powerlaw_short)
       auto h = Instantiate("bwd_sm90",
                            {{"BLOCK_M", 64}, {"BLOCK_N", 128}, {"STAGES", 2}, {"ORDER", 1},
                             {"SPLIT", 1}, {"KVFIRST", 1}, {"DQW", 1}, {"HELP", 2}},

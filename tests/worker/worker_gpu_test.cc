@@ -464,8 +464,9 @@ TEST_F(WorkerGpuSequence, BwdSm90PassesEveryGate) {
   }
 }
 
-// bwd_sm90 as served to the heavy-tailed short class at head dim 128
-// (SPLIT=1 KVFIRST=1 DQW=1 HELP=2, notes/bwd.md v17) through every gate: head
+// bwd_sm90 with the heavy-tailed short class's settings at head dim 128 and
+// HELP=2 (SPLIT=1 KVFIRST=1 DQW=1, notes/bwd.md v17; the condition for
+// making it that class's default) through every gate: head
 // ends that complete many blocks queue them while tiles are left, and CTAs
 // without tiles convert them from the queue (global-memory tags, a ticket
 // counter and a tiles-finished count), both masks and a batch of tiny
