@@ -44,7 +44,7 @@ struct KfBwdSm90Layout {
 // constant becomes device memory.) BuildKeyTiles' kMaxKeyPack must fit.
 constexpr int kf_bwd_sm90_pack_entries() { return 132; }
 
-// The help queue (KF_HELP = 1, kernels/notes/bwd.md v16): the manifest's fixed
+// The help queue (KF_HELP = 1 or 2, kernels/notes/bwd.md v16, v17): the manifest's fixed
 // workspace bytes, before the counters. Ints 0 and 1: items reserved,
 // tickets taken; int 32: tiles finished (the helpers poll it, so it sits in
 // another 128-byte line than the two atomics); items of 8 ints each from int
