@@ -3,7 +3,8 @@
 # then a results run (anchors in the same run) of powerlaw_short and
 # hstu_prod_causal with HELP=2, CONV2=1 and HELP=1 beside the served
 # defaults, then, time permitting, the other public shapes' A/B and a traced
-# powerlaw_short. Few files under $OUT. OUT must be set; BUDGET seconds (450).
+# powerlaw_short. (Call 2 ran it at aa2fa03, with CONV2=1 in the A/B: a knob
+# since dropped.) Few files under $OUT. OUT must be set; BUDGET seconds (450).
 set -u
 export LD_LIBRARY_PATH=$PWD/.bundle/lib:/usr/local/cuda/lib64
 B=.bundle/bin
@@ -25,7 +26,7 @@ short() { grep -hE "OK |BAD" "$@" | sed -E 's/BLOCK_M=(64|128) BLOCK_N=128 //; s
 python3 bench/attention/lengths.py bench/shapes.json > /tmp/pub.json
 l=$(left 150); if [ "$l" -gt 60 ]; then
   timeout $l $B/kforge-bench-attn --lengths /tmp/pub.json --only hstu_prod_causal,gdpa_dense,pffn_cross_d64 --op bwd \
-    --variants default --templates bwd_sm90 --settings "bwd_sm90:CONV2=1;bwd_sm90:HELP=1" > /tmp/pub.log 2>&1
+    --variants default --templates bwd_sm90 --settings "bwd_sm90:HELP=1" > /tmp/pub.log 2>&1
   echo "== pub rc=$?" >> $OUT/ab.txt; short /tmp/pub.log >> $OUT/ab.txt
 fi
 l=$(left 100); [ "$l" -gt 50 ] && TLIM=$l bash kernels/dev/trace_help.sh

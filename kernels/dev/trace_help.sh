@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Development: one traced launch of powerlaw_short and pl_long with the served
-# defaults and with HELP=1 (notes/bwd.md v16: why HELP did not move
-# powerlaw_short). Traces stay in /tmp; only trace_bwd.py's summaries, in one
+# Development: one traced launch of powerlaw_short with the served defaults
+# and with HELP=2 (notes/bwd.md v16, v17: why HELP=1 did not move
+# powerlaw_short, and what HELP=2 left). Traces stay in /tmp; only trace_bwd.py's summaries, in one
 # file, go to $OUT/trace.txt. OUT must be set; TLIM seconds for the bench (120).
 set -u
 export LD_LIBRARY_PATH=$PWD/.bundle/lib:/usr/local/cuda/lib64
