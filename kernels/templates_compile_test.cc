@@ -27,9 +27,13 @@ namespace {
 // (bwd_sm90's DQZ changes only the dQ conversion's stores: its DQZ=1 forms of
 // every primary setting are compiled and pinned by
 // BwdSm90SettingsKeepTheWgmmaPipelineAndArePinned, and as a primary knob it
-// doubled this test's sm_90a time, to 336 s on 2 cores)
+// doubled this test's sm_90a time, to 336 s on 2 cores. Its HELP changes only
+// the head end's hand-off and the helpers' loop: HELP=1 and 2 with each
+// class's settings are compiled by BwdSm90HelpSettingsCompile, and as a primary
+// knob, with three values, it took this test past its 600 s on 2 cores)
 bool Secondary(const std::string& knob) {
-  return knob == "MIN_BLOCKS" || knob == "PACK" || knob == "ORDER" || knob == "DQZ";
+  return knob == "MIN_BLOCKS" || knob == "PACK" || knob == "ORDER" || knob == "DQZ" ||
+         knob == "HELP";
 }
 
 // Every combination of a template's primary knob values (valid or not), with
@@ -511,15 +515,18 @@ TEST(TemplatesCompileSm90, BwdSm90HelpSettingsCompile) {
   for (int d : {64, 128}) {
     for (int split : {0, 1}) {
       for (int direct : {0, 1}) {
-        const int dqw = split;  // the heavy-tailed class's defaults, else DQZ
-        auto v = Instantiate("bwd_sm90",
-                             {{"BLOCK_M", d == 64 ? 128 : 64}, {"BLOCK_N", 128}, {"STAGES", 2},
-                              {"ORDER", 1}, {"SPLIT", split}, {"DQ_DIRECT", direct},
-                              {"KVFIRST", split}, {"DQW", dqw}, {"DQZ", 1 - dqw}, {"HELP", 1}},
-                             d);
-        ASSERT_TRUE(v.ok()) << v.status();
-        EXPECT_EQ(v->manifest.workspace_fixed_bytes, kf_bwd_sm90_help_bytes());
-        jobs.emplace_back(Describe(v->knobs, d), v->source);
+        for (int help : {1, 2}) {
+          const int dqw = split;  // the heavy-tailed class's defaults, else DQZ
+          auto v = Instantiate("bwd_sm90",
+                               {{"BLOCK_M", d == 64 ? 128 : 64}, {"BLOCK_N", 128}, {"STAGES", 2},
+                                {"ORDER", 1}, {"SPLIT", split}, {"DQ_DIRECT", direct},
+                                {"KVFIRST", split}, {"DQW", dqw}, {"DQZ", 1 - dqw},
+                                {"HELP", help}},
+                               d);
+          ASSERT_TRUE(v.ok()) << v.status();
+          EXPECT_EQ(v->manifest.workspace_fixed_bytes, kf_bwd_sm90_help_bytes());
+          jobs.emplace_back(Describe(v->knobs, d), v->source);
+        }
       }
     }
   }
