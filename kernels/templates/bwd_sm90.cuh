@@ -1215,6 +1215,11 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
           // Counted here: a split half, the query blocks its own steps of
           // head h visited (steps [j_lo, j_hi); the other half counts the
           // rest); a whole tile, every query block it visits.
+// This pass's completed blocks (flags[j]), converted here one round trip each.
+#define KF9_CONVERT_COMPLETED()                                                               \
+  for (int j = 0; j < 256 && b0 + j < c_hi; ++j) {                                            \
+    if (flags[j]) write_dq(p, T.q0, T.lq, KF9_COUNTED(b0 + j) * kBM, h, false, ct);            \
+  }
 #if KF_SPLIT
           const int c_lo = j_lo, c_hi = j_hi;
 #define KF9_COUNTED(j) kfh::key_tile_block<kBM, kBN, true>(p, T, j)
@@ -1271,20 +1276,17 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
                 help_s[1] = 1;
               }
             } else {
-              for (int j = 0; j < 256 && b0 + j < c_hi; ++j) {
-                if (flags[j]) write_dq(p, T.q0, T.lq, KF9_COUNTED(b0 + j) * kBM, h, false, ct);
-              }
+              KF9_CONVERT_COMPLETED();
             }
 #else
             consumer_sync();
-            for (int j = 0; j < 256 && b0 + j < c_hi; ++j) {
-              if (flags[j]) write_dq(p, T.q0, T.lq, KF9_COUNTED(b0 + j) * kBM, h, false, ct);
-            }
+            KF9_CONVERT_COMPLETED();
 #endif
             consumer_sync();
           }
 #undef KF9_COUNTED
 #undef KF9_COUNTED_MM
+#undef KF9_CONVERT_COMPLETED
           KF9_TRC(kTrConsHead, 0);
         }
       }
