@@ -335,7 +335,8 @@ TEST(TemplatesCompileSm90, FwdSm90CubinsArePinned) {
 // (v11, notes/bwd.md: P^T while dP^T runs; the CSKIP=1 TMA=1 defaults,
 // KVFIRST=1 with SPLIT=1's class; v13: each setting with DQZ=0 and with the
 // default DQZ=1, whose DQZ=0 cubins v12's are; v17: HELP=2 with SPLIT=1's
-// class at head dim 128, run on an H100, not yet the default). A
+// class at head dim 128, run on an H100; v18: with CSKIP=0 too, that class's
+// default at head dim 128). A
 // deliberate kernel change changes them: regenerate with
 // `kforge-kernels-compile --cubin-sha256 bwd_sm90` and say so in the commit.
 TEST(TemplatesCompileSm90, BwdSm90SettingsKeepTheWgmmaPipelineAndArePinned) {
@@ -378,6 +379,7 @@ TEST(TemplatesCompileSm90, BwdSm90SettingsKeepTheWgmmaPipelineAndArePinned) {
       {"d64 BLOCK_M=128 BLOCK_N=128 CSKIP=1 DQW=1 DQZ=0 DQ_DIRECT=0 HELP=0 KVFIRST=1 ORDER=1 SPLIT=1 STAGES=2 TMA=1", "c38108f1793eb221d997aaaaa558d506e0292e6c2102e41b41ed20bc8d69d894"},
       {"d128 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQW=1 DQZ=0 DQ_DIRECT=0 HELP=0 KVFIRST=1 ORDER=1 SPLIT=1 STAGES=2 TMA=1", "fce989f925ff7b9b94b6163321999e2b02e56972a9f296966c7f8b45719ffeb8"},
       {"d128 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQW=1 DQZ=0 DQ_DIRECT=0 HELP=2 KVFIRST=1 ORDER=1 SPLIT=1 STAGES=2 TMA=1", "7de5684d435346ccac34f8514b7fae1cdda2c905183a3de7914114846ebffa95"},
+      {"d128 BLOCK_M=64 BLOCK_N=128 CSKIP=0 DQW=1 DQZ=0 DQ_DIRECT=0 HELP=2 KVFIRST=1 ORDER=1 SPLIT=1 STAGES=2 TMA=1", "5f55bc3bd41eb5cf8b367c0b6bcd3214e26dd0249c0415a0e6f1266a9b1f6f49"},
   };
   std::vector<std::pair<std::string, std::string>> jobs;  // (setting, source)
   for (int d : {64, 128}) {
@@ -406,17 +408,21 @@ TEST(TemplatesCompileSm90, BwdSm90SettingsKeepTheWgmmaPipelineAndArePinned) {
                          d);
     ASSERT_TRUE(v.ok()) << v.status();
     jobs.emplace_back(Describe(v->knobs, d), v->source);
-    if (d == 128) {  // and its HELP=2 (v17: the cubin run on powerlaw_short)
+    // and its HELP=2 with CSKIP 1 (v17) and 0 (v18, the class's default at
+    // head dim 128): the cubins run on powerlaw_short
+    for (int cskip : {1, 0}) {
+      if (d != 128) break;
       auto h = Instantiate("bwd_sm90",
                            {{"BLOCK_M", 64}, {"BLOCK_N", 128}, {"STAGES", 2}, {"ORDER", 1},
-                            {"SPLIT", 1}, {"KVFIRST", 1}, {"DQW", 1}, {"HELP", 2}},
+                            {"SPLIT", 1}, {"KVFIRST", 1}, {"DQW", 1}, {"CSKIP", cskip},
+                            {"HELP", 2}},
                            d);
       ASSERT_TRUE(h.ok()) << h.status();
       jobs.emplace_back(Describe(h->knobs, d), h->source);
     }
   }
   // BLOCK_M=128 needs head dim 64, SPLIT=1 ORDER=1, DQ_DIRECT=1 not BLOCK_M=64 at d64
-  ASSERT_EQ(jobs.size(), 33u);
+  ASSERT_EQ(jobs.size(), 34u);
   ASSERT_EQ(jobs.size(), pinned.size());
   std::vector<std::string> sources;
   for (const auto& job : jobs) sources.push_back(job.second);

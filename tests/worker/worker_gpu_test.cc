@@ -464,9 +464,9 @@ TEST_F(WorkerGpuSequence, BwdSm90PassesEveryGate) {
   }
 }
 
-// bwd_sm90 with the heavy-tailed short class's settings at head dim 128 and
-// HELP=2 (SPLIT=1 KVFIRST=1 DQW=1, notes/bwd.md v17; the condition for
-// making it that class's default) through every gate: head
+// bwd_sm90 with the heavy-tailed short class's settings at head dim 128:
+// HELP=2, with CSKIP 0 (that class's default) and 1 (SPLIT=1 KVFIRST=1 DQW=1,
+// notes/bwd.md v17, v18) through every gate: head
 // ends that complete many blocks queue them while tiles are left, and CTAs
 // without tiles convert them from the queue (global-memory tags, a ticket
 // counter and a tiles-finished count), both masks and a batch of tiny
@@ -477,17 +477,18 @@ TEST_F(WorkerGpuSequence, BwdSm90Help2PassesEveryGate) {
   gpu::CompilePool pool(2, nullptr);
   Sandbox sandbox(GpuSandboxOptions());
   LocalTaskRunner runner(&pool, &sandbox, GatedRunnerOptions());
-  absl::StatusOr<Variant> v = Instantiate(
-      "bwd_sm90",
-      {{"BLOCK_M", 64}, {"BLOCK_N", 128}, {"STAGES", 2}, {"ORDER", 1}, {"SPLIT", 1},
-       {"KVFIRST", 1}, {"DQW", 1}, {"HELP", 2}},
-      128);
-  ASSERT_TRUE(v.ok()) << v.status();
-  struct S { bool causal, tiny; };
+  struct S { bool causal, tiny; int cskip; };
   uint64_t seed = 970;
-  for (S s : {S{false, false}, S{true, false}, S{false, true}}) {
-    const std::string label = fmt::format("bwd_sm90 HELP2{}{}", s.causal ? " causal" : "",
-                                          s.tiny ? " tiny" : "");
+  for (S s : {S{false, false, 0}, S{true, false, 0}, S{false, true, 0}, S{false, false, 1},
+              S{true, false, 1}, S{false, true, 1}}) {
+    absl::StatusOr<Variant> v = Instantiate(
+        "bwd_sm90",
+        {{"BLOCK_M", 64}, {"BLOCK_N", 128}, {"STAGES", 2}, {"ORDER", 1}, {"SPLIT", 1},
+         {"KVFIRST", 1}, {"DQW", 1}, {"CSKIP", s.cskip}, {"HELP", 2}},
+        128);
+    ASSERT_TRUE(v.ok()) << v.status();
+    const std::string label = fmt::format("bwd_sm90 HELP2 CSKIP{}{}{}", s.cskip,
+                                          s.causal ? " causal" : "", s.tiny ? " tiny" : "");
     const ShapeKey k = s.tiny ? TinyGateShape(Op::kBackward, 128, s.causal)
                               : GateShape(Op::kBackward, 128, s.causal);
     auto r = ConfirmThroughGates(runner, k, *v, label, ++seed);

@@ -488,6 +488,32 @@ TEST_F(EvalGpu, BwdSm90HelpVerify) {
   }
 }
 
+// bwd_sm90 as served to the heavy-tailed class of short sequences
+// (powerlaw_short's: at head dim 128 HELP=2 with CSKIP=0, notes/bwd.md v18),
+// its defaults taken from the template for each of the split cases' batches
+// (a few long sequences beside many packed runs; GQA, both masks, cross),
+// which really are that class.
+TEST_F(EvalGpu, BwdSm90HeavyTailedDefaultsVerify) {
+  if (std::string why = WhyNoBwdSm90(); !why.empty()) GTEST_SKIP() << why;
+  for (const split_cases::SplitCase& c : split_cases::kSplitCases) {
+    const ShapeKey shape = split_cases::HeavyTailedBwdShape(c.d, c.h, c.kvh, c.causal, c.cross,
+                                                            evaluator_->device().arch);
+    const std::map<std::string, int> knobs = DefaultKnobs("bwd_sm90", shape);
+    ASSERT_EQ(knobs.at("SPLIT"), 1) << "not the heavy-tailed class";
+    if (c.d == 128) {
+      EXPECT_EQ(knobs.at("HELP"), 2);
+      EXPECT_EQ(knobs.at("CSKIP"), 0);
+    }
+    std::string what = fmt::format("d{} h{}/{} causal {} cross {}", c.d, c.h, c.kvh, c.causal,
+                                   c.cross);
+    for (const auto& [k, v] : knobs) what += fmt::format(" {}={}", k, v);
+    SCOPED_TRACE(what);
+    absl::StatusOr<Variant> v = Instantiate("bwd_sm90", knobs, c.d);
+    ASSERT_TRUE(v.ok()) << v.status();
+    ExpectVerified(*v, shape, 8800 + split_cases::SplitCaseSeed(c));
+  }
+}
+
 // A variant that claims restores_dq_accum but leaves its sums in dq_accum
 // (bwd_mma and bwd_sm90 DQZ=0, with only the manifest flag changed) is
 // wrong after its first launch, with the flag and the count named.
