@@ -220,15 +220,24 @@ namespace {
 
 // The finish time of the last of `ctas` CTAs that take `tiles` in list
 // order, each the next tile when it frees (the kernel's tile counter), in
-// tenths of a step: a tile costs 10 x its work, a split half (head field
-// above bit 16) 13 x its steps + 10.
+// tenths of a step: a step costs 10 (a split half's 13), and a tile's own
+// start and end (its head's end, its dK/dV stores) 17 more, a packed run's
+// 24, a zero-dQ tile 10 in all. Measured on powerlaw_short (bwd_sm90's
+// timeline, notes/bwd.md v15, v17, v18): a long tile's step ~3.9 us and its
+// ends ~6.7 us; a packed run 17.0 us for 1.9 steps. (With 10 for every
+// tile's ends the model split the long tiles of powerlaw_short's causal
+// form, which ran 11% slower than unsplit, v18.)
 int64_t ListMakespan(std::span<const TileWork> tiles, int ctas) {
   std::priority_queue<int64_t, std::vector<int64_t>, std::greater<>> free_at;
   for (int c = 0; c < std::max(ctas, 1); ++c) free_at.push(0);
   int64_t last = 0;
   for (const TileWork& t : tiles) {
     const bool half = t.m_block >= 0 && t.pack >= 0 && (t.head >> 16) != 0;
-    const int64_t cost = half ? 13 * (t.work - 1) + 10 : 10 * t.work;
+    const int64_t steps = t.work - 1;
+    const int64_t cost = t.m_block < 0 ? 10
+                         : half        ? 13 * steps + 17
+                         : t.pack < 0  ? 10 * steps + 24
+                                       : 10 * steps + 17;
     const int64_t end = free_at.top() + cost;
     free_at.pop();
     free_at.push(end);
@@ -273,8 +282,12 @@ int SplitHeavyKeyTiles(std::vector<TileWork>& tiles, int ctas) {
   // (its makespan halves: 147.6 -> 101.3 us), and powerlaw_short, whose
   // other long sequences and packed runs keep every SM busy as long as the
   // unsplit tiles run, does not (the SPLIT=0 kernel 176-177 us against 179-180
-  // split on an H100; unsplit in the SPLIT=1 kernel 171.8 on an H200, v14).
-  if (ListMakespan(out, ctas) >= ListMakespan(tiles, ctas)) return 0;
+  // split on an H100; unsplit in the SPLIT=1 kernel 171.8 on an H200, v14),
+  // nor its causal form, whose long tiles have half the steps beside the
+  // same packed runs (124.7 us unsplit against 139.3 split, v18). By a
+  // twentieth at least: where the model's two lists end that close, the
+  // halves' partial round trips are not worth it.
+  if (20 * ListMakespan(out, ctas) > 19 * ListMakespan(tiles, ctas)) return 0;
   tiles = std::move(out);
   return slot;
 }

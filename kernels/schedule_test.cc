@@ -389,12 +389,13 @@ TEST(KeyMajorTiles, OnlyAFewHeavyTilesAreSplit) {
 // sequence (v8: 147.6 -> 101.3 us) splits; beside it another long sequence
 // and thousands of short ones, which keep every SM busy as long as the
 // unsplit tiles run, it does not (powerlaw_short's case: 176-177 us with the
-// SPLIT=0 kernel against 179-180 split, notes/bwd.md v14).
+// SPLIT=0 kernel against 179-180 split, notes/bwd.md v14). With a causal mask
+// the lone one still splits.
 TEST(KeyMajorTiles, HeavyTilesSplitOnlyWhereTheListGetsShorter) {
-  auto splits = [](std::vector<int32_t> lengths) {
+  auto splits = [](std::vector<int32_t> lengths, bool causal = false) {
     std::vector<int32_t> cu = {0};
     for (int32_t l : lengths) cu.push_back(cu.back() + l);
-    auto kt = BuildKeyTiles(cu, {}, 4, 4, 64, 128, false, TileOrder::kGrouped, true);
+    auto kt = BuildKeyTiles(cu, {}, 4, 4, 64, 128, causal, TileOrder::kGrouped, true);
     EXPECT_TRUE(kt.ok());
     std::vector<TileWork> tiles = kt->tiles;
     const int n = SplitHeavyKeyTiles(tiles, 132);
@@ -408,6 +409,7 @@ TEST(KeyMajorTiles, HeavyTilesSplitOnlyWhereTheListGetsShorter) {
   std::vector<int32_t> alone = {1929};
   for (int b = 0; b < 200; ++b) alone.push_back(1 + b % 5);
   EXPECT_EQ(splits(alone), 16 * 4);
+  EXPECT_GT(splits(alone, /*causal=*/true), 0);
 }
 
 TEST(KeyMajorTiles, PackedRunsHoldEachShortSequenceOnce) {

@@ -377,6 +377,7 @@ TEST(TemplatesCompileSm90, BwdSm90SettingsKeepTheWgmmaPipelineAndArePinned) {
       {"d128 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQW=0 DQZ=0 DQ_DIRECT=1 HELP=0 KVFIRST=0 ORDER=1 SPLIT=1 STAGES=2 TMA=1", "4b830cc1948bb75cdc4ed2cc9ca70a40631ac95ea3ca0f1b707f53a691d2f4e5"},
       {"d128 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQW=0 DQZ=1 DQ_DIRECT=1 HELP=0 KVFIRST=0 ORDER=1 SPLIT=1 STAGES=2 TMA=1", "b01cfd11b5aab289314db29536821483c858ea90aa02299cdfedb916cb9e9440"},
       {"d64 BLOCK_M=128 BLOCK_N=128 CSKIP=1 DQW=1 DQZ=0 DQ_DIRECT=0 HELP=0 KVFIRST=1 ORDER=1 SPLIT=1 STAGES=2 TMA=1", "c38108f1793eb221d997aaaaa558d506e0292e6c2102e41b41ed20bc8d69d894"},
+      {"d64 BLOCK_M=128 BLOCK_N=128 CSKIP=1 DQW=1 DQZ=0 DQ_DIRECT=0 HELP=2 KVFIRST=1 ORDER=1 SPLIT=1 STAGES=2 TMA=1", "2823d3869849864388646eed44729cffc936079f758ac15d0810ba8a6eb89700"},
       {"d128 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQW=1 DQZ=0 DQ_DIRECT=0 HELP=0 KVFIRST=1 ORDER=1 SPLIT=1 STAGES=2 TMA=1", "fce989f925ff7b9b94b6163321999e2b02e56972a9f296966c7f8b45719ffeb8"},
       {"d128 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQW=1 DQZ=0 DQ_DIRECT=0 HELP=2 KVFIRST=1 ORDER=1 SPLIT=1 STAGES=2 TMA=1", "7de5684d435346ccac34f8514b7fae1cdda2c905183a3de7914114846ebffa95"},
       {"d128 BLOCK_M=64 BLOCK_N=128 CSKIP=0 DQW=1 DQZ=0 DQ_DIRECT=0 HELP=2 KVFIRST=1 ORDER=1 SPLIT=1 STAGES=2 TMA=1", "5f55bc3bd41eb5cf8b367c0b6bcd3214e26dd0249c0415a0e6f1266a9b1f6f49"},
@@ -408,21 +409,22 @@ TEST(TemplatesCompileSm90, BwdSm90SettingsKeepTheWgmmaPipelineAndArePinned) {
                          d);
     ASSERT_TRUE(v.ok()) << v.status();
     jobs.emplace_back(Describe(v->knobs, d), v->source);
-    // and its HELP=2 with CSKIP 1 (v17) and 0 (v18, the class's default at
-    // head dim 128): the cubins run on powerlaw_short
+    // and its HELP=2 (the class's default since v18) with CSKIP 1 (v17; at
+    // head dim 64 the default) and at head dim 128 0 (the default): the
+    // cubins run on powerlaw_short
     for (int cskip : {1, 0}) {
-      if (d != 128) break;
+      if (d == 64 && cskip == 0) break;
       auto h = Instantiate("bwd_sm90",
-                           {{"BLOCK_M", 64}, {"BLOCK_N", 128}, {"STAGES", 2}, {"ORDER", 1},
-                            {"SPLIT", 1}, {"KVFIRST", 1}, {"DQW", 1}, {"CSKIP", cskip},
-                            {"HELP", 2}},
+                           {{"BLOCK_M", d == 64 ? 128 : 64}, {"BLOCK_N", 128}, {"STAGES", 2},
+                            {"ORDER", 1}, {"SPLIT", 1}, {"KVFIRST", 1}, {"DQW", 1},
+                            {"CSKIP", cskip}, {"HELP", 2}},
                            d);
       ASSERT_TRUE(h.ok()) << h.status();
       jobs.emplace_back(Describe(h->knobs, d), h->source);
     }
   }
   // BLOCK_M=128 needs head dim 64, SPLIT=1 ORDER=1, DQ_DIRECT=1 not BLOCK_M=64 at d64
-  ASSERT_EQ(jobs.size(), 34u);
+  ASSERT_EQ(jobs.size(), 35u);
   ASSERT_EQ(jobs.size(), pinned.size());
   std::vector<std::string> sources;
   for (const auto& job : jobs) sources.push_back(job.second);

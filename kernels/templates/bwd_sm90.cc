@@ -209,24 +209,26 @@ TemplateDef BwdSm90Template() {
   // A/B), most where dq_accum is large next to the work
   // (pffn_cross_d64 1.05-1.06x, d64_self_causal 1.04x); powerlaw_short keeps
   // DQW=1, 3-4% faster there (H100, notes/bwd.md v13).
-  // HELP=2 with CSKIP=0 for SPLIT=1's class at head dim 128 (powerlaw_short
-  // 180.6 -> 157.5 us on an H100, HELP=2 alone 165.4; v17, v18): the long
-  // sequence's last head ends queue their conversions for the CTAs that
-  // run out of tiles. It passed the sanitizer gates that run on the H100
-  // (WorkerGpuSequence.BwdSm90Help2PassesEveryGate). Elsewhere HELP stays 0
-  // (its inline conversion loop cost HELP=1 11-16% on the long shapes, v17)
-  // and CSKIP 1.
+  // HELP=2 for SPLIT=1's class (the long sequences' last head ends queue
+  // their conversions for the CTAs that run out of tiles), with CSKIP=0 at
+  // head dim 128: powerlaw_short 180.3 -> 157.8 us on an H100 (HELP=2 alone
+  // 164.4), at head dim 64 (CSKIP=1) 110.8 -> 102.3; HELP=2 gained on every
+  // batch of the class measured, CSKIP=0 only at head dim 128 on
+  // powerlaw_short's lengths (v17, v18). Both passed the sanitizer gates
+  // that run on the H100 (WorkerGpuSequence.BwdSm90Help2PassesEveryGate).
+  // Elsewhere HELP stays 0 (its inline conversion loop cost HELP=1 11-16% on
+  // the long shapes, v17) and CSKIP 1.
   // ORDER=0 for a causal batch of at most 32 (sequence, kv head) groups
   // (one_long_causal, 32768 keys: 12827 us against ORDER=1's 15233; v9).
   def.default_knobs = [](const ShapeKey& s) -> std::map<std::string, int> {
     const int order = FewCausalGroups(s) ? 0 : 1;
     const bool heavy_short = order == 1 && HeavyTailedShort(s, /*keys=*/true);
-    const bool help = heavy_short && s.head_dim == 128;
+    const bool cskip0 = heavy_short && s.head_dim == 128;
     return {{"BLOCK_M", s.head_dim == 64 ? 128 : 64}, {"BLOCK_N", 128}, {"STAGES", 2},
             {"ORDER", order}, {"SPLIT", heavy_short ? 1 : 0},
-            {"DQ_DIRECT", MostKeysFitOneBlock(s) ? 1 : 0}, {"CSKIP", help ? 0 : 1}, {"TMA", 1},
+            {"DQ_DIRECT", MostKeysFitOneBlock(s) ? 1 : 0}, {"CSKIP", cskip0 ? 0 : 1}, {"TMA", 1},
             {"KVFIRST", heavy_short ? 1 : 0}, {"DQW", heavy_short ? 1 : 0},
-            {"DQZ", heavy_short ? 0 : 1}, {"HELP", help ? 2 : 0}};
+            {"DQZ", heavy_short ? 0 : 1}, {"HELP", heavy_short ? 2 : 0}};
   };
   def.preference = [](const ShapeKey& s) {
     if (s.op != Op::kBackward || s.arch != "sm_90a") return 0;

@@ -464,9 +464,10 @@ TEST_F(WorkerGpuSequence, BwdSm90PassesEveryGate) {
   }
 }
 
-// bwd_sm90 with the heavy-tailed short class's settings at head dim 128:
-// HELP=2, with CSKIP 0 (that class's default) and 1 (SPLIT=1 KVFIRST=1 DQW=1,
-// notes/bwd.md v17, v18) through every gate: head
+// bwd_sm90 with the heavy-tailed short class's settings (SPLIT=1 KVFIRST=1
+// DQW=1) and HELP=2: at head dim 128 with CSKIP 0 (that class's default) and
+// 1, at head dim 64 with CSKIP 1 (its default; notes/bwd.md v17, v18),
+// through every gate: head
 // ends that complete many blocks queue them while tiles are left, and CTAs
 // without tiles convert them from the queue (global-memory tags, a ticket
 // counter and a tiles-finished count), both masks and a batch of tiny
@@ -477,20 +478,21 @@ TEST_F(WorkerGpuSequence, BwdSm90Help2PassesEveryGate) {
   gpu::CompilePool pool(2, nullptr);
   Sandbox sandbox(GpuSandboxOptions());
   LocalTaskRunner runner(&pool, &sandbox, GatedRunnerOptions());
-  struct S { bool causal, tiny; int cskip; };
+  struct S { bool causal, tiny; int cskip, d = 128; };
   uint64_t seed = 970;
   for (S s : {S{false, false, 0}, S{true, false, 0}, S{false, true, 0}, S{false, false, 1},
-              S{true, false, 1}, S{false, true, 1}}) {
+              S{true, false, 1}, S{false, true, 1}, S{false, false, 1, 64},
+              S{true, false, 1, 64}, S{false, true, 1, 64}}) {
     absl::StatusOr<Variant> v = Instantiate(
         "bwd_sm90",
-        {{"BLOCK_M", 64}, {"BLOCK_N", 128}, {"STAGES", 2}, {"ORDER", 1}, {"SPLIT", 1},
-         {"KVFIRST", 1}, {"DQW", 1}, {"CSKIP", s.cskip}, {"HELP", 2}},
-        128);
+        {{"BLOCK_M", s.d == 64 ? 128 : 64}, {"BLOCK_N", 128}, {"STAGES", 2}, {"ORDER", 1},
+         {"SPLIT", 1}, {"KVFIRST", 1}, {"DQW", 1}, {"CSKIP", s.cskip}, {"HELP", 2}},
+        s.d);
     ASSERT_TRUE(v.ok()) << v.status();
-    const std::string label = fmt::format("bwd_sm90 HELP2 CSKIP{}{}{}", s.cskip,
+    const std::string label = fmt::format("bwd_sm90 d{} HELP2 CSKIP{}{}{}", s.d, s.cskip,
                                           s.causal ? " causal" : "", s.tiny ? " tiny" : "");
-    const ShapeKey k = s.tiny ? TinyGateShape(Op::kBackward, 128, s.causal)
-                              : GateShape(Op::kBackward, 128, s.causal);
+    const ShapeKey k = s.tiny ? TinyGateShape(Op::kBackward, s.d, s.causal)
+                              : GateShape(Op::kBackward, s.d, s.causal);
     auto r = ConfirmThroughGates(runner, k, *v, label, ++seed);
     ASSERT_TRUE(r.has_value());
     EXPECT_EQ(r->outcome, Outcome::kVerified) << label << ": " << r->message;
