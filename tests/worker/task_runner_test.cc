@@ -286,6 +286,10 @@ TEST(SanitizerGateWrapper, InstrumentsOnlyTheCandidateExceptForInitcheck) {
   EXPECT_NE(std::find(memcheck.begin(), memcheck.end(), "kns=kf_attn_fwd"), memcheck.end());
   const auto initcheck = SanitizerGateWrapper("/cs", "initcheck", "kf_attn_fwd");
   EXPECT_EQ(std::find(initcheck.begin(), initcheck.end(), "--kernel-name"), initcheck.end());
+  // The host's own failed API calls (the parameter count's probe) are no finding.
+  const auto api = std::find(memcheck.begin(), memcheck.end(), "--report-api-errors");
+  ASSERT_NE(api, memcheck.end());
+  EXPECT_EQ(*(api + 1), "no");
   // A name that is no identifier is not passed to compute-sanitizer's parser.
   const auto odd = SanitizerGateWrapper("/cs", "memcheck", "a,b=c");
   EXPECT_EQ(std::find(odd.begin(), odd.end(), "--kernel-name"), odd.end());

@@ -271,6 +271,20 @@ const std::vector<std::string>& WorkingGates() {
   return *tools;
 }
 
+// Where compute-sanitizer is, every one of its four tools passes kforge's own
+// seed kernel, so the worker keeps every gate. (On 12-07 memcheck failed it
+// on an H100, on the host's deliberate cuFuncGetParamInfo errors, and the
+// worker dropped memcheck without anything else failing: notes/bwd.md v18.)
+TEST(WorkerGpuGates, EveryGateWorksWhereComputeSanitizerIs) {
+  if (SanitizerPath().empty()) GTEST_SKIP() << "no compute-sanitizer here";
+  if (!TheGpu().driver) GTEST_SKIP() << "no GPU here";
+  for (const char* tool : kSanitizerTools) {
+    EXPECT_TRUE(std::find(WorkingGates().begin(), WorkingGates().end(), tool) !=
+                WorkingGates().end())
+        << tool << " does not pass the seed kernel here";
+  }
+}
+
 // A runner as kforge-worker builds it: every gate that works here.
 RunnerOptions GatedRunnerOptions() {
   RunnerOptions ro;
