@@ -214,8 +214,8 @@ TemplateDef BwdSm90Template() {
   // head dim 128: powerlaw_short 180.3 -> 157.8 us on an H100 (HELP=2 alone
   // 164.4), at head dim 64 (CSKIP=1) 110.8 -> 102.3; HELP=2 gained on every
   // batch of the class measured, CSKIP=0 only at head dim 128 on
-  // powerlaw_short's lengths (v17, v18). Both passed the sanitizer gates
-  // that run on the H100 (WorkerGpuSequence.BwdSm90Help2PassesEveryGate).
+  // powerlaw_short's lengths (v17, v18). Both passed all four sanitizer
+  // gates on an H100 (WorkerGpuSequence.BwdSm90Help2PassesEveryGate).
   // Elsewhere HELP stays 0 (its inline conversion loop cost HELP=1 11-16% on
   // the long shapes, v17) and CSKIP 1.
   // ORDER=0 for a causal batch of at most 32 (sequence, kv head) groups
@@ -226,7 +226,8 @@ TemplateDef BwdSm90Template() {
     const bool cskip0 = heavy_short && s.head_dim == 128;
     return {{"BLOCK_M", s.head_dim == 64 ? 128 : 64}, {"BLOCK_N", 128}, {"STAGES", 2},
             {"ORDER", order}, {"SPLIT", heavy_short ? 1 : 0},
-            {"DQ_DIRECT", MostKeysFitOneBlock(s) ? 1 : 0}, {"CSKIP", cskip0 ? 0 : 1}, {"TMA", 1},
+            {"DQ_DIRECT", MostKeysFitOneBlock(s) ? 1 : 0}, {"CSKIP", cskip0 ? 0 : 1},
+            {"TMA", 1},
             {"KVFIRST", heavy_short ? 1 : 0}, {"DQW", heavy_short ? 1 : 0},
             {"DQZ", heavy_short ? 0 : 1}, {"HELP", heavy_short ? 2 : 0}};
   };
