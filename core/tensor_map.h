@@ -12,6 +12,7 @@ namespace kforge {
 
 struct TensorMapRequest {
   // "q", "k", "v", "o" or "dout": a packed (rows, heads, head_dim) bf16 tensor
+  // the kernel reads; "dk" or "dv": one it writes (kv_heads, like k and v)
   std::string tensor;
   int box_rows = 0;  // 1..256 rows a box; a box is 64 columns (128 bytes) wide
   bool operator==(const TensorMapRequest&) const = default;
@@ -19,7 +20,8 @@ struct TensorMapRequest {
 
 // Whether `tensor` names one of the tensors above.
 inline bool IsMappableTensor(std::string_view tensor) {
-  return tensor == "q" || tensor == "k" || tensor == "v" || tensor == "o" || tensor == "dout";
+  return tensor == "q" || tensor == "k" || tensor == "v" || tensor == "o" || tensor == "dout" ||
+         tensor == "dk" || tensor == "dv";
 }
 
 // At most this many maps a variant (a kernel parameter holds them, 128 bytes each).

@@ -621,18 +621,20 @@ absl::StatusOr<std::optional<TensorMapSpec>> AttnTensorMapSpec(const KfAttnParam
                                                               const TensorMapRequest& r) {
   if (!IsMappableTensor(r.tensor)) {
     return absl::InvalidArgumentError(
-        fmt::format("tensor map of \"{}\": not q, k, v, o or dout", r.tensor));
+        fmt::format("tensor map of \"{}\": not q, k, v, o, dout, dk or dv", r.tensor));
   }
   if (r.box_rows < 1 || r.box_rows > 256) {
     return absl::InvalidArgumentError(
         fmt::format("tensor map of {}: box_rows {} is outside [1, 256]", r.tensor, r.box_rows));
   }
-  const bool kv = r.tensor == "k" || r.tensor == "v";
-  const void* address = r.tensor == "q"   ? p.q
-                        : r.tensor == "k" ? p.k
-                        : r.tensor == "v" ? p.v
-                        : r.tensor == "o" ? static_cast<const void*>(p.o)
-                                          : p.dout;
+  const bool kv = r.tensor == "k" || r.tensor == "v" || r.tensor == "dk" || r.tensor == "dv";
+  const void* address = r.tensor == "q"    ? p.q
+                        : r.tensor == "k"  ? p.k
+                        : r.tensor == "v"  ? p.v
+                        : r.tensor == "o"  ? static_cast<const void*>(p.o)
+                        : r.tensor == "dk" ? static_cast<const void*>(p.dk)
+                        : r.tensor == "dv" ? static_cast<const void*>(p.dv)
+                                           : p.dout;
   const int64_t rows = kv ? p.total_k : p.total_q;
   const int64_t cols = int64_t(kv ? p.kv_heads : p.heads) * p.head_dim;
   if (rows <= 0) return std::nullopt;  // nothing to read: no box is ever loaded

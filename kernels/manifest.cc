@@ -246,7 +246,7 @@ absl::StatusOr<Manifest> ParseManifest(std::string_view text) {
       }
       TensorMapRequest r{e["tensor"].get<std::string>(), 0};
       if (!IsMappableTensor(r.tensor)) {
-        return Bad(fmt::format("tensor_maps: \"{}\" is not q, k, v, o or dout", r.tensor));
+        return Bad(fmt::format("tensor_maps: \"{}\" is not q, k, v, o, dout, dk or dv", r.tensor));
       }
       const int64_t rows = e["box_rows"].get<int64_t>();
       if (rows < 1 || rows > 256) {

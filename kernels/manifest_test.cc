@@ -86,7 +86,7 @@ TEST(ManifestTest, TensorMapsRoundTripAndAreChecked) {
   EXPECT_EQ(ManifestToJson(*plain).find("tensor_maps"), std::string::npos);
 
   const std::pair<std::string, std::string> bad[] = {
-      {R"([{"tensor":"lse","box_rows":64}]})", "\"lse\" is not q, k, v, o or dout"},
+      {R"([{"tensor":"lse","box_rows":64}]})", "\"lse\" is not q, k, v, o, dout, dk or dv"},
       {R"([{"tensor":"q","box_rows":0}]})", "box_rows 0"},
       {R"([{"tensor":"q","box_rows":257}]})", "box_rows 257"},
       {R"([{"tensor":"q"}]})", "each entry must be"},

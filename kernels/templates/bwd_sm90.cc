@@ -104,6 +104,11 @@ TemplateDef BwdSm90Template() {
       // head's end that completed 14 blocks or more queues them while tiles
       // are left too (v17).
       {"HELP", {0, 1, 2}, 0},
+      // 1 (with TMA=1): a consumer whose 64 keys all lie in the sequence
+      // stores its dK and dV by TMA from 128B-swizzled panels (manifest
+      // tensor maps dk, dv) instead of a copy by every thread (notes/bwd.md
+      // v19).
+      {"KVSTORE", {0, 1}, 0},
   };
   def.info.description =
       "Hopper backward (FA3-style): a CTA per key block of 128 keys (runs of short sequences "
@@ -135,6 +140,10 @@ TemplateDef BwdSm90Template() {
       return absl::InvalidArgumentError(
           "bwd_sm90: DQW=1 needs each consumer's own dQ slice (its copy is the slice's first "
           "write); with BLOCK_M=64 at head_dim 64 both consumers add into one (use BLOCK_M=128)");
+    }
+    if (Knob(k, "KVSTORE") == 1 && Knob(k, "TMA") == 0) {
+      return absl::InvalidArgumentError(
+          "bwd_sm90: KVSTORE=1 stores dK and dV through tensor maps, which only TMA=1 passes");
     }
     if (Knob(k, "DQZ") == 1 && Knob(k, "DQW") == 1) {
       return absl::InvalidArgumentError(
@@ -171,6 +180,8 @@ TemplateDef BwdSm90Template() {
       // the kernel's second parameter: maps of q and dout, boxes of one query block
       m.features.push_back("tma");
       m.tensor_maps = {{"q", Knob(k, "BLOCK_M")}, {"dout", Knob(k, "BLOCK_M")}};
+      // (KVSTORE: boxes of one consumer's 64 keys, in the kernel's map order)
+      if (Knob(k, "KVSTORE") > 0) m.tensor_maps.insert(m.tensor_maps.end(), {{"dk", 64}, {"dv", 64}});
     }
     m.head_dims = {d};
     m.ops = {"bwd"};
@@ -229,7 +240,7 @@ TemplateDef BwdSm90Template() {
             {"DQ_DIRECT", MostKeysFitOneBlock(s) ? 1 : 0}, {"CSKIP", cskip0 ? 0 : 1},
             {"TMA", 1},
             {"KVFIRST", heavy_short ? 1 : 0}, {"DQW", heavy_short ? 1 : 0},
-            {"DQZ", heavy_short ? 0 : 1}, {"HELP", heavy_short ? 2 : 0}};
+            {"DQZ", heavy_short ? 0 : 1}, {"HELP", heavy_short ? 2 : 0}, {"KVSTORE", 0}};
   };
   def.preference = [](const ShapeKey& s) {
     if (s.op != Op::kBackward || s.arch != "sm_90a") return 0;

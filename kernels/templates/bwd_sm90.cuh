@@ -56,7 +56,7 @@
 // Knobs (prepended #defines): KF_HEAD_DIM (64|128), KF_BLOCK_M (64|128; 128
 // only with D = 64), KF_BLOCK_N (128), KF_STAGES (1|2; the space has 2),
 // KF_ORDER, KF_SPLIT, KF_DQ_DIRECT, KF_CSKIP, KF_TMA, KF_KVFIRST, KF_DQW, KF_DQZ,
-// KF_HELP (below).
+// KF_HELP, KF_KVSTORE (below).
 // The shared-memory layout is kf_bwd_sm90_layout()
 // (templates/bwd_sm90_layout.h, prepended).
 // Entry point: extern "C" __global__ kf_attn_bwd(const __grid_constant__ KfAttnParams p),
@@ -192,6 +192,23 @@
 // every other CTA was done (notes/bwd.md v17).
 #if (KF_HELP != 0) && (KF_HELP != 1) && (KF_HELP != 2)
 #error "bwd_sm90: KF_HELP must be 0, 1 or 2"
+#endif
+// KF_KVSTORE = 1 (with KF_TMA; manifest tensor maps dk, dv after q, dout): a
+// consumer whose 64 keys all lie in the sequence stages its dK and dV as
+// 128B-swizzled panels and one thread stores them by TMA, where otherwise
+// every thread copies its rows from the staging buffer to global memory,
+// 16 bytes a store (the tile's end, on the consumers' path: ~2 us of a
+// long tile, ~3.5 of a packed run's 17, notes/bwd.md v15, v17). A half
+// with keys past the sequence keeps the copy: a box past the end would
+// overwrite the next sequence's rows.
+#ifndef KF_KVSTORE
+#define KF_KVSTORE 0
+#endif
+#if (KF_KVSTORE != 0) && (KF_KVSTORE != 1)
+#error "bwd_sm90: KF_KVSTORE must be 0 or 1"
+#endif
+#if KF_KVSTORE && !KF_TMA
+#error "bwd_sm90: KF_KVSTORE stores through the tensor maps KF_TMA passes"
 #endif
 #if KF_DQZ && KF_DQW
 #error "bwd_sm90: KF_DQZ restores the zeros KF_DQW does not need"
@@ -485,6 +502,9 @@ __device__ KF9_HELP_CONVERT_INLINE void help_convert(const KfAttnParams& p, int 
 // The kernel's second parameter: the manifest's tensor_maps, in its order.
 struct KfBwdSm90Maps {
   kfh::TmaMap q, dout;
+#if KF_KVSTORE
+  kfh::TmaMap dk, dv;
+#endif
 };
 #define KF9_MAPS_PARAM , const __grid_constant__ KfBwdSm90Maps maps
 #else
@@ -1342,6 +1362,95 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
     }
 #endif
 
+#if KF_KVSTORE
+    // A tile without steps (keys no query sees) has passed no consumer
+    // barrier since the previous tile's end, whose TMA stores may still be
+    // reading the staging buffer, and whose other threads may still be
+    // copying from it: waited for before the buffer is written again.
+    if (KF9_STEPS == 0) {
+      if ((tid & 127) == 0) bulk_wait_read();
+      wg_sync(2 + w);
+    }
+    {
+      // dK (scaled) and dV as 128B-swizzled panels of 64 rows x 64 head dims
+      // (the layout a TMA load of the box leaves: 16-byte chunk c of row r at
+      // c ^ (r % 8); a warp's 32-bit stores, 8 rows x 4 column pairs, fall in
+      // 32 distinct banks), staged by every thread whatever the keys: a
+      // branch around the accumulators' reads made ptxas serialise the
+      // wgmmas (C7520). Then one thread stores the panels through the dk and
+      // dv maps where all 64 keys of this consumer lie in the sequence, or
+      // every thread copies the rows that do, 16 bytes a store.
+      auto stage_panels = [&](const float* acc, float sc, u32 buf) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int row = r0 + 8 * e;
+          u32 a = buf + row * 128 + cq * 2;
+          asm volatile("mov.b32 %0, %0;\n" : "+r"(a));
+#pragma unroll
+          for (int j = 0; j < kD / 8; ++j) {
+            const u32 at = a + (u32)((j >> 3) * (64 * 128)) + (u32)((((j & 7) ^ (row & 7))) << 4);
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at),
+                         "r"(pack_bf16(acc[4 * j + 2 * e] * sc, acc[4 * j + 2 * e + 1] * sc))
+                         : "memory");
+          }
+        }
+      };
+      const bool full = n0 + 64 * w + 64 <= T.lk;
+      const int row0 = T.k0 + n0 + 64 * w;
+      const bool lead = (tid & 127) == 0;
+      // the panels at buf (kD / 64 of them) to this consumer's rows of the
+      // map's tensor, or of out where the half is not full
+      auto store = [&](const kfh::TmaMap* map, bf16* out, u32 buf) {
+        if (full) {
+          if (lead) {
+#pragma unroll
+            for (int pn = 0; pn < kD / 64; ++pn) {
+              kfh::tma_store_2d(map, T.g * kD + 64 * pn, row0, buf + pn * (64 * 128));
+            }
+            kfh::bulk_commit();
+          }
+          return;
+        }
+#pragma unroll 1
+        for (int i = tid & 127; i < 64 * (kD / 8); i += 128) {
+          const int row = i / (kD / 8), c = i % (kD / 8);
+          if (n0 + 64 * w + row < T.lk) {
+            const uint4 v =
+                ld_shared_v4(buf + (c >> 3) * (64 * 128) + row * 128 + (((c & 7) ^ (row & 7)) << 4));
+            *(uint4*)(out + ((long long)(row0 + row) * p.kv_heads + T.g) * kD + c * 8) = v;
+          }
+        }
+      };
+#if KF_DQ_DIRECT
+      // (the last step's direct dQ stores read this buffer, other threads' rows)
+      if (T.lk <= kBN) wg_sync(2 + w);
+#endif
+      if constexpr (kD == 128) {
+        stage_panels(dk, scale, sDq);
+        fence_proxy_async();
+        wg_sync(2 + w);
+        store(&maps.dk, (bf16*)p.dk, sDq);
+        if (lead) bulk_wait_read();
+        wg_sync(2 + w);  // the dV panels rewrite the buffer once it has been read
+        stage_panels(dv, 1.f, sDq);
+        fence_proxy_async();
+        wg_sync(2 + w);
+        store(&maps.dv, (bf16*)p.dv, sDq);
+      } else {
+        stage_panels(dk, scale, sDq);
+        stage_panels(dv, 1.f, sDq + 64 * 128);
+        fence_proxy_async();
+        wg_sync(2 + w);
+        store(&maps.dk, (bf16*)p.dk, sDq);
+        store(&maps.dv, (bf16*)p.dv, sDq + 64 * 128);
+      }
+      // (the buffer's next writer waits for the stores' reads: the lead
+      // thread's bulk_wait_read before the next step's consumer barrier, or
+      // the wait above for a tile without steps)
+      KF9_TRC(kTrConsEnd, 0);
+      continue;
+    }
+#endif
     // dK (scaled) and dV of this consumer's keys; zeros when no query sees
     // them. Staged in this consumer's dQ staging buffer (free: the tile's
     // last step waited for every bulk reduce-add, and the next tile writes it
@@ -1406,6 +1515,11 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
       KF9_TRC(kTrConsEnd, 0);
     }
   }
+#if KF_KVSTORE
+  // The last TMA stores have written dK and dV before the CTA (and its
+  // shared memory) goes.
+  if ((tid & 127) == 0) bulk_wait_all();
+#endif
 #if KF_HELP
   help_convert(p, ct, flags);
 #endif

@@ -513,6 +513,34 @@ TEST_F(WorkerGpuSequence, BwdSm90Help2PassesEveryGate) {
   }
 }
 
+// bwd_sm90 KVSTORE=1 through every gate: dK and dV staged as swizzled panels
+// and stored by TMA (the async proxy reads the staging buffer the next
+// tile's dQ slices reuse), tails copied from the panels; the defaults at
+// both head dims, causal, and tiny sequences.
+TEST_F(WorkerGpuSequence, BwdSm90KvStorePassesEveryGate) {
+  if (WorkingGates().empty()) GTEST_SKIP() << "no compute-sanitizer tool runs here";
+  if (TheGpu().info.arch != "sm_90a") GTEST_SKIP() << "bwd_sm90 needs sm_90a";
+  gpu::CompilePool pool(2, nullptr);
+  Sandbox sandbox(GpuSandboxOptions());
+  LocalTaskRunner runner(&pool, &sandbox, GatedRunnerOptions());
+  struct S { int d; bool causal, tiny; };
+  uint64_t seed = 1110;
+  for (S s : {S{128, false, false}, S{128, true, false}, S{128, false, true}, S{64, true, true}}) {
+    absl::StatusOr<Variant> v = Instantiate(
+        "bwd_sm90",
+        {{"BLOCK_M", s.d == 64 ? 128 : 64}, {"BLOCK_N", 128}, {"STAGES", 2}, {"KVSTORE", 1}},
+        s.d);
+    ASSERT_TRUE(v.ok()) << v.status();
+    const std::string label = fmt::format("bwd_sm90 d{} KVSTORE{}{}", s.d,
+                                          s.causal ? " causal" : "", s.tiny ? " tiny" : "");
+    const ShapeKey k = s.tiny ? TinyGateShape(Op::kBackward, s.d, s.causal)
+                              : GateShape(Op::kBackward, s.d, s.causal);
+    auto r = ConfirmThroughGates(runner, k, *v, label, ++seed);
+    ASSERT_TRUE(r.has_value());
+    EXPECT_EQ(r->outcome, Outcome::kVerified) << label << ": " << r->message;
+  }
+}
+
 // fwd_sm90 with the host-balanced list and packed tiles (ORDER=1 PACK=1)
 // through every gate: each thread's row windows come from the offsets in
 // global memory, and the K/V ring is shared by plain and packed tiles of one

@@ -512,6 +512,33 @@ TEST_F(EvalGpu, BwdSm90HeavyTailedDefaultsVerify) {
   }
 }
 
+// bwd_sm90's KVSTORE (dK and dV of a consumer's full 64 keys stored by TMA
+// from swizzled panels, the rest copied from the same panels; manifest maps
+// dk, dv) on the hostile batches: tails of every length, packed runs, key
+// blocks no query sees, split key tiles, GQA, both masks and head dims, with
+// DQW, DQZ, HELP and DQ_DIRECT.
+TEST_F(EvalGpu, BwdSm90KvStoreVerify) {
+  if (std::string why = WhyNoBwdSm90(); !why.empty()) GTEST_SKIP() << why;
+  struct S { int d, h, kvh; bool causal, cross; int bm, split, direct, dqw, dqz, help, kind; };
+  for (S s : {S{128, 4, 4, true, false, 64, 0, 0, 0, 1, 0, 0},
+              S{128, 4, 2, false, true, 64, 0, 0, 0, 1, 0, 0},
+              S{64, 4, 1, true, true, 128, 0, 0, 0, 1, 0, 0},
+              S{64, 2, 2, false, false, 128, 0, 0, 1, 0, 0, 1},
+              S{128, 4, 2, true, true, 64, 0, 0, 0, 1, 1, 1},
+              S{128, 4, 4, false, false, 64, 1, 0, 1, 0, 2, 3},
+              S{64, 4, 2, true, false, 128, 1, 0, 1, 0, 2, 3},
+              S{128, 4, 4, false, true, 64, 0, 1, 0, 1, 0, 2},
+              S{64, 4, 2, true, true, 128, 0, 1, 0, 1, 0, 2}}) {
+    ExpectBwdSm90Verified({{"BLOCK_M", s.bm}, {"ORDER", 1}, {"SPLIT", s.split},
+                           {"DQ_DIRECT", s.direct}, {"DQW", s.dqw}, {"DQZ", s.dqz},
+                           {"HELP", s.help}, {"KVFIRST", s.split}, {"KVSTORE", 1}},
+                          s.d, s.h, s.kvh, s.causal, s.cross, s.kind,
+                          9100 + s.d + s.bm + 3 * s.h + 5 * s.kvh + 7 * s.causal + 11 * s.cross +
+                              13 * s.split + 17 * s.direct + 19 * s.dqw + 23 * s.kind +
+                              29 * s.help);
+  }
+}
+
 // A variant that claims restores_dq_accum but leaves its sums in dq_accum
 // (bwd_mma and bwd_sm90 DQZ=0, with only the manifest flag changed) is
 // wrong after its first launch, with the flag and the count named.

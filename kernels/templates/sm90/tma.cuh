@@ -32,4 +32,17 @@ __device__ __forceinline__ void tma_load_2d(u32 dst, const TmaMap* map, int c0, 
       : "memory");
 }
 
+// The 128B-swizzled panel at src (1024-byte aligned, laid out as a load of
+// the box would have left it) to the box at column c0, row c1 of `map`:
+// an asynchronous store in this thread's bulk group, which the caller
+// commits; src stays unchanged until cp.async.bulk.wait_group.read says the
+// store has read it. The box's rows must all be the writer's own: bounds
+// are the tensor's, so rows past a sequence's end are the next sequence's.
+__device__ __forceinline__ void tma_store_2d(const TmaMap* map, int c0, int c1, u32 src) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(
+                   map),
+               "r"(c0), "r"(c1), "r"(src)
+               : "memory");
+}
+
 }  // namespace kfh
