@@ -254,6 +254,12 @@ absl::StatusOr<Manifest> ParseManifest(std::string_view text) {
                                r.tensor));
       }
       r.box_rows = int(rows);
+      // dk and dv are the backward's outputs: a forward has none to write
+      // (its launch passes null there)
+      if ((r.tensor == "dk" || r.tensor == "dv") && m.ops != std::vector<std::string>{"bwd"}) {
+        return Bad(fmt::format("tensor_maps: \"{}\" is a backward output; ops must be [\"bwd\"]",
+                               r.tensor));
+      }
       m.tensor_maps.push_back(std::move(r));
     }
     if (!m.tensor_maps.empty() &&

@@ -103,6 +103,17 @@ TEST(ManifestTest, TensorMapsRoundTripAndAreChecked) {
   auto many = ParseManifest(bwd + nine + "]}");
   ASSERT_FALSE(many.ok());
   EXPECT_NE(many.status().message().find("at most 8"), std::string::npos) << many.status();
+  // dk and dv: the backward's outputs, mapped by a backward only
+  auto out = ParseManifest(bwd + R"([{"tensor":"dk","box_rows":64},{"tensor":"dv","box_rows":64}]})");
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->tensor_maps, (std::vector<TensorMapRequest>{{"dk", 64}, {"dv", 64}}));
+  std::string fwd = bwd + R"([{"tensor":"dv","box_rows":64}]})";
+  fwd.replace(fwd.find(R"("ops":["bwd"])"), 13, R"("ops":["fwd"])");
+  fwd.replace(fwd.find(R"("key_major":true,)"), 17, "");
+  auto fwd_out = ParseManifest(fwd);
+  ASSERT_FALSE(fwd_out.ok());
+  EXPECT_NE(fwd_out.status().message().find("\"dv\" is a backward output"), std::string::npos)
+      << fwd_out.status();
   std::string no_tma = bwd + R"([{"tensor":"q","box_rows":64}]})";
   no_tma.replace(no_tma.find(R"(,"tma")"), 6, "");
   auto r = ParseManifest(no_tma);

@@ -4,7 +4,9 @@
 # case first, then an A/B of the heavy-tailed batches (powerlaw_short at both
 # head dims and causal, a lone long sequence beside 200 short ones) around the
 # new defaults, then, time permitting, a results run of the public backward
-# shapes with the anchors. Few files under $OUT. OUT must be set; BUDGET s (560).
+# shapes with the anchors. Few files under $OUT. OUT must be set; BUDGET s (560);
+# SETTINGS: the A/B's settings (the second part of v18, 09:07, ran
+# 'bwd_sm90:SPLIT=0;bwd_sm90:SPLIT=0,KVFIRST=0;bwd_sm90:CSKIP=1;bwd_sm90:HELP=0;bwd_sm90:CSKIP=1,HELP=0').
 set -u
 export LD_LIBRARY_PATH=$PWD/.bundle/lib:/usr/local/cuda/lib64
 B=.bundle/bin
@@ -12,13 +14,13 @@ end=$(( $(date +%s) + ${BUDGET:-560} ))
 left() { local l=$(( end - $(date +%s) )); [ "$l" -gt "$1" ] && echo "$1" || echo $(( l > 5 ? l : 5 )); }
 short() { grep -hE "OK |BAD" "$@" | sed -E 's/BLOCK_M=(64|128) BLOCK_N=128 //; s/ORDER=1 //; s/STAGES=2 //; s/TMA=1//; s/ +rel_l2.*//'; }
 { nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu,power.draw --format=csv,noheader; date -u +%FT%TZ; } > $OUT/ab.txt
-timeout "$(left 120)" $B/worker_gpu_test --gtest_filter='WorkerGpuSequence.BwdSm90Help2PassesEveryGate' > $OUT/gate.log 2>&1
+timeout "$(left 150)" $B/worker_gpu_test --gtest_filter='WorkerGpuSequence.BwdSm90Help2PassesEveryGate' > $OUT/gate.log 2>&1
 echo "== gate rc=$?" >> $OUT/ab.txt
-grep -E '^\[ +(OK|FAILED|  SKIPPED) +\]|Failure|gates that run|confirm' $OUT/gate.log | cut -c1-110 | head -10 >> $OUT/ab.txt
+grep -E '^\[ +(OK|FAILED|  SKIPPED) +\]|Failure|gates that run|confirm' $OUT/gate.log | cut -c1-110 | head -14 >> $OUT/ab.txt
 timeout "$(left 60)" $B/eval_gpu_test --gtest_filter='EvalGpu.BwdSm90HeavyTailedDefaultsVerify' > $OUT/eval.log 2>&1
 echo "== eval rc=$?" >> $OUT/ab.txt
 grep -E '^\[ +(OK|FAILED) +\]|Failure' $OUT/eval.log | head -6 >> $OUT/ab.txt
-S='bwd_sm90:CSKIP=1,HELP=0;bwd_sm90:CSKIP=0,HELP=2;bwd_sm90:CSKIP=1,HELP=2;bwd_sm90:SPLIT=0;bwd_sm90:KVFIRST=0;bwd_sm90:SPLIT=0,KVFIRST=0;bwd_sm90:DQW=0,DQZ=1'
+S=${SETTINGS:-'bwd_sm90:CSKIP=1,HELP=0;bwd_sm90:CSKIP=0,HELP=2;bwd_sm90:CSKIP=1,HELP=2;bwd_sm90:SPLIT=0;bwd_sm90:KVFIRST=0;bwd_sm90:SPLIT=0,KVFIRST=0;bwd_sm90:DQW=0,DQZ=1'}
 timeout "$(left 100)" $B/kforge-bench-attn --lengths kernels/dev/ab19_shapes.json \
   --op bwd --variants default --templates bwd_sm90 --settings "$S" > /tmp/ab.log 2>&1
 echo "== bench rc=$?" >> $OUT/ab.txt; short /tmp/ab.log >> $OUT/ab.txt

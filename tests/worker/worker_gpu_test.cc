@@ -417,6 +417,20 @@ std::optional<TaskResult> ConfirmThroughGates(LocalTaskRunner& runner, const Sha
   return r;
 }
 
+// `tmpl` at `knobs` and head dim d through every gate, on the gate batch of
+// `op` (or its batch of tiny sequences), expected verified; `label` names
+// the setting in a failure.
+void ExpectVerifiedThroughGates(LocalTaskRunner& runner, const std::string& tmpl,
+                                const std::map<std::string, int>& knobs, int d, Op op,
+                                bool causal, bool tiny, const std::string& label, uint64_t seed) {
+  absl::StatusOr<Variant> v = Instantiate(tmpl, knobs, d);
+  ASSERT_TRUE(v.ok()) << label << ": " << v.status();
+  const ShapeKey k = tiny ? TinyGateShape(op, d, causal) : GateShape(op, d, causal);
+  auto r = ConfirmThroughGates(runner, k, *v, label, seed);
+  ASSERT_TRUE(r.has_value()) << label;
+  EXPECT_EQ(r->outcome, Outcome::kVerified) << label << " d" << d << ": " << r->message;
+}
+
 // kforge's own seed kernels must pass every gate: a sanitizer that flags
 // them would stop every bucket from being served a tuned kernel.
 TEST_F(WorkerGpuSequence, SeedDefaultsPassEveryGate) {
@@ -460,21 +474,15 @@ TEST_F(WorkerGpuSequence, BwdSm90PassesEveryGate) {
               S{128, 64, false, 1, false, 1}, S{128, 64, true, 1, true, 0, 1},
               S{64, 128, false, 1, false, 0, 1}, S{128, 64, false, 1, false, 1, 0, 1},
               S{64, 128, true, 1, false, 0, 0, 1}}) {
-    absl::StatusOr<Variant> v = Instantiate(
-        "bwd_sm90",
-        {{"BLOCK_M", s.bm}, {"BLOCK_N", 128}, {"STAGES", 2}, {"ORDER", s.order}, {"SPLIT", s.split},
-         {"DQ_DIRECT", s.direct}, {"DQW", s.dqw}},
-        s.d);
-    ASSERT_TRUE(v.ok()) << v.status();
     const std::string label =
         fmt::format("bwd_sm90 BM{} ORDER{}{}{}{}{}{}", s.bm, s.order, s.causal ? " causal" : "",
                     s.tiny ? " tiny" : "", s.split ? " SPLIT" : "", s.direct ? " DQ_DIRECT" : "",
                     s.dqw ? " DQW" : "");
-    const ShapeKey k = s.tiny ? TinyGateShape(Op::kBackward, s.d, s.causal)
-                              : GateShape(Op::kBackward, s.d, s.causal);
-    auto r = ConfirmThroughGates(runner, k, *v, label, ++seed);
-    ASSERT_TRUE(r.has_value());
-    EXPECT_EQ(r->outcome, Outcome::kVerified) << label << " d" << s.d << ": " << r->message;
+    ExpectVerifiedThroughGates(
+        runner, "bwd_sm90",
+        {{"BLOCK_M", s.bm}, {"BLOCK_N", 128}, {"STAGES", 2}, {"ORDER", s.order}, {"SPLIT", s.split},
+         {"DQ_DIRECT", s.direct}, {"DQW", s.dqw}},
+        s.d, Op::kBackward, s.causal, s.tiny, label, ++seed);
   }
 }
 
@@ -497,19 +505,13 @@ TEST_F(WorkerGpuSequence, BwdSm90Help2PassesEveryGate) {
   for (S s : {S{false, false, 0}, S{true, false, 0}, S{false, true, 0}, S{false, false, 1},
               S{true, false, 1}, S{false, true, 1}, S{false, false, 1, 64},
               S{true, false, 1, 64}, S{false, true, 1, 64}}) {
-    absl::StatusOr<Variant> v = Instantiate(
-        "bwd_sm90",
+    const std::string label = fmt::format("bwd_sm90 HELP2 CSKIP{}{}{}", s.cskip,
+                                          s.causal ? " causal" : "", s.tiny ? " tiny" : "");
+    ExpectVerifiedThroughGates(
+        runner, "bwd_sm90",
         {{"BLOCK_M", s.d == 64 ? 128 : 64}, {"BLOCK_N", 128}, {"STAGES", 2}, {"ORDER", 1},
          {"SPLIT", 1}, {"KVFIRST", 1}, {"DQW", 1}, {"CSKIP", s.cskip}, {"HELP", 2}},
-        s.d);
-    ASSERT_TRUE(v.ok()) << v.status();
-    const std::string label = fmt::format("bwd_sm90 d{} HELP2 CSKIP{}{}{}", s.d, s.cskip,
-                                          s.causal ? " causal" : "", s.tiny ? " tiny" : "");
-    const ShapeKey k = s.tiny ? TinyGateShape(Op::kBackward, s.d, s.causal)
-                              : GateShape(Op::kBackward, s.d, s.causal);
-    auto r = ConfirmThroughGates(runner, k, *v, label, ++seed);
-    ASSERT_TRUE(r.has_value());
-    EXPECT_EQ(r->outcome, Outcome::kVerified) << label << ": " << r->message;
+        s.d, Op::kBackward, s.causal, s.tiny, label, ++seed);
   }
 }
 
@@ -526,18 +528,12 @@ TEST_F(WorkerGpuSequence, BwdSm90KvStorePassesEveryGate) {
   struct S { int d; bool causal, tiny; };
   uint64_t seed = 1110;
   for (S s : {S{128, false, false}, S{128, true, false}, S{128, false, true}, S{64, true, true}}) {
-    absl::StatusOr<Variant> v = Instantiate(
-        "bwd_sm90",
+    ExpectVerifiedThroughGates(
+        runner, "bwd_sm90",
         {{"BLOCK_M", s.d == 64 ? 128 : 64}, {"BLOCK_N", 128}, {"STAGES", 2}, {"KVSTORE", 1}},
-        s.d);
-    ASSERT_TRUE(v.ok()) << v.status();
-    const std::string label = fmt::format("bwd_sm90 d{} KVSTORE{}{}", s.d,
-                                          s.causal ? " causal" : "", s.tiny ? " tiny" : "");
-    const ShapeKey k = s.tiny ? TinyGateShape(Op::kBackward, s.d, s.causal)
-                              : GateShape(Op::kBackward, s.d, s.causal);
-    auto r = ConfirmThroughGates(runner, k, *v, label, ++seed);
-    ASSERT_TRUE(r.has_value());
-    EXPECT_EQ(r->outcome, Outcome::kVerified) << label << ": " << r->message;
+        s.d, Op::kBackward, s.causal, s.tiny,
+        fmt::format("bwd_sm90 KVSTORE{}{}", s.causal ? " causal" : "", s.tiny ? " tiny" : ""),
+        ++seed);
   }
 }
 
@@ -554,19 +550,13 @@ TEST_F(WorkerGpuSequence, FwdSm90PackedPassesEveryGate) {
   struct S { int d; bool causal, tiny; };
   uint64_t seed = 990;
   for (S s : {S{128, true, false}, S{128, false, true}, S{64, true, true}}) {
-    absl::StatusOr<Variant> v =
-        Instantiate("fwd_sm90",
-                    {{"BLOCK_M", 128}, {"BLOCK_N", 128}, {"STAGES", 2}, {"PERSISTENT", 1},
-                     {"ORDER", 1}, {"PACK", 1}},
-                    s.d);
-    ASSERT_TRUE(v.ok()) << v.status();
-    const std::string label =
-        fmt::format("fwd_sm90 PACK1{}{}", s.causal ? " causal" : "", s.tiny ? " tiny" : "");
-    const ShapeKey k = s.tiny ? TinyGateShape(Op::kForward, s.d, s.causal)
-                              : GateShape(Op::kForward, s.d, s.causal);
-    auto r = ConfirmThroughGates(runner, k, *v, label, ++seed);
-    ASSERT_TRUE(r.has_value());
-    EXPECT_EQ(r->outcome, Outcome::kVerified) << label << " d" << s.d << ": " << r->message;
+    ExpectVerifiedThroughGates(
+        runner, "fwd_sm90",
+        {{"BLOCK_M", 128}, {"BLOCK_N", 128}, {"STAGES", 2}, {"PERSISTENT", 1}, {"ORDER", 1},
+         {"PACK", 1}},
+        s.d, Op::kForward, s.causal, s.tiny,
+        fmt::format("fwd_sm90 PACK1{}{}", s.causal ? " causal" : "", s.tiny ? " tiny" : ""),
+        ++seed);
   }
 }
 
@@ -583,19 +573,13 @@ TEST_F(WorkerGpuSequence, FwdSm90ChainedPassesEveryGate) {
   struct S { int d, stages; bool causal, tiny; };
   uint64_t seed = 1010;
   for (S s : {S{128, 2, true, false}, S{64, 3, false, true}}) {
-    absl::StatusOr<Variant> v =
-        Instantiate("fwd_sm90",
-                    {{"BLOCK_M", 128}, {"BLOCK_N", 128}, {"STAGES", s.stages}, {"PERSISTENT", 1},
-                     {"QAHEAD", 2}},
-                    s.d);
-    ASSERT_TRUE(v.ok()) << v.status();
-    const std::string label =
-        fmt::format("fwd_sm90 QAHEAD2{}{}", s.causal ? " causal" : "", s.tiny ? " tiny" : "");
-    const ShapeKey k = s.tiny ? TinyGateShape(Op::kForward, s.d, s.causal)
-                              : GateShape(Op::kForward, s.d, s.causal);
-    auto r = ConfirmThroughGates(runner, k, *v, label, ++seed);
-    ASSERT_TRUE(r.has_value());
-    EXPECT_EQ(r->outcome, Outcome::kVerified) << label << " d" << s.d << ": " << r->message;
+    ExpectVerifiedThroughGates(
+        runner, "fwd_sm90",
+        {{"BLOCK_M", 128}, {"BLOCK_N", 128}, {"STAGES", s.stages}, {"PERSISTENT", 1},
+         {"QAHEAD", 2}},
+        s.d, Op::kForward, s.causal, s.tiny,
+        fmt::format("fwd_sm90 QAHEAD2{}{}", s.causal ? " causal" : "", s.tiny ? " tiny" : ""),
+        ++seed);
   }
 }
 
