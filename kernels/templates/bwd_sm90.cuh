@@ -1362,28 +1362,38 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
     }
 #endif
 
-#if KF_KVSTORE
-    // A tile without steps (keys no query sees) has passed no consumer
-    // barrier since the previous tile's end, whose TMA stores may still be
-    // reading the staging buffer, and whose other threads may still be
-    // copying from it: waited for before the buffer is written again.
+    // dK (scaled) and dV of this consumer's keys (zeros when no query sees
+    // them), staged in this consumer's dQ staging buffer, then stored.
+    //
+    // The buffer is free: the tile's last step waited for every bulk
+    // reduce-add to have read it, and a step's consumer barrier (its dS
+    // barrier, or a packed run's window barriers) follows the previous
+    // tile's epilogue. A tile without steps (keys no query sees, such as a
+    // cross-attention sequence without queries) passes no such barrier, so
+    // it waits here for the other threads' copies of the previous tile's dV
+    // and, under KVSTORE, for the TMA stores' reads (notes/bwd.md v19).
     if (KF9_STEPS == 0) {
+#if KF_KVSTORE
       if ((tid & 127) == 0) bulk_wait_read();
+#endif
       wg_sync(2 + w);
     }
     {
-      // dK (scaled) and dV as 128B-swizzled panels of 64 rows x 64 head dims
-      // (the layout a TMA load of the box leaves: 16-byte chunk c of row r at
-      // c ^ (r % 8); a warp's 32-bit stores, 8 rows x 4 column pairs, fall in
-      // 32 distinct banks), staged by every thread whatever the keys: a
-      // branch around the accumulators' reads made ptxas serialise the
-      // wgmmas (C7520). Then one thread stores the panels through the dk and
-      // dv maps where all 64 keys of this consumer lie in the sequence, or
-      // every thread copies the rows that do, 16 bytes a store.
-      auto stage_panels = [&](const float* acc, float sc, u32 buf) {
+      // The staging layout is 128B-swizzled panels of 64 rows x 64 head dims,
+      // the layout a TMA box of the dk and dv maps reads: 16-byte chunk c of
+      // row r at chunk c ^ (r % 8). A warp's 32-bit stores (8 rows x 4 column
+      // pairs) fall in 32 distinct banks, and a quarter warp's 16-byte reads
+      // of one row in 8 distinct chunks. The stores are 16 bytes a thread as
+      // whole rows: the 32-bit stores straight from the accumulators
+      // throttled the LSU (v6 profile). Every thread stages whatever the
+      // keys: a branch around the accumulators' reads made ptxas serialise
+      // the wgmmas (C7520, v19).
+      auto stage = [&](const float* acc, float sc, u32 buf) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int row = r0 + 8 * e;
+          // (an opaque move: ptxas keeps no loop-invariant addresses live
+          // over the tile, add_dq's reason too)
           u32 a = buf + row * 128 + cq * 2;
           asm volatile("mov.b32 %0, %0;\n" : "+r"(a));
 #pragma unroll
@@ -1395,11 +1405,15 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
           }
         }
       };
-      const bool full = n0 + 64 * w + 64 <= T.lk;
       const int row0 = T.k0 + n0 + 64 * w;
+#if KF_KVSTORE
+      // KVSTORE: where all 64 keys of this consumer lie in the sequence, one
+      // thread stores the panels through the dk and dv maps. A half with
+      // keys past the sequence keeps the copy: a box past its end would
+      // overwrite the next sequence's rows.
+      const bool full = n0 + 64 * w + 64 <= T.lk;
       const bool lead = (tid & 127) == 0;
-      // the panels at buf (kD / 64 of them) to this consumer's rows of the
-      // map's tensor, or of out where the half is not full
+#define KF9_KV_MAP(m) &maps.m,
       auto store = [&](const kfh::TmaMap* map, bf16* out, u32 buf) {
         if (full) {
           if (lead) {
@@ -1411,6 +1425,11 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
           }
           return;
         }
+#else
+#define KF9_KV_MAP(m)
+      auto store = [&](bf16* out, u32 buf) {
+#endif
+        // every thread copies its share of the rows inside the sequence
 #pragma unroll 1
         for (int i = tid & 127; i < 64 * (kD / 8); i += 128) {
           const int row = i / (kD / 8), c = i % (kD / 8);
@@ -1421,97 +1440,41 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
           }
         }
       };
+      // the panels' writes, before the TMA stores read them (async proxy)
+      auto staged = [&]() {
+#if KF_KVSTORE
+        fence_proxy_async();
+#endif
+        wg_sync(2 + w);
+      };
 #if KF_DQ_DIRECT
       // (the last step's direct dQ stores read this buffer, other threads' rows)
       if (T.lk <= kBN) wg_sync(2 + w);
 #endif
       if constexpr (kD == 128) {
-        stage_panels(dk, scale, sDq);
-        fence_proxy_async();
-        wg_sync(2 + w);
-        store(&maps.dk, (bf16*)p.dk, sDq);
+        // one 16 KB pass each
+        stage(dk, scale, sDq);
+        staged();
+        store(KF9_KV_MAP(dk)(bf16*)p.dk, sDq);
+#if KF_KVSTORE
         if (lead) bulk_wait_read();
+#endif
         wg_sync(2 + w);  // the dV panels rewrite the buffer once it has been read
-        stage_panels(dv, 1.f, sDq);
-        fence_proxy_async();
-        wg_sync(2 + w);
-        store(&maps.dv, (bf16*)p.dv, sDq);
-      } else {
-        stage_panels(dk, scale, sDq);
-        stage_panels(dv, 1.f, sDq + 64 * 128);
-        fence_proxy_async();
-        wg_sync(2 + w);
-        store(&maps.dk, (bf16*)p.dk, sDq);
-        store(&maps.dv, (bf16*)p.dv, sDq + 64 * 128);
-      }
-      // (the buffer's next writer waits for the stores' reads: the lead
-      // thread's bulk_wait_read before the next step's consumer barrier, or
-      // the wait above for a tile without steps)
-      KF9_TRC(kTrConsEnd, 0);
-      continue;
-    }
-#endif
-    // dK (scaled) and dV of this consumer's keys; zeros when no query sees
-    // them. Staged in this consumer's dQ staging buffer (free: the tile's
-    // last step waited for every bulk reduce-add, and the next tile writes it
-    // only after a consumer barrier) as swizzled 16-byte chunks, then stored
-    // as whole rows, 16 bytes a thread: the 32-bit stores from the
-    // accumulators throttled the LSU (v6 profile, notes/bwd.md). D = 64: dK
-    // and dV in one pass (two 8 KB halves); D = 128: one 16 KB pass each.
-    {
-      constexpr int kRowBytes = kD * 2;
-      constexpr int kChunks = kD / 8;  // 16-byte chunks a row
-      const int tt = tid & 127;
-      // this thread's rows of acc (scaled by sc) into the 64-row tile at buf
-      auto stage = [&](const float* acc, float sc, u32 buf) {
-        // Chunk j of a row goes to chunk j ^ (row % 8): the row's address for
-        // chunk 0 XOR 16 j (rows are 256-byte aligned). The base goes through
-        // an opaque move, so that ptxas keeps no loop-invariant addresses live
-        // over the tile (add_dq's reason too).
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int row = r0 + 8 * e;
-          u32 a = buf + row * kRowBytes + ((row & 7) << 4) + cq * 2;
-          asm volatile("mov.b32 %0, %0;\n" : "+r"(a));
-#pragma unroll
-          for (int j = 0; j < kChunks; ++j) {
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a ^ (u32)(j << 4)),
-                         "r"(pack_bf16(acc[4 * j + 2 * e] * sc, acc[4 * j + 2 * e + 1] * sc))
-                         : "memory");
-          }
-        }
-      };
-      // the tile at buf to this consumer's key rows of out
-      auto store = [&](bf16* out, u32 buf) {
-#pragma unroll 1
-        for (int i = tt; i < 64 * kChunks; i += 128) {
-          const int row = i / kChunks, c = i % kChunks;
-          const int key = n0 + 64 * w + row;
-          if (key < T.lk) {
-            const uint4 v = ld_shared_v4(buf + row * kRowBytes + ((c ^ (row & 7)) << 4));
-            *(uint4*)(out + ((long long)(T.k0 + key) * p.kv_heads + T.g) * kD + c * 8) = v;
-          }
-        }
-      };
-#if KF_DQ_DIRECT
-      // (the last step's direct dQ stores read this buffer, other threads' rows)
-      if (T.lk <= kBN) wg_sync(2 + w);
-#endif
-      if constexpr (kD == 128) {
-        stage(dk, scale, sDq);
-        wg_sync(2 + w);
-        store((bf16*)p.dk, sDq);
-        wg_sync(2 + w);  // the dV pass rewrites the buffer
         stage(dv, 1.f, sDq);
-        wg_sync(2 + w);
-        store((bf16*)p.dv, sDq);
+        staged();
+        store(KF9_KV_MAP(dv)(bf16*)p.dv, sDq);
       } else {
+        // dK and dV in one pass (two 8 KB halves)
         stage(dk, scale, sDq);
-        stage(dv, 1.f, sDq + 64 * kRowBytes);
-        wg_sync(2 + w);
-        store((bf16*)p.dk, sDq);
-        store((bf16*)p.dv, sDq + 64 * kRowBytes);
+        stage(dv, 1.f, sDq + 64 * 128);
+        staged();
+        store(KF9_KV_MAP(dk)(bf16*)p.dk, sDq);
+        store(KF9_KV_MAP(dv)(bf16*)p.dv, sDq + 64 * 128);
       }
+#undef KF9_KV_MAP
+      // (under KVSTORE the buffer's next writer waits for the stores' reads:
+      // the lead thread's bulk_wait_read before the next step's consumer
+      // barrier, or the wait above for a tile without steps)
       KF9_TRC(kTrConsEnd, 0);
     }
   }

@@ -396,6 +396,18 @@ ShapeKey TinyGateShape(Op op, int d, bool causal) {
   return k;
 }
 
+// The gate batch as cross attention (keys apart from the queries). Its
+// sampled check problem pairs zero queries with keys, so the racecheck and
+// synccheck gates see key tiles without steps after other tiles of the same
+// CTA (that problem runs on two or three CTAs).
+ShapeKey CrossGateShape(Op op, int d, bool causal) {
+  ShapeKey k = GateShape(op, d, causal);
+  k.cross = true;
+  k.max_len_k = 900;
+  k.total_k = k.batch * 200;
+  return k;
+}
+
 // One CONFIRM through every working gate; prints what it took.
 std::optional<TaskResult> ConfirmThroughGates(LocalTaskRunner& runner, const ShapeKey& k, const Variant& v,
                                const std::string& label, uint64_t seed) {
@@ -421,14 +433,20 @@ std::optional<TaskResult> ConfirmThroughGates(LocalTaskRunner& runner, const Sha
 // `op` (or its batch of tiny sequences), expected verified; `label` names
 // the setting in a failure.
 void ExpectVerifiedThroughGates(LocalTaskRunner& runner, const std::string& tmpl,
-                                const std::map<std::string, int>& knobs, int d, Op op,
-                                bool causal, bool tiny, const std::string& label, uint64_t seed) {
-  absl::StatusOr<Variant> v = Instantiate(tmpl, knobs, d);
+                                const std::map<std::string, int>& knobs, const ShapeKey& k,
+                                const std::string& label, uint64_t seed) {
+  absl::StatusOr<Variant> v = Instantiate(tmpl, knobs, k.head_dim);
   ASSERT_TRUE(v.ok()) << label << ": " << v.status();
-  const ShapeKey k = tiny ? TinyGateShape(op, d, causal) : GateShape(op, d, causal);
   auto r = ConfirmThroughGates(runner, k, *v, label, seed);
   ASSERT_TRUE(r.has_value()) << label;
-  EXPECT_EQ(r->outcome, Outcome::kVerified) << label << " d" << d << ": " << r->message;
+  EXPECT_EQ(r->outcome, Outcome::kVerified) << label << " d" << k.head_dim << ": " << r->message;
+}
+void ExpectVerifiedThroughGates(LocalTaskRunner& runner, const std::string& tmpl,
+                                const std::map<std::string, int>& knobs, int d, Op op,
+                                bool causal, bool tiny, const std::string& label, uint64_t seed) {
+  ExpectVerifiedThroughGates(runner, tmpl, knobs,
+                             tiny ? TinyGateShape(op, d, causal) : GateShape(op, d, causal), label,
+                             seed);
 }
 
 // kforge's own seed kernels must pass every gate: a sanitizer that flags
@@ -483,6 +501,34 @@ TEST_F(WorkerGpuSequence, BwdSm90PassesEveryGate) {
         {{"BLOCK_M", s.bm}, {"BLOCK_N", 128}, {"STAGES", 2}, {"ORDER", s.order}, {"SPLIT", s.split},
          {"DQ_DIRECT", s.direct}, {"DQW", s.dqw}},
         s.d, Op::kBackward, s.causal, s.tiny, label, ++seed);
+  }
+}
+
+// bwd_sm90 on cross attention through every gate: a key tile without steps
+// (keys of a sequence without queries) writes the staging buffer that the
+// previous tile's dK/dV copy of the same CTA read, with a warpgroup barrier
+// between them since v20 (notes/bwd.md; racecheck before it: see v20). The
+// defaults at both head dims, causal, DQ_DIRECT, KVSTORE=1, and the heavy-
+// tailed class's settings with HELP=2.
+TEST_F(WorkerGpuSequence, BwdSm90CrossPassesEveryGate) {
+  if (WorkingGates().empty()) GTEST_SKIP() << "no compute-sanitizer tool runs here";
+  if (TheGpu().info.arch != "sm_90a") GTEST_SKIP() << "bwd_sm90 needs sm_90a";
+  gpu::CompilePool pool(2, nullptr);
+  Sandbox sandbox(GpuSandboxOptions());
+  LocalTaskRunner runner(&pool, &sandbox, GatedRunnerOptions());
+  struct S { int d; bool causal; std::map<std::string, int> knobs; std::string what; };
+  const std::map<std::string, int> heavy = {{"ORDER", 1}, {"SPLIT", 1}, {"KVFIRST", 1}, {"DQW", 1},
+                                            {"DQZ", 0}, {"HELP", 2}};
+  uint64_t seed = 1130;
+  for (const S& s : {S{128, false, {}, "defaults"}, S{64, true, {}, "defaults"},
+                     S{128, true, {{"DQ_DIRECT", 1}}, "DQ_DIRECT"},
+                     S{128, false, {{"KVSTORE", 1}}, "KVSTORE"}, S{128, false, heavy, "HELP2"}}) {
+    std::map<std::string, int> knobs = {
+        {"BLOCK_M", s.d == 64 ? 128 : 64}, {"BLOCK_N", 128}, {"STAGES", 2}};
+    for (const auto& [name, value] : s.knobs) knobs[name] = value;
+    ExpectVerifiedThroughGates(runner, "bwd_sm90", knobs, CrossGateShape(Op::kBackward, s.d, s.causal),
+                               fmt::format("bwd_sm90 cross {}{}", s.what, s.causal ? " causal" : ""),
+                               ++seed);
   }
 }
 

@@ -99,7 +99,9 @@ std::vector<ProblemSpec> CheckProblems(const ShapeKey& key, uint64_t seed, int c
 // One check problem for the sampled gates (EvalOptions::sampled_checks):
 // lengths 0, 1, 2, the awkward ones around the tile and its multiples up to
 // CoverageLength, the capped longest one, and a few drawn at random; the
-// usual softmax scale and plain inputs (a hazard does not depend on values).
+// usual softmax scale and plain inputs (a hazard does not depend on values);
+// two or three CTAs where the kernel is persistent, so that each runs many
+// tiles in turn.
 ProblemSpec SampledCheckProblem(const ShapeKey& key, uint64_t seed, int largest_tile);
 
 // The timing problem: the task's offsets when given (cu_k empty: self), else

@@ -190,6 +190,9 @@ TEST(SampledCheckProblem, HoldsTheAwkwardLengths) {
     for (int l : {0, 1, 2, 127, 128, 129, 255, 256}) EXPECT_TRUE(q.count(l)) << l;
     EXPECT_LE(*q.rbegin(), GateLongest(128));
     EXPECT_LT(p.shape.total_q(), 8000);
+    // a persistent kernel runs it on a small grid: every CTA runs many tiles
+    EXPECT_GE(p.grid_ctas, 2);
+    EXPECT_LE(p.grid_ctas, 3);
     if (cross) {
       const std::set<int> k = AllLengths({p}, true);
       EXPECT_TRUE(k.count(0));
