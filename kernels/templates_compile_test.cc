@@ -336,7 +336,7 @@ TEST(TemplatesCompileSm90, FwdSm90CubinsArePinned) {
 // KVFIRST=1 with SPLIT=1's class; v13: each setting with DQZ=0 and with the
 // default DQZ=1, whose DQZ=0 cubins v12's are; v17: HELP=2 with SPLIT=1's
 // class at head dim 128, run on an H100; v18: with CSKIP=0 too, that class's
-// default at head dim 128). A
+// default at head dim 128; v20: the served defaults with KVSTORE=1). A
 // deliberate kernel change changes them: regenerate with
 // `kforge-kernels-compile --cubin-sha256 bwd_sm90` and say so in the commit.
 TEST(TemplatesCompileSm90, BwdSm90SettingsKeepTheWgmmaPipelineAndArePinned) {
@@ -381,6 +381,16 @@ TEST(TemplatesCompileSm90, BwdSm90SettingsKeepTheWgmmaPipelineAndArePinned) {
       {"d128 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQW=1 DQZ=0 DQ_DIRECT=0 HELP=0 KVFIRST=1 KVSTORE=0 ORDER=1 SPLIT=1 STAGES=2 TMA=1", "9b6259f11349ab69cc53d1cb91da7ce962a9ea77e7e2373ad7dd9f83f09eae94"},
       {"d128 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQW=1 DQZ=0 DQ_DIRECT=0 HELP=2 KVFIRST=1 KVSTORE=0 ORDER=1 SPLIT=1 STAGES=2 TMA=1", "f0ae8c9e527ae4c43eedcd3707a3b3f49e387c0b927de742f81840a7c79853e4"},
       {"d128 BLOCK_M=64 BLOCK_N=128 CSKIP=0 DQW=1 DQZ=0 DQ_DIRECT=0 HELP=2 KVFIRST=1 KVSTORE=0 ORDER=1 SPLIT=1 STAGES=2 TMA=1", "63265095efb6d4a8e26f3562bd7d4569aeeb1dee9f062fae95baa8a9c0041588"},
+      {"d64 BLOCK_M=128 BLOCK_N=128 CSKIP=1 DQW=0 DQZ=1 DQ_DIRECT=0 HELP=0 KVFIRST=0 KVSTORE=1 ORDER=0 SPLIT=0 STAGES=2 TMA=1", "e07038a193bfe903da03b7619e512cdc8e24db2efcbe67f19b2c507cad978d7f"},
+      {"d64 BLOCK_M=128 BLOCK_N=128 CSKIP=1 DQW=0 DQZ=1 DQ_DIRECT=1 HELP=0 KVFIRST=0 KVSTORE=1 ORDER=0 SPLIT=0 STAGES=2 TMA=1", "0cffdbb50127968145cfcc3f46d33f7956a0ea5943d6af87ed0747290ff9c8d4"},
+      {"d64 BLOCK_M=128 BLOCK_N=128 CSKIP=1 DQW=0 DQZ=1 DQ_DIRECT=0 HELP=0 KVFIRST=0 KVSTORE=1 ORDER=1 SPLIT=0 STAGES=2 TMA=1", "f5d5ba216251bca345f0fea2cd42a8428b743a13303f8f0e5441533febf99019"},
+      {"d64 BLOCK_M=128 BLOCK_N=128 CSKIP=1 DQW=0 DQZ=1 DQ_DIRECT=1 HELP=0 KVFIRST=0 KVSTORE=1 ORDER=1 SPLIT=0 STAGES=2 TMA=1", "85a3b070bcb654a910f8001d7d333f356923e9dce4cea1e97ea7b5644f4e31b2"},
+      {"d64 BLOCK_M=128 BLOCK_N=128 CSKIP=1 DQW=1 DQZ=0 DQ_DIRECT=0 HELP=2 KVFIRST=1 KVSTORE=1 ORDER=1 SPLIT=1 STAGES=2 TMA=1", "cadcf2ec29969a424141d659e85ac25d98565a5639c36343bff157819b81f5d3"},
+      {"d128 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQW=0 DQZ=1 DQ_DIRECT=0 HELP=0 KVFIRST=0 KVSTORE=1 ORDER=0 SPLIT=0 STAGES=2 TMA=1", "a30189429616b0da7784ea439010eaa5cb08a29d9b033716dc2a332ab7a84916"},
+      {"d128 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQW=0 DQZ=1 DQ_DIRECT=1 HELP=0 KVFIRST=0 KVSTORE=1 ORDER=0 SPLIT=0 STAGES=2 TMA=1", "1976b118deea792e5d6ca743630c44eda2a78142350157bd9185d472be12f6e0"},
+      {"d128 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQW=0 DQZ=1 DQ_DIRECT=0 HELP=0 KVFIRST=0 KVSTORE=1 ORDER=1 SPLIT=0 STAGES=2 TMA=1", "4983504e695dbc36fb9b92b604c6500f3a93ab8ff53cec3b0f18f8c89c6f7235"},
+      {"d128 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQW=0 DQZ=1 DQ_DIRECT=1 HELP=0 KVFIRST=0 KVSTORE=1 ORDER=1 SPLIT=0 STAGES=2 TMA=1", "926edfb69f9cb4d8b7be149143af0a067420e84e3f6a4c476a2010843c4b6176"},
+      {"d128 BLOCK_M=64 BLOCK_N=128 CSKIP=0 DQW=1 DQZ=0 DQ_DIRECT=0 HELP=2 KVFIRST=1 KVSTORE=1 ORDER=1 SPLIT=1 STAGES=2 TMA=1", "7a8848eab5a3408971d09c938b047d1d15c97491ce391180c5acac5969f2437d"},
   };
   std::vector<std::pair<std::string, std::string>> jobs;  // (setting, source)
   for (int d : {64, 128}) {
@@ -423,8 +433,33 @@ TEST(TemplatesCompileSm90, BwdSm90SettingsKeepTheWgmmaPipelineAndArePinned) {
       jobs.emplace_back(Describe(h->knobs, d), h->source);
     }
   }
+  // KVSTORE=1 (TMA stores of dK and dV) over the served defaults: outside
+  // the heavy-tailed class (DQZ=1), both orders, with and without DQ_DIRECT,
+  // and that class's HELP=2 settings; the cubins of v20's results run, where
+  // KVSTORE=1 was the best variant of every public shape
+  for (int d : {64, 128}) {
+    const int bm = d == 64 ? 128 : 64;
+    for (int order : {0, 1}) {
+      for (int direct : {0, 1}) {
+        auto v = Instantiate("bwd_sm90",
+                             {{"BLOCK_M", bm}, {"BLOCK_N", 128}, {"STAGES", 2}, {"ORDER", order},
+                              {"DQ_DIRECT", direct}, {"DQZ", 1}, {"KVSTORE", 1}},
+                             d);
+        ASSERT_TRUE(v.ok()) << v.status();
+        EXPECT_EQ(v->manifest.tensor_maps.size(), 4u);
+        jobs.emplace_back(Describe(v->knobs, d), v->source);
+      }
+    }
+    auto h = Instantiate("bwd_sm90",
+                         {{"BLOCK_M", bm}, {"BLOCK_N", 128}, {"STAGES", 2}, {"ORDER", 1},
+                          {"SPLIT", 1}, {"KVFIRST", 1}, {"DQW", 1}, {"CSKIP", d == 64 ? 1 : 0},
+                          {"HELP", 2}, {"KVSTORE", 1}},
+                         d);
+    ASSERT_TRUE(h.ok()) << h.status();
+    jobs.emplace_back(Describe(h->knobs, d), h->source);
+  }
   // BLOCK_M=128 needs head dim 64, SPLIT=1 ORDER=1, DQ_DIRECT=1 not BLOCK_M=64 at d64
-  ASSERT_EQ(jobs.size(), 35u);
+  ASSERT_EQ(jobs.size(), 45u);
   ASSERT_EQ(jobs.size(), pinned.size());
   std::vector<std::string> sources;
   for (const auto& job : jobs) sources.push_back(job.second);
