@@ -955,6 +955,8 @@ absl::StatusOr<EvalResult> Evaluator::CheckOnly(const EvalRequest& req,
   // them at full strength.
   std::vector<ProblemSpec> specs;
   if (o.sampled_checks) {
+    // (its small grid stays: racecheck and synccheck look for hazards
+    // between one tile and the next in the same CTA)
     specs.push_back(SampledCheckProblem(req.shape, req.seed, largest_tile));
     specs.push_back(GateProblem(req.shape, req.seed, kGateMaxTokens / 4, GateLongest(largest_tile)));
   } else {
