@@ -1371,7 +1371,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
     // tile's epilogue. A tile without steps (keys no query sees, such as a
     // cross-attention sequence without queries) passes no such barrier, so
     // it waits here for the other threads' copies of the previous tile's dV
-    // and, under KVSTORE, for the TMA stores' reads (notes/bwd.md v19).
+    // and, under KVSTORE, for the TMA stores' reads (notes/bwd.md v19-v20).
     if (KF9_STEPS == 0) {
 #if KF_KVSTORE
       if ((tid & 127) == 0) bulk_wait_read();
