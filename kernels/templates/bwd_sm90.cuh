@@ -1413,8 +1413,16 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
       // overwrite the next sequence's rows.
       const bool full = n0 + 64 * w + 64 <= T.lk;
       const bool lead = (tid & 127) == 0;
-#define KF9_KV_MAP(m) &maps.m,
+      const kfh::TmaMap* const dk_map = &maps.dk;
+      const kfh::TmaMap* const dv_map = &maps.dv;
+#else
+      const kfh::TmaMap* const dk_map = nullptr;  // (no maps; the copy alone)
+      const kfh::TmaMap* const dv_map = nullptr;
+#endif
+      // the panels at buf to this consumer's rows of out (by TMA through
+      // `map` where the half is full under KVSTORE)
       auto store = [&](const kfh::TmaMap* map, bf16* out, u32 buf) {
+#if KF_KVSTORE
         if (full) {
           if (lead) {
 #pragma unroll
@@ -1425,9 +1433,6 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
           }
           return;
         }
-#else
-#define KF9_KV_MAP(m)
-      auto store = [&](bf16* out, u32 buf) {
 #endif
         // every thread copies its share of the rows inside the sequence
 #pragma unroll 1
@@ -1455,23 +1460,22 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         // one 16 KB pass each
         stage(dk, scale, sDq);
         staged();
-        store(KF9_KV_MAP(dk)(bf16*)p.dk, sDq);
+        store(dk_map, (bf16*)p.dk, sDq);
 #if KF_KVSTORE
         if (lead) bulk_wait_read();
 #endif
         wg_sync(2 + w);  // the dV panels rewrite the buffer once it has been read
         stage(dv, 1.f, sDq);
         staged();
-        store(KF9_KV_MAP(dv)(bf16*)p.dv, sDq);
+        store(dv_map, (bf16*)p.dv, sDq);
       } else {
         // dK and dV in one pass (two 8 KB halves)
         stage(dk, scale, sDq);
         stage(dv, 1.f, sDq + 64 * 128);
         staged();
-        store(KF9_KV_MAP(dk)(bf16*)p.dk, sDq);
-        store(KF9_KV_MAP(dv)(bf16*)p.dv, sDq + 64 * 128);
+        store(dk_map, (bf16*)p.dk, sDq);
+        store(dv_map, (bf16*)p.dv, sDq + 64 * 128);
       }
-#undef KF9_KV_MAP
       // (under KVSTORE the buffer's next writer waits for the stores' reads:
       // the lead thread's bulk_wait_read before the next step's consumer
       // barrier, or the wait above for a tile without steps)
