@@ -296,6 +296,13 @@ RunnerOptions GatedRunnerOptions() {
   return ro;
 }
 
+// The compile pool, sandbox and gated runner of a gate test.
+struct GatedRig {
+  gpu::CompilePool pool{2, nullptr};
+  Sandbox sandbox{GpuSandboxOptions()};
+  LocalTaskRunner runner{&pool, &sandbox, GatedRunnerOptions()};
+};
+
 bool Has(const std::vector<std::string>& v, const std::string& x) {
   return std::find(v.begin(), v.end(), x) != v.end();
 }
@@ -453,16 +460,14 @@ void ExpectVerifiedThroughGates(LocalTaskRunner& runner, const std::string& tmpl
 // them would stop every bucket from being served a tuned kernel.
 TEST_F(WorkerGpuSequence, SeedDefaultsPassEveryGate) {
   if (WorkingGates().empty()) GTEST_SKIP() << "no compute-sanitizer tool runs here";
-  gpu::CompilePool pool(2, nullptr);
-  Sandbox sandbox(GpuSandboxOptions());
-  LocalTaskRunner runner(&pool, &sandbox, GatedRunnerOptions());
+  GatedRig rig;
   uint64_t seed = 900;
   for (Op op : {Op::kForward, Op::kBackward}) {
     for (int d : {64, 128}) {
       const ShapeKey k = GateShape(op, d, d == 128);
       absl::StatusOr<Variant> v = DefaultVariant(k);
       ASSERT_TRUE(v.ok()) << v.status();
-      auto r = ConfirmThroughGates(runner, k, *v, "seed " + v->template_name, ++seed);
+      auto r = ConfirmThroughGates(rig.runner, k, *v, "seed " + v->template_name, ++seed);
       ASSERT_TRUE(r.has_value());
       EXPECT_EQ(r->outcome, Outcome::kVerified) << v->template_name << " d" << d << ": " << r->message;
     }
@@ -480,9 +485,7 @@ TEST_F(WorkerGpuSequence, SeedDefaultsPassEveryGate) {
 TEST_F(WorkerGpuSequence, BwdSm90PassesEveryGate) {
   if (WorkingGates().empty()) GTEST_SKIP() << "no compute-sanitizer tool runs here";
   if (TheGpu().info.arch != "sm_90a") GTEST_SKIP() << "bwd_sm90 needs sm_90a";
-  gpu::CompilePool pool(2, nullptr);
-  Sandbox sandbox(GpuSandboxOptions());
-  LocalTaskRunner runner(&pool, &sandbox, GatedRunnerOptions());
+  GatedRig rig;
   struct S { int d, bm; bool causal; int order; bool tiny = false; int split = 0; int direct = 0; int dqw = 0; };
   uint64_t seed = 950;
   // (DQ_DIRECT=1: dQ stored by the consumer threads from the staging buffer
@@ -497,7 +500,7 @@ TEST_F(WorkerGpuSequence, BwdSm90PassesEveryGate) {
                     s.tiny ? " tiny" : "", s.split ? " SPLIT" : "", s.direct ? " DQ_DIRECT" : "",
                     s.dqw ? " DQW" : "");
     ExpectVerifiedThroughGates(
-        runner, "bwd_sm90",
+        rig.runner, "bwd_sm90",
         {{"BLOCK_M", s.bm}, {"BLOCK_N", 128}, {"STAGES", 2}, {"ORDER", s.order}, {"SPLIT", s.split},
          {"DQ_DIRECT", s.direct}, {"DQW", s.dqw}},
         s.d, Op::kBackward, s.causal, s.tiny, label, ++seed);
@@ -513,9 +516,7 @@ TEST_F(WorkerGpuSequence, BwdSm90PassesEveryGate) {
 TEST_F(WorkerGpuSequence, BwdSm90CrossPassesEveryGate) {
   if (WorkingGates().empty()) GTEST_SKIP() << "no compute-sanitizer tool runs here";
   if (TheGpu().info.arch != "sm_90a") GTEST_SKIP() << "bwd_sm90 needs sm_90a";
-  gpu::CompilePool pool(2, nullptr);
-  Sandbox sandbox(GpuSandboxOptions());
-  LocalTaskRunner runner(&pool, &sandbox, GatedRunnerOptions());
+  GatedRig rig;
   struct S { int d; bool causal; std::map<std::string, int> knobs; std::string what; };
   const std::map<std::string, int> heavy = {{"ORDER", 1}, {"SPLIT", 1}, {"KVFIRST", 1}, {"DQW", 1},
                                             {"DQZ", 0}, {"HELP", 2}};
@@ -526,9 +527,9 @@ TEST_F(WorkerGpuSequence, BwdSm90CrossPassesEveryGate) {
     std::map<std::string, int> knobs = {
         {"BLOCK_M", s.d == 64 ? 128 : 64}, {"BLOCK_N", 128}, {"STAGES", 2}};
     for (const auto& [name, value] : s.knobs) knobs[name] = value;
-    ExpectVerifiedThroughGates(runner, "bwd_sm90", knobs, CrossGateShape(Op::kBackward, s.d, s.causal),
-                               fmt::format("bwd_sm90 cross {}{}", s.what, s.causal ? " causal" : ""),
-                               ++seed);
+    ExpectVerifiedThroughGates(
+        rig.runner, "bwd_sm90", knobs, CrossGateShape(Op::kBackward, s.d, s.causal),
+        fmt::format("bwd_sm90 cross {}{}", s.what, s.causal ? " causal" : ""), ++seed);
   }
 }
 
@@ -543,9 +544,7 @@ TEST_F(WorkerGpuSequence, BwdSm90CrossPassesEveryGate) {
 TEST_F(WorkerGpuSequence, BwdSm90Help2PassesEveryGate) {
   if (WorkingGates().empty()) GTEST_SKIP() << "no compute-sanitizer tool runs here";
   if (TheGpu().info.arch != "sm_90a") GTEST_SKIP() << "bwd_sm90 needs sm_90a";
-  gpu::CompilePool pool(2, nullptr);
-  Sandbox sandbox(GpuSandboxOptions());
-  LocalTaskRunner runner(&pool, &sandbox, GatedRunnerOptions());
+  GatedRig rig;
   struct S { bool causal, tiny; int cskip, d = 128; };
   uint64_t seed = 970;
   for (S s : {S{false, false, 0}, S{true, false, 0}, S{false, true, 0}, S{false, false, 1},
@@ -554,7 +553,7 @@ TEST_F(WorkerGpuSequence, BwdSm90Help2PassesEveryGate) {
     const std::string label = fmt::format("bwd_sm90 HELP2 CSKIP{}{}{}", s.cskip,
                                           s.causal ? " causal" : "", s.tiny ? " tiny" : "");
     ExpectVerifiedThroughGates(
-        runner, "bwd_sm90",
+        rig.runner, "bwd_sm90",
         {{"BLOCK_M", s.d == 64 ? 128 : 64}, {"BLOCK_N", 128}, {"STAGES", 2}, {"ORDER", 1},
          {"SPLIT", 1}, {"KVFIRST", 1}, {"DQW", 1}, {"CSKIP", s.cskip}, {"HELP", 2}},
         s.d, Op::kBackward, s.causal, s.tiny, label, ++seed);
@@ -568,14 +567,12 @@ TEST_F(WorkerGpuSequence, BwdSm90Help2PassesEveryGate) {
 TEST_F(WorkerGpuSequence, BwdSm90KvStorePassesEveryGate) {
   if (WorkingGates().empty()) GTEST_SKIP() << "no compute-sanitizer tool runs here";
   if (TheGpu().info.arch != "sm_90a") GTEST_SKIP() << "bwd_sm90 needs sm_90a";
-  gpu::CompilePool pool(2, nullptr);
-  Sandbox sandbox(GpuSandboxOptions());
-  LocalTaskRunner runner(&pool, &sandbox, GatedRunnerOptions());
+  GatedRig rig;
   struct S { int d; bool causal, tiny; };
   uint64_t seed = 1110;
   for (S s : {S{128, false, false}, S{128, true, false}, S{128, false, true}, S{64, true, true}}) {
     ExpectVerifiedThroughGates(
-        runner, "bwd_sm90",
+        rig.runner, "bwd_sm90",
         {{"BLOCK_M", s.d == 64 ? 128 : 64}, {"BLOCK_N", 128}, {"STAGES", 2}, {"KVSTORE", 1}},
         s.d, Op::kBackward, s.causal, s.tiny,
         fmt::format("bwd_sm90 KVSTORE{}{}", s.causal ? " causal" : "", s.tiny ? " tiny" : ""),
@@ -590,14 +587,12 @@ TEST_F(WorkerGpuSequence, BwdSm90KvStorePassesEveryGate) {
 TEST_F(WorkerGpuSequence, FwdSm90PackedPassesEveryGate) {
   if (WorkingGates().empty()) GTEST_SKIP() << "no compute-sanitizer tool runs here";
   if (TheGpu().info.arch != "sm_90a") GTEST_SKIP() << "fwd_sm90 needs sm_90a";
-  gpu::CompilePool pool(2, nullptr);
-  Sandbox sandbox(GpuSandboxOptions());
-  LocalTaskRunner runner(&pool, &sandbox, GatedRunnerOptions());
+  GatedRig rig;
   struct S { int d; bool causal, tiny; };
   uint64_t seed = 990;
   for (S s : {S{128, true, false}, S{128, false, true}, S{64, true, true}}) {
     ExpectVerifiedThroughGates(
-        runner, "fwd_sm90",
+        rig.runner, "fwd_sm90",
         {{"BLOCK_M", 128}, {"BLOCK_N", 128}, {"STAGES", 2}, {"PERSISTENT", 1}, {"ORDER", 1},
          {"PACK", 1}},
         s.d, Op::kForward, s.causal, s.tiny,
@@ -613,14 +608,12 @@ TEST_F(WorkerGpuSequence, FwdSm90PackedPassesEveryGate) {
 TEST_F(WorkerGpuSequence, FwdSm90ChainedPassesEveryGate) {
   if (WorkingGates().empty()) GTEST_SKIP() << "no compute-sanitizer tool runs here";
   if (TheGpu().info.arch != "sm_90a") GTEST_SKIP() << "fwd_sm90 needs sm_90a";
-  gpu::CompilePool pool(2, nullptr);
-  Sandbox sandbox(GpuSandboxOptions());
-  LocalTaskRunner runner(&pool, &sandbox, GatedRunnerOptions());
+  GatedRig rig;
   struct S { int d, stages; bool causal, tiny; };
   uint64_t seed = 1010;
   for (S s : {S{128, 2, true, false}, S{64, 3, false, true}}) {
     ExpectVerifiedThroughGates(
-        runner, "fwd_sm90",
+        rig.runner, "fwd_sm90",
         {{"BLOCK_M", 128}, {"BLOCK_N", 128}, {"STAGES", s.stages}, {"PERSISTENT", 1},
          {"QAHEAD", 2}},
         s.d, Op::kForward, s.causal, s.tiny,
@@ -634,9 +627,7 @@ TEST_F(WorkerGpuSequence, FwdSm90ChainedPassesEveryGate) {
 // key); its stages are refilled by cp.async while other warps still compute.
 TEST_F(WorkerGpuSequence, FwdStreamPassesEveryGate) {
   if (WorkingGates().empty()) GTEST_SKIP() << "no compute-sanitizer tool runs here";
-  gpu::CompilePool pool(2, nullptr);
-  Sandbox sandbox(GpuSandboxOptions());
-  LocalTaskRunner runner(&pool, &sandbox, GatedRunnerOptions());
+  GatedRig rig;
   struct S { int d; bool causal; };
   uint64_t seed = 970;
   for (S s : {S{128, false}, S{64, true}}) {
@@ -648,7 +639,7 @@ TEST_F(WorkerGpuSequence, FwdStreamPassesEveryGate) {
     ASSERT_TRUE(v.ok()) << v.status();
     ASSERT_EQ(v->template_name, "fwd_stream");
     const std::string label = fmt::format("fwd_stream{}", s.causal ? " causal" : "");
-    auto r = ConfirmThroughGates(runner, k, *v, label, ++seed);
+    auto r = ConfirmThroughGates(rig.runner, k, *v, label, ++seed);
     ASSERT_TRUE(r.has_value());
     EXPECT_EQ(r->outcome, Outcome::kVerified) << label << " d" << s.d << ": " << r->message;
   }
