@@ -18,10 +18,15 @@ struct TensorMapRequest {
   bool operator==(const TensorMapRequest&) const = default;
 };
 
+// Whether `tensor` is one a backward writes (dk, dv): no forward maps it.
+inline bool IsBackwardOutputTensor(std::string_view tensor) {
+  return tensor == "dk" || tensor == "dv";
+}
+
 // Whether `tensor` names one of the tensors above.
 inline bool IsMappableTensor(std::string_view tensor) {
   return tensor == "q" || tensor == "k" || tensor == "v" || tensor == "o" || tensor == "dout" ||
-         tensor == "dk" || tensor == "dv";
+         IsBackwardOutputTensor(tensor);
 }
 
 // At most this many maps a variant (a kernel parameter holds them, 128 bytes each).

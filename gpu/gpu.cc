@@ -627,7 +627,7 @@ absl::StatusOr<std::optional<TensorMapSpec>> AttnTensorMapSpec(const KfAttnParam
     return absl::InvalidArgumentError(
         fmt::format("tensor map of {}: box_rows {} is outside [1, 256]", r.tensor, r.box_rows));
   }
-  const bool kv = r.tensor == "k" || r.tensor == "v" || r.tensor == "dk" || r.tensor == "dv";
+  const bool kv = r.tensor == "k" || r.tensor == "v" || IsBackwardOutputTensor(r.tensor);
   const void* address = r.tensor == "q"    ? p.q
                         : r.tensor == "k"  ? p.k
                         : r.tensor == "v"  ? p.v

@@ -256,7 +256,7 @@ absl::StatusOr<Manifest> ParseManifest(std::string_view text) {
       r.box_rows = int(rows);
       // dk and dv are the backward's outputs: a forward has none to write
       // (its launch passes null there)
-      if ((r.tensor == "dk" || r.tensor == "dv") && m.ops != std::vector<std::string>{"bwd"}) {
+      if (IsBackwardOutputTensor(r.tensor) && m.ops != std::vector<std::string>{"bwd"}) {
         return Bad(fmt::format("tensor_maps: \"{}\" is a backward output; ops must be [\"bwd\"]",
                                r.tensor));
       }

@@ -237,8 +237,7 @@ TemplateDef BwdSm90Template() {
     const bool cskip0 = heavy_short && s.head_dim == 128;
     return {{"BLOCK_M", s.head_dim == 64 ? 128 : 64}, {"BLOCK_N", 128}, {"STAGES", 2},
             {"ORDER", order}, {"SPLIT", heavy_short ? 1 : 0},
-            {"DQ_DIRECT", MostKeysFitOneBlock(s) ? 1 : 0}, {"CSKIP", cskip0 ? 0 : 1},
-            {"TMA", 1},
+            {"DQ_DIRECT", MostKeysFitOneBlock(s) ? 1 : 0}, {"CSKIP", cskip0 ? 0 : 1}, {"TMA", 1},
             {"KVFIRST", heavy_short ? 1 : 0}, {"DQW", heavy_short ? 1 : 0},
             {"DQZ", heavy_short ? 0 : 1}, {"HELP", heavy_short ? 2 : 0}, {"KVSTORE", 0}};
   };
