@@ -6,10 +6,7 @@
 # powerlaw_short. (Call 2 ran it at aa2fa03, with CONV2=1 in the A/B: a knob
 # since dropped.) Few files under $OUT. OUT must be set; BUDGET seconds (450).
 set -u
-export LD_LIBRARY_PATH=$PWD/.bundle/lib:/usr/local/cuda/lib64
-B=.bundle/bin
-end=$(( $(date +%s) + ${BUDGET:-450} ))
-left() { local l=$(( end - $(date +%s) )); [ "$l" -gt "$1" ] && echo "$1" || echo $(( l > 5 ? l : 5 )); }
+DEFAULT_BUDGET=450 source kernels/dev/call_env.sh
 { nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu,power.draw --format=csv,noheader; date -u +%FT%TZ; } > $OUT/ab.txt
 timeout "$(left 100)" $B/eval_gpu_test --gtest_filter='EvalGpu.BwdSm90HelpVerify' > $OUT/eval.log 2>&1
 echo "eval rc=$?" >> $OUT/ab.txt

@@ -8,10 +8,7 @@
 # SETTINGS: the A/B's settings (the second part of v18, 09:07, ran
 # 'bwd_sm90:SPLIT=0;bwd_sm90:SPLIT=0,KVFIRST=0;bwd_sm90:CSKIP=1;bwd_sm90:HELP=0;bwd_sm90:CSKIP=1,HELP=0').
 set -u
-export LD_LIBRARY_PATH=$PWD/.bundle/lib:/usr/local/cuda/lib64
-B=.bundle/bin
-end=$(( $(date +%s) + ${BUDGET:-560} ))
-left() { local l=$(( end - $(date +%s) )); [ "$l" -gt "$1" ] && echo "$1" || echo $(( l > 5 ? l : 5 )); }
+DEFAULT_BUDGET=560 source kernels/dev/call_env.sh
 short() { grep -hE "OK |BAD" "$@" | sed -E 's/BLOCK_M=(64|128) BLOCK_N=128 //; s/ORDER=1 //; s/STAGES=2 //; s/TMA=1//; s/ +rel_l2.*//'; }
 { nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu,power.draw --format=csv,noheader; date -u +%FT%TZ; } > $OUT/ab.txt
 timeout "$(left 150)" $B/worker_gpu_test --gtest_filter='WorkerGpuSequence.BwdSm90Help2PassesEveryGate' > $OUT/gate.log 2>&1

@@ -4,10 +4,7 @@
 # heavy-tailed class's HELP=2 settings and the seeds' defaults through all four
 # gates, then the bwd_sm90 gate cases, time permitting. OUT must be set; BUDGET s (500).
 set -u
-export LD_LIBRARY_PATH=$PWD/.bundle/lib:/usr/local/cuda/lib64
-B=.bundle/bin
-end=$(( $(date +%s) + ${BUDGET:-500} ))
-left() { local l=$(( end - $(date +%s) )); [ "$l" -gt "$1" ] && echo "$1" || echo $(( l > 5 ? l : 5 )); }
+DEFAULT_BUDGET=500 source kernels/dev/call_env.sh
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; date -u +%FT%TZ
   /usr/local/cuda/bin/compute-sanitizer --version | tail -1
   /usr/local/cuda/bin/compute-sanitizer --help | grep -A3 -- '--report-api-errors'; } > $OUT/gates.txt 2>&1

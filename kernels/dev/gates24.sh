@@ -4,10 +4,7 @@
 # three at a time (correctness only), then a results run with the anchors
 # (kernels/dev/res22.sh) alone on the GPU. OUT must be set; BUDGET s (570).
 set -u
-export LD_LIBRARY_PATH=$PWD/.bundle/lib:/usr/local/cuda/lib64
-B=.bundle/bin
-end=$(( $(date +%s) + ${BUDGET:-570} ))
-left() { local l=$(( end - $(date +%s) )); [ "$l" -gt "$1" ] && echo "$1" || echo $(( l > 5 ? l : 5 )); }
+DEFAULT_BUDGET=570 source kernels/dev/call_env.sh
 summ() { grep -E '^\[ +(OK|FAILED|  SKIPPED) +\]|Failure|gates that run|dropped|confirm' "$1" | cut -c1-140 | head -${2:-16}; }
 { nvidia-smi --query-gpu=name --format=csv,noheader; date -u +%FT%TZ; } > $OUT/gates.txt
 i=0

@@ -3,10 +3,7 @@
 # cases and gates, then the public backward shapes with KVSTORE=1 beside the
 # served defaults (one bench binary, no anchors). OUT must be set; BUDGET s (200).
 set -u
-export LD_LIBRARY_PATH=$PWD/.bundle/lib:/usr/local/cuda/lib64
-B=.bundle/bin
-end=$(( $(date +%s) + ${BUDGET:-200} ))
-left() { local l=$(( end - $(date +%s) )); [ "$l" -gt "$1" ] && echo "$1" || echo $(( l > 5 ? l : 5 )); }
+DEFAULT_BUDGET=200 source kernels/dev/call_env.sh
 { nvidia-smi --query-gpu=name --format=csv,noheader; date -u +%FT%TZ; } > $OUT/kv.txt
 timeout "$(left 45)" $B/eval_gpu_test --gtest_filter='EvalGpu.BwdSm90KvStoreVerify' > $OUT/eval.log 2>&1
 echo "== eval rc=$?" >> $OUT/kv.txt; grep -E '^\[ +(OK|FAILED) +\]|Failure|kind' $OUT/eval.log | head -8 >> $OUT/kv.txt

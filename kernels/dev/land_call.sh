@@ -10,10 +10,7 @@
 # Each step's timeout comes out of one budget (BUDGET seconds, default 560) so the
 # call returns its logs before the device limit. OUT must be set.
 set -u
-export LD_LIBRARY_PATH=$PWD/.bundle/lib:/usr/local/cuda/lib64
-B=.bundle/bin
-end=$(( $(date +%s) + ${BUDGET:-560} ))
-left() { local l=$(( end - $(date +%s) )); [ "$l" -gt "$1" ] && echo "$1" || echo $(( l > 5 ? l : 5 )); }
+DEFAULT_BUDGET=560 source kernels/dev/call_env.sh
 nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu,power.draw --format=csv,noheader | tee $OUT/gpu.txt
 date -u +%FT%TZ | tee -a $OUT/gpu.txt
 timeout "$(left 120)" $B/eval_gpu_test --gtest_filter='EvalGpu.BwdSm90HelpVerify:EvalGpu.BwdSm90Verifies' > $OUT/eval.log 2>&1

@@ -7,10 +7,7 @@
 #     racecheck, the race this fixes), then with v20, then the other bwd_sm90 gate tests.
 # OUT must be set; BUDGET s (560). GATES overrides track B's list ("test:seconds ...").
 set -u
-export LD_LIBRARY_PATH=$PWD/.bundle/lib:/usr/local/cuda/lib64
-B=.bundle/bin
-end=$(( $(date +%s) + ${BUDGET:-560} ))
-left() { local l=$(( end - $(date +%s) )); [ "$l" -gt "$1" ] && echo "$1" || echo $(( l > 5 ? l : 5 )); }
+DEFAULT_BUDGET=560 source kernels/dev/call_env.sh
 { nvidia-smi --query-gpu=name --format=csv,noheader; date -u +%FT%TZ; } > $OUT/race.txt
 summ() { grep -E '^\[ +(OK|FAILED|  SKIPPED) +\]|Failure|gates that run|dropped|confirm|race|hazard' "$1" | cut -c1-140 | head -${2:-16}; }
 ( timeout "$(left ${EVAL_S:-400})" $B/eval_gpu_test --gtest_filter="${EVAL:-EvalGpu.BwdSm90*}" > $OUT/eval.log 2>&1
