@@ -955,9 +955,14 @@ absl::StatusOr<EvalResult> Evaluator::CheckOnly(const EvalRequest& req,
   // them at full strength.
   std::vector<ProblemSpec> specs;
   if (o.sampled_checks) {
-    // (its small grid stays: racecheck and synccheck look for hazards
-    // between one tile and the next in the same CTA)
-    specs.push_back(SampledCheckProblem(req.shape, req.seed, largest_tile));
+    // The awkward lengths twice: on the problem's small grid, where each
+    // CTA runs many tiles in turn (racecheck and synccheck look for hazards
+    // between one tile and the next in the same CTA), and on the whole
+    // GPU's, where each tile is its CTA's first.
+    ProblemSpec sampled = SampledCheckProblem(req.shape, req.seed, largest_tile);
+    specs.push_back(sampled);
+    sampled.grid_ctas = 0;
+    specs.push_back(std::move(sampled));
     specs.push_back(GateProblem(req.shape, req.seed, kGateMaxTokens / 4, GateLongest(largest_tile)));
   } else {
     specs = CheckProblems(req.shape, req.seed, 3, largest_tile, GateLongest(largest_tile));

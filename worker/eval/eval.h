@@ -88,7 +88,8 @@ struct EvalOptions {
   // CheckOnly under racecheck and synccheck, whose cost grows with every
   // tile a launch runs: one check problem holding the awkward lengths (0, 1,
   // around each tile multiple, some drawn at random) instead of every
-  // length, and a smaller gate problem. memcheck and initcheck, which look
+  // length, run on a persistent kernel's small grid and on the whole GPU's,
+  // and a smaller gate problem. memcheck and initcheck, which look
   // at addresses a particular length may reach, keep every length.
   bool sampled_checks = false;
 };
