@@ -433,9 +433,9 @@ TEST(TemplatesCompileSm90, BwdSm90SettingsKeepTheWgmmaPipelineAndArePinned) {
       jobs.emplace_back(Describe(h->knobs, d), h->source);
     }
   }
-  // KVSTORE=1 (TMA stores of dK and dV) over the served defaults: outside
-  // the heavy-tailed class (DQZ=1), both orders, with and without DQ_DIRECT,
-  // and that class's HELP=2 settings; the cubins of v20's results run, where
+  // KVSTORE=1, the served default (TMA stores of dK and dV): outside the
+  // heavy-tailed class (DQZ=1), both orders, with and without DQ_DIRECT, and
+  // that class's HELP=2 settings; the cubins of v20's results run, where
   // KVSTORE=1 was the best variant of every public shape
   for (int d : {64, 128}) {
     const int bm = d == 64 ? 128 : 64;

@@ -229,6 +229,10 @@ TemplateDef BwdSm90Template() {
   // gates on an H100 (WorkerGpuSequence.BwdSm90Help2PassesEveryGate).
   // Elsewhere HELP stays 0 (its inline conversion loop cost HELP=1 11-16% on
   // the long shapes, v17) and CSKIP 1.
+  // KVSTORE=1 everywhere (TMA=1 is): with the one epilogue of v20, the TMA
+  // store of dK and dV beat the threads' copy on all 7 public shapes in one
+  // A/B (1.001-1.038x; hstu_prod_causal 397.2 -> 399.8 TFLOP/s; H100,
+  // notes/bwd.md v20).
   // ORDER=0 for a causal batch of at most 32 (sequence, kv head) groups
   // (one_long_causal, 32768 keys: 12827 us against ORDER=1's 15233; v9).
   def.default_knobs = [](const ShapeKey& s) -> std::map<std::string, int> {
@@ -239,7 +243,7 @@ TemplateDef BwdSm90Template() {
             {"ORDER", order}, {"SPLIT", heavy_short ? 1 : 0},
             {"DQ_DIRECT", MostKeysFitOneBlock(s) ? 1 : 0}, {"CSKIP", cskip0 ? 0 : 1}, {"TMA", 1},
             {"KVFIRST", heavy_short ? 1 : 0}, {"DQW", heavy_short ? 1 : 0},
-            {"DQZ", heavy_short ? 0 : 1}, {"HELP", heavy_short ? 2 : 0}, {"KVSTORE", 0}};
+            {"DQZ", heavy_short ? 0 : 1}, {"HELP", heavy_short ? 2 : 0}, {"KVSTORE", 1}};
   };
   def.preference = [](const ShapeKey& s) {
     if (s.op != Op::kBackward || s.arch != "sm_90a") return 0;

@@ -511,21 +511,21 @@ TEST_F(WorkerGpuSequence, BwdSm90PassesEveryGate) {
 // (keys of a sequence without queries) writes the staging buffer that the
 // previous tile's dK/dV copy of the same CTA read, with a warpgroup barrier
 // between them since v20 (notes/bwd.md; racecheck before it: see v20). The
-// defaults at both head dims, causal, DQ_DIRECT, KVSTORE=1, and the heavy-
-// tailed class's settings with HELP=2.
+// served defaults (KVSTORE=1) at both head dims, causal, DQ_DIRECT, KVSTORE=0
+// (the threads' copy), and the heavy-tailed class's settings with HELP=2.
 TEST_F(WorkerGpuSequence, BwdSm90CrossPassesEveryGate) {
   if (WorkingGates().empty()) GTEST_SKIP() << "no compute-sanitizer tool runs here";
   if (TheGpu().info.arch != "sm_90a") GTEST_SKIP() << "bwd_sm90 needs sm_90a";
   GatedRig rig;
   struct S { int d; bool causal; std::map<std::string, int> knobs; std::string what; };
   const std::map<std::string, int> heavy = {{"ORDER", 1}, {"SPLIT", 1}, {"KVFIRST", 1}, {"DQW", 1},
-                                            {"DQZ", 0}, {"HELP", 2}};
+                                            {"DQZ", 0}, {"HELP", 2}, {"CSKIP", 0}};
   uint64_t seed = 1130;
   for (const S& s : {S{128, false, {}, "defaults"}, S{64, true, {}, "defaults"},
                      S{128, true, {{"DQ_DIRECT", 1}}, "DQ_DIRECT"},
-                     S{128, false, {{"KVSTORE", 1}}, "KVSTORE"}, S{128, false, heavy, "HELP2"}}) {
+                     S{128, false, {{"KVSTORE", 0}}, "KVSTORE0"}, S{128, false, heavy, "HELP2"}}) {
     std::map<std::string, int> knobs = {
-        {"BLOCK_M", s.d == 64 ? 128 : 64}, {"BLOCK_N", 128}, {"STAGES", 2}};
+        {"BLOCK_M", s.d == 64 ? 128 : 64}, {"BLOCK_N", 128}, {"STAGES", 2}, {"KVSTORE", 1}};
     for (const auto& [name, value] : s.knobs) knobs[name] = value;
     ExpectVerifiedThroughGates(
         rig.runner, "bwd_sm90", knobs, CrossGateShape(Op::kBackward, s.d, s.causal),
@@ -560,23 +560,32 @@ TEST_F(WorkerGpuSequence, BwdSm90Help2PassesEveryGate) {
   }
 }
 
-// bwd_sm90 KVSTORE=1 through every gate: dK and dV staged as swizzled panels
-// and stored by TMA (the async proxy reads the staging buffer the next
-// tile's dQ slices reuse), tails copied from the panels; the defaults at
-// both head dims, causal, and tiny sequences.
+// bwd_sm90 KVSTORE=1 (served since v20) through every gate: dK and dV staged
+// as swizzled panels and stored by TMA (the async proxy reads the staging
+// buffer the next tile's dQ slices reuse), tails copied from the panels; the
+// defaults at both head dims, causal, tiny sequences, and the heavy-tailed
+// class's HELP=2 settings.
 TEST_F(WorkerGpuSequence, BwdSm90KvStorePassesEveryGate) {
   if (WorkingGates().empty()) GTEST_SKIP() << "no compute-sanitizer tool runs here";
   if (TheGpu().info.arch != "sm_90a") GTEST_SKIP() << "bwd_sm90 needs sm_90a";
   GatedRig rig;
-  struct S { int d; bool causal, tiny; };
+  struct S { int d; bool causal, tiny; bool heavy = false; };
   uint64_t seed = 1110;
-  for (S s : {S{128, false, false}, S{128, true, false}, S{128, false, true}, S{64, true, true}}) {
-    ExpectVerifiedThroughGates(
-        rig.runner, "bwd_sm90",
-        {{"BLOCK_M", s.d == 64 ? 128 : 64}, {"BLOCK_N", 128}, {"STAGES", 2}, {"KVSTORE", 1}},
-        s.d, Op::kBackward, s.causal, s.tiny,
-        fmt::format("bwd_sm90 KVSTORE{}{}", s.causal ? " causal" : "", s.tiny ? " tiny" : ""),
-        ++seed);
+  for (S s : {S{128, false, false}, S{128, true, false}, S{128, false, true}, S{64, true, true},
+              S{64, false, false}, S{128, false, false, true}, S{64, false, true, true}}) {
+    std::map<std::string, int> knobs = {
+        {"BLOCK_M", s.d == 64 ? 128 : 64}, {"BLOCK_N", 128}, {"STAGES", 2}, {"KVSTORE", 1}};
+    if (s.heavy) {
+      // the heavy-tailed class's served settings (HELP=2; CSKIP=0 at head dim 128)
+      for (const auto& [k, v] : std::map<std::string, int>{
+               {"ORDER", 1}, {"SPLIT", 1}, {"KVFIRST", 1}, {"DQW", 1}, {"DQZ", 0}, {"HELP", 2},
+               {"CSKIP", s.d == 128 ? 0 : 1}})
+        knobs[k] = v;
+    }
+    ExpectVerifiedThroughGates(rig.runner, "bwd_sm90", knobs, s.d, Op::kBackward, s.causal, s.tiny,
+                               fmt::format("bwd_sm90 KVSTORE{}{}{}", s.heavy ? " HELP2" : "",
+                                           s.causal ? " causal" : "", s.tiny ? " tiny" : ""),
+                               ++seed);
   }
 }
 
