@@ -34,6 +34,7 @@ std::string_view TileOrderName(TileOrder o) {
   switch (o) {
     case TileOrder::kGrouped: return "grouped";
     case TileOrder::kBalanced: return "balanced";
+    case TileOrder::kKeyLevels: return "levels";
     case TileOrder::kLongestFirst: break;
   }
   return "lpt";
@@ -90,7 +91,8 @@ absl::StatusOr<Manifest> ParseManifest(std::string_view text) {
       "contract_version", "entry_point", "threads", "dynamic_smem_bytes", "grid",
       "tile_m", "tile_n", "workspace", "archs", "features", "head_dims", "ops",
       "causal", "noncausal", "gqa", "ctas_per_sm", "pack_short", "tile_order", "key_major",
-      "split_slot_bytes", "tensor_maps", "zero_dq_accum", "restores_dq_accum"};
+      "split_slot_bytes", "tensor_maps", "zero_dq_accum", "restores_dq_accum",
+      "deterministic"};
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (!kKnown.count(it.key())) return Bad(fmt::format("unknown key \"{}\"", it.key()));
   }
@@ -197,11 +199,12 @@ absl::StatusOr<Manifest> ParseManifest(std::string_view text) {
   if (auto s = get_bool("pack_short", m.pack_short); !s.ok()) return s;
   if (j.contains("tile_order")) {
     const json& o = j["tile_order"];
-    if (!o.is_string() || (o != "lpt" && o != "grouped" && o != "balanced")) {
-      return Bad("tile_order: must be \"lpt\", \"grouped\" or \"balanced\"");
+    if (!o.is_string() || (o != "lpt" && o != "grouped" && o != "balanced" && o != "levels")) {
+      return Bad("tile_order: must be \"lpt\", \"grouped\", \"balanced\" or \"levels\"");
     }
     m.tile_order = o == "grouped"    ? TileOrder::kGrouped
                    : o == "balanced" ? TileOrder::kBalanced
+                   : o == "levels"   ? TileOrder::kKeyLevels
                                      : TileOrder::kLongestFirst;
   }
   if (auto s = get_bool("key_major", m.key_major); !s.ok()) return s;
@@ -210,6 +213,9 @@ absl::StatusOr<Manifest> ParseManifest(std::string_view text) {
   }
   if (m.tile_order == TileOrder::kBalanced && (m.grid != GridPolicy::kPersistent || m.key_major)) {
     return Bad("tile_order: \"balanced\" needs grid \"persistent\" and no key_major");
+  }
+  if (m.tile_order == TileOrder::kKeyLevels && !m.key_major) {
+    return Bad("tile_order: \"levels\" orders key blocks: it needs key_major");
   }
   if (auto s = get_bool("zero_dq_accum", m.zero_dq_accum); !s.ok()) return s;
   if (!m.zero_dq_accum && m.ops != std::vector<std::string>{"bwd"}) {
@@ -220,6 +226,10 @@ absl::StatusOr<Manifest> ParseManifest(std::string_view text) {
     return Bad(
         "restores_dq_accum: true needs ops [\"bwd\"] and zero_dq_accum true (it gives back the "
         "zeros it was given)");
+  }
+  if (auto s = get_bool("deterministic", m.deterministic); !s.ok()) return s;
+  if (m.deterministic && m.ops != std::vector<std::string>{"bwd"}) {
+    return Bad("deterministic: true is for ops [\"bwd\"] (every forward variant must be)");
   }
   if (m.pack_short && m.grid != GridPolicy::kPersistent) {
     return Bad("pack_short: needs grid \"persistent\"");
@@ -295,6 +305,7 @@ std::string ManifestToJson(const Manifest& m) {
   if (m.split_slot_bytes > 0) j["split_slot_bytes"] = m.split_slot_bytes;
   if (!m.zero_dq_accum) j["zero_dq_accum"] = false;
   if (m.restores_dq_accum) j["restores_dq_accum"] = true;
+  if (m.deterministic) j["deterministic"] = true;
   if (!m.tensor_maps.empty()) {
     json t = json::array();
     for (const auto& r : m.tensor_maps) t.push_back({{"tensor", r.tensor}, {"box_rows", r.box_rows}});

@@ -31,8 +31,9 @@ enum class GridPolicy {
 
 std::string_view GridPolicyName(GridPolicy g);  // "per_tile" | "persistent"
 
-enum class TileOrder { kLongestFirst, kGrouped, kBalanced };
-std::string_view TileOrderName(TileOrder o);  // "lpt" | "grouped" | "balanced"
+enum class TileOrder { kLongestFirst, kGrouped, kBalanced, kKeyLevels };
+// "lpt" | "grouped" | "balanced" | "levels"
+std::string_view TileOrderName(TileOrder o);
 
 struct Manifest {
   int contract_version = 1;
@@ -69,6 +70,10 @@ struct Manifest {
   // tiles, longest first, each to the CTA with the least work so far, and
   // lays the lists out so that entry t * grid + c is CTA c's t-th tile; an
   // entry {-1, 0, 0, 0} ends a CTA's list (the kernel must stop there).
+  // kKeyLevels (key_major only): longest first, and among tiles of equal
+  // work the lower key block first across the whole batch, so key block j of
+  // a sequence comes after key block j - 1 and, where sequences are many,
+  // far after it (ordered dQ adds: `deterministic`, CONTRACT.md "Backward").
   TileOrder tile_order = TileOrder::kLongestFirst;
   // Backward variants only (persistent grid): the tile list is key-major
   // (BuildKeyTiles in schedule.h): entries are key blocks of tile_n keys per
@@ -94,6 +99,11 @@ struct Manifest {
   // checks that every element is zero after every launch. CONTRACT.md
   // "Backward".
   bool restores_dq_accum = false;
+  // Backward only: the variant writes bitwise the same dQ, dK and dV in
+  // every launch on the same inputs (forward variants must always). The
+  // evaluator fails a variant that says so and differs between launches;
+  // clients that need reproducible training ask for such variants.
+  bool deterministic = false;
   // TMA: one 2-D tensor map per entry, which the host encodes for every
   // launch and passes as the kernel's second parameter, after KfAttnParams
   // (CONTRACT.md "Tensor maps"). Needs the feature "tma".

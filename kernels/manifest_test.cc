@@ -193,5 +193,41 @@ TEST(ManifestTest, FeaturesAndLimitsPerArch) {
   EXPECT_EQ(MaxSmemPerBlock("sm_80"), 166912);
 }
 
+// deterministic (CONTRACT.md "Backward"): a backward variant's claim that its
+// outputs are bitwise the same every launch; round-trips, left out when
+// false, refused for a forward manifest (every forward must be). The
+// "levels" tile order it comes with is key-major only.
+TEST(ManifestTest, DeterministicIsABackwardClaimAndLevelsAKeyMajorOrder) {
+  const std::string bwd = R"({"entry_point":"kf_attn_bwd","threads":384,"tile_m":64,
+      "tile_n":128,"grid":"persistent","archs":["sm_90a"],"head_dims":[128],"ops":["bwd"],
+      "key_major":true)";
+  auto m = ParseManifest(bwd + R"(,"deterministic":true,"tile_order":"levels"})");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_TRUE(m->deterministic);
+  EXPECT_EQ(m->tile_order, TileOrder::kKeyLevels);
+  auto again = ParseManifest(ManifestToJson(*m));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->deterministic);
+  EXPECT_EQ(again->tile_order, TileOrder::kKeyLevels);
+  auto plain = ParseManifest(bwd + "}");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_FALSE(plain->deterministic);
+  EXPECT_EQ(ManifestToJson(*plain).find("deterministic"), std::string::npos);
+
+  std::string fwd = kGood;
+  fwd.insert(fwd.size() - 1, R"(,"deterministic":true)");
+  auto bad = ParseManifest(fwd);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("deterministic"), std::string::npos) << bad.status();
+  fwd = kGood;
+  fwd.insert(fwd.size() - 1, R"(,"tile_order":"levels")");
+  bad = ParseManifest(fwd);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("levels"), std::string::npos) << bad.status();
+  bad = ParseManifest(bwd + R"(,"deterministic":"yes"})");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("deterministic"), std::string::npos) << bad.status();
+}
+
 }  // namespace
 }  // namespace kforge

@@ -211,6 +211,17 @@ absl::StatusOr<KeyMajorTiles> BuildKeyTiles(std::span<const int32_t> cu_q,
     SortGrouped(out.tiles);
     return out;
   }
+  if (order == TileOrder::kKeyLevels) {
+    // Ties by key block (zero-dQ and packed tiles as 0): key block j of a
+    // sequence never precedes key block j - 1 (whose work is no less), and
+    // equal-work key blocks of one sequence are as far apart as the batch
+    // allows, so that ordered dQ adds rarely wait (manifest deterministic).
+    std::stable_sort(out.tiles.begin(), out.tiles.end(), [](const TileWork& a, const TileWork& b) {
+      if (a.work != b.work) return a.work > b.work;
+      return std::max(a.m_block, 0) < std::max(b.m_block, 0);
+    });
+    return out;
+  }
   std::stable_sort(out.tiles.begin(), out.tiles.end(),
                    [](const TileWork& a, const TileWork& b) { return a.work > b.work; });
   return out;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <map>
+#include <random>
 #include <set>
 #include <tuple>
 
@@ -261,7 +262,7 @@ TEST(KeyMajorTiles, EveryQueryBlockIsCompletedExactlyOnce) {
       {{0, 70, 70, 300, 305}, {0, 0, 90, 100, 400}, false},
   };
   const int heads = 4, kv_heads = 2, tm = 64, tn = 32;
-  for (const TileOrder order : {TileOrder::kLongestFirst, TileOrder::kGrouped})
+  for (const TileOrder order : {TileOrder::kLongestFirst, TileOrder::kGrouped, TileOrder::kKeyLevels})
   for (const auto& c : cases) {
     auto kt = BuildKeyTiles(c.cu_q, c.cu_k, heads, kv_heads, tm, tn, c.causal, order);
     ASSERT_TRUE(kt.ok()) << kt.status();
@@ -346,6 +347,45 @@ TEST(KeyMajorTiles, GroupedOrderKeepsASequencesKeyBlocksTogether) {
     }
     EXPECT_LE(t.work, last_work);
     last_work = t.work;
+  }
+}
+
+// What bwd_sm90 DET=1's ordered dQ adds need to be free of deadlock
+// (CONTRACT.md "Backward"): in every key-major order, key block j of a
+// (sequence, kv head) comes after key block j - 1. And with "levels", equal
+// work goes by key block across the batch: the eight equal key blocks of
+// four non-causal sequences come as all the first ones, then all the second
+// ones, so each is a level of 4 x 2 tiles after its predecessor.
+TEST(KeyMajorTiles, EveryOrderPutsKeyBlockJAfterJMinusOne) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 40; ++trial) {
+    std::vector<int32_t> cu_q = {0}, cu_k = {0};
+    for (int b = 0; b < 12; ++b) {
+      const int len = rng() % 4 == 0 ? static_cast<int>(rng() % 1500) : static_cast<int>(rng() % 200);
+      cu_q.push_back(cu_q.back() + len);
+      cu_k.push_back(cu_k.back() + (trial % 2 ? static_cast<int>(rng() % 1500) : len));
+    }
+    const bool causal = trial % 3 != 0;
+    for (const TileOrder order : {TileOrder::kLongestFirst, TileOrder::kGrouped, TileOrder::kKeyLevels}) {
+      for (const bool pack : {false, true}) {
+        auto kt = BuildKeyTiles(cu_q, trial % 2 ? cu_k : std::vector<int32_t>{}, 4, 2, 64, 128,
+                                causal, order, pack);
+        ASSERT_TRUE(kt.ok()) << kt.status();
+        std::map<std::pair<int, int>, int> next;  // (sequence, kv head) -> key block due
+        for (const TileWork& t : kt->tiles) {
+          if (t.m_block < 0 || t.pack < 0) continue;  // zero-dQ tiles, packed runs
+          EXPECT_EQ(t.m_block, (next[{t.batch, t.head}]++))
+              << "trial " << trial << " order " << TileOrderName(order) << " seq " << t.batch;
+        }
+      }
+    }
+  }
+  const std::vector<int32_t> cu = {0, 512, 1024, 1536, 2048};
+  auto levels = BuildKeyTiles(cu, {}, 2, 2, 64, 128, false, TileOrder::kKeyLevels);
+  ASSERT_TRUE(levels.ok()) << levels.status();
+  ASSERT_EQ(levels->tiles.size(), 32u);
+  for (size_t i = 0; i < levels->tiles.size(); ++i) {
+    EXPECT_EQ(levels->tiles[i].m_block, static_cast<int>(i / 8)) << i;
   }
 }
 

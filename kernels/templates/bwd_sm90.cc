@@ -109,6 +109,12 @@ TemplateDef BwdSm90Template() {
       // tensor maps dk, dv) instead of a copy by every thread (notes/bwd.md
       // v19).
       {"KVSTORE", {0, 1}, 0},
+      // 1: deterministic (manifest deterministic): key block j adds its dQ
+      // slice into a query block after key blocks 0..j-1, the tiles in the
+      // "levels" order (notes/bwd.md "Determinism"). Needs ORDER=0, SPLIT=0,
+      // DQW=0, and not BLOCK_M=64 at head dim 64. For clients that ask for
+      // deterministic kernels; slower, so not otherwise a default.
+      {"DET", {0, 1}, 0},
   };
   def.info.description =
       "Hopper backward (FA3-style): a CTA per key block of 128 keys (runs of short sequences "
@@ -144,6 +150,13 @@ TemplateDef BwdSm90Template() {
     if (Knob(k, "KVSTORE") == 1 && Knob(k, "TMA") == 0) {
       return absl::InvalidArgumentError(
           "bwd_sm90: KVSTORE=1 stores dK and dV through tensor maps, which only TMA=1 passes");
+    }
+    if (Knob(k, "DET") == 1 &&
+        (Knob(k, "ORDER") != 0 || Knob(k, "SPLIT") != 0 || Knob(k, "DQW") != 0 || (bm == 64 && d == 64))) {
+      return absl::InvalidArgumentError(
+          "bwd_sm90: DET=1 sums each dQ element in key block order, which needs ORDER=0 (the "
+          "tiles in key block levels), SPLIT=0 and DQW=0 (whole key blocks that add), and each "
+          "consumer's own dQ slice (not BLOCK_M=64 at head_dim 64)");
     }
     if (Knob(k, "DQZ") == 1 && Knob(k, "DQW") == 1) {
       return absl::InvalidArgumentError(
@@ -187,7 +200,10 @@ TemplateDef BwdSm90Template() {
     m.ops = {"bwd"};
     m.causal = m.noncausal = m.gqa = true;
     m.ctas_per_sm = 1;
-    m.tile_order = Knob(k, "ORDER") ? TileOrder::kGrouped : TileOrder::kLongestFirst;
+    m.tile_order = Knob(k, "ORDER")  ? TileOrder::kGrouped
+                   : Knob(k, "DET") ? TileOrder::kKeyLevels
+                                    : TileOrder::kLongestFirst;
+    m.deterministic = Knob(k, "DET") == 1;
     // a split pair's partial: 256 consumer threads' dK and dV (d / 2 fp32 each)
     m.split_slot_bytes = Knob(k, "SPLIT") ? 256 * d * 4 : 0;
     m.zero_dq_accum = Knob(k, "DQW") == 0;

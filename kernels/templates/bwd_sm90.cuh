@@ -56,7 +56,7 @@
 // Knobs (prepended #defines): KF_HEAD_DIM (64|128), KF_BLOCK_M (64|128; 128
 // only with D = 64), KF_BLOCK_N (128), KF_STAGES (1|2; the space has 2),
 // KF_ORDER, KF_SPLIT, KF_DQ_DIRECT, KF_CSKIP, KF_TMA, KF_KVFIRST, KF_DQW, KF_DQZ,
-// KF_HELP, KF_KVSTORE (below).
+// KF_HELP, KF_KVSTORE, KF_DET (below).
 // The shared-memory layout is kf_bwd_sm90_layout()
 // (templates/bwd_sm90_layout.h, prepended).
 // Entry point: extern "C" __global__ kf_attn_bwd(const __grid_constant__ KfAttnParams p),
@@ -213,6 +213,37 @@
 #if KF_DQZ && KF_DQW
 #error "bwd_sm90: KF_DQZ restores the zeros KF_DQW does not need"
 #endif
+// KF_DET = 1 (manifest deterministic): dQ bitwise the same in every launch.
+// Key block j of a sequence adds its dQ slice into query block m of head h
+// only after key blocks 0..j-1 have added theirs, so each dq_accum element
+// is summed in key order. The key blocks that see m are a prefix 0..J(m)
+// under both masks, so key block j waits until 2j consumer adds into (m, h)
+// are complete (two consumers a key block, each its own slice: their order
+// between them does not matter). Each add is published, once its bulk group
+// is complete, by a release add into the count field of (m, h)'s counter
+// word (kDetAdd), while the next step's S^T and dP^T run, or at the head's
+// end. Free of deadlock because every tile is drawn from the tile counter
+// (a tile is only held by a CTA that runs, even with other kernels on the
+// GPU) and the host's list puts key block j - 1 of a (sequence, kv head)
+// before key block j (both orders: stable sorts of a list in key block
+// order, and no key block has more work than the one before it): every wait
+// is for a tile drawn earlier, which waits only for tiles drawn earlier
+// still. Not with SPLIT (a half's steps of one key block on two CTAs), DQW
+// (its first visitor copies instead of adding) or BLOCK_M 64 at head dim 64
+// (both consumers add into one slice). Design and predicted cost:
+// notes/bwd.md "Determinism".
+#ifndef KF_DET
+#define KF_DET 0
+#endif
+#if (KF_DET != 0) && (KF_DET != 1)
+#error "bwd_sm90: KF_DET must be 0 or 1"
+#endif
+#if KF_DET && (KF_SPLIT || KF_DQW)
+#error "bwd_sm90: KF_DET orders whole key blocks' adds (not with KF_SPLIT or KF_DQW)"
+#endif
+#if KF_DET && (KF_BLOCK_M == 64) && (KF_HEAD_DIM == 64)
+#error "bwd_sm90: KF_DET needs each consumer's own dQ slice (BLOCK_M 128 at D = 64)"
+#endif
 #ifndef KF_PRODUCER_REGS
 #define KF_PRODUCER_REGS 40
 #endif
@@ -290,6 +321,12 @@ constexpr int kDeltaClaim = 1 << 30;
 // bits 28 (consumer 0) and 29 (consumer 1): the claimer's dQ slice is in dq_accum
 constexpr int kDqReady = 1 << 28;
 constexpr int kCountMask = kDqReady - 1;
+#elif KF_DET
+// bits 0..13 count the key blocks done (a sequence has at most 2^20 / 128 =
+// 8192: core/shape.h kMaxSeqLen), bits 14..28 the consumer adds complete
+// (2 per key block)
+constexpr int kDetAdd = 1 << 14;
+constexpr int kCountMask = kDetAdd - 1;
 #else
 constexpr int kCountMask = kDeltaClaim - 1;
 #endif
@@ -301,7 +338,8 @@ constexpr int kCountMask = kDeltaClaim - 1;
 #define KF9_HELP_BYTES (KF_HELP ? kf_bwd_sm90_help_bytes() : 0)
 // Tiles not drawn from the counter: each CTA's first is blockIdx.x, except
 // with the help queue, where every tile is drawn (see the producer's loop).
-#define KF9_FIRST_TAKEN (KF_HELP ? 0 : (int)gridDim.x)
+// (KF_DET: the order of its adds is deadlock-free only so)
+#define KF9_FIRST_TAKEN ((KF_HELP || KF_DET) ? 0 : (int)gridDim.x)
 #define KF9_COUNTERS ((int*)((char*)p.workspace + KF9_HELP_BYTES))
 // p.delta holds each published row's delta as its bits XOR kDeltaTag, with
 // -0 stored as +0 (the sign of a zero delta changes
@@ -656,12 +694,12 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
     // the other producer threads through flags[260 + (ti & 1)]. (Fetching it
     // at the tile's first step, beside the delta claim, measured 2-4% slower
     // on the causal shapes: notes/bwd.md v6.)
-#if KF_HELP
+#if KF_HELP || KF_DET
     // With the help queue the first tile comes from the counter too: helpers
     // wait until every tile is finished, so every tile handed out must be
     // held by a CTA that runs. Tile blockIdx.x would belong to a CTA not yet
     // resident (another launch holding SMs) and the helpers would wait for
-    // it while holding the SMs it needs.
+    // it while holding the SMs it needs. (KF_DET's ordered adds: likewise.)
     if (t == 0) flags[261] = atomicAdd(p.tile_counter, 1);
     wg_sync(4);
     int idx = flags[261];  // (next written at tile 1's end, after tile 0's barrier)
@@ -869,6 +907,11 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
   // head's end, once the copy is complete.
   int owed = -1;
 #endif
+#if KF_DET
+  // The counter word whose add count this consumer owes its last add, or
+  // -1; raised as DQW's ready bit is, once the add is complete.
+  int det_owed = -1;
+#endif
   for (int ti = 0;; ++ti) {
 #if KF_HELP
     // The previous tile is finished and its items pushed (by this thread):
@@ -972,6 +1015,16 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
               kfh::publish_dq_ready(KF9_COUNTERS + owed, kDqReady << w);
             }
             owed = -1;
+          }
+#endif
+#if KF_DET
+          // The previous step's add is published here likewise.
+          if (det_owed >= 0) {
+            if ((tid & 127) == 0) {
+              bulk_wait_all();
+              kfh::publish_dq_added(KF9_COUNTERS + det_owed, kDetAdd);
+            }
+            det_owed = -1;
           }
 #endif
           wgmma_wait<1>();  // S^T complete, dP^T may run
@@ -1113,6 +1166,17 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
           }
         }
         owed = -1;
+#elif KF_DET
+        // (a consumer that skipped this step's S^T under CSKIP publishes here)
+        if ((tid & 127) == 0) {
+          if (det_owed >= 0) {
+            bulk_wait_all();
+            kfh::publish_dq_added(KF9_COUNTERS + det_owed, kDetAdd);
+          } else {
+            bulk_wait_read();
+          }
+        }
+        det_owed = -1;
 #else
         if ((tid & 127) == 0) bulk_wait_read();
 #endif
@@ -1166,6 +1230,16 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         int seen = 0;
         if ((tid & 127) == 0 && unseen) seen = kfh::ld_relaxed(dq_flag);
 #endif
+#if KF_DET
+        // Key blocks 0..T.block-1 add into this query block first: their
+        // count is read now, while the dQ wgmma runs, and waited for below.
+        // (A packed run's rows, and a key block alone with its rows, get no
+        // other adds; key block 0 is first.)
+        int* const det_word = KF9_COUNTERS + (long long)(T.qbase + m) * p.heads + h;
+        const bool det_wait = T.qbase >= 0 && T.block > 0;
+        int det_seen = 0;
+        if ((tid & 127) == 0 && det_wait) det_seen = kfh::ld_relaxed(det_word);
+#endif
         mbar_arrive(bar_empty + 8 * s);
         wgmma_wait<0>();
         reg_fence<32>(dq);
@@ -1194,11 +1268,25 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
 #else
         constexpr bool own = false;  // every slice is added
 #endif
+#if KF_DET
+        if ((tid & 127) == 0 && det_wait && !direct) {
+          const int want = 2 * T.block;
+          if ((det_seen & ~kDeltaClaim) / kDetAdd >= want) {
+            asm volatile("fence.acq_rel.gpu;\n" ::: "memory");  // the relaxed load's acquire
+          } else {
+            while ((kfh::ld_acquire(det_word) & ~kDeltaClaim) / kDetAdd < want) __nanosleep(64);
+          }
+          asm volatile("fence.proxy.async.global;\n" ::: "memory");
+        }
+#endif
         kfh::add_dq<kD, kBM, KF_DQ_DIRECT != 0>(p, dq, T.q0, T.lq, m0, h, w, warp, lane, sDq,
                                                 direct, own);
         KF9_TRC(kTrConsAdd, u);
 #if KF_DQW
         if (own && !direct && T.qbase >= 0) owed = (int)(dq_flag - KF9_COUNTERS);
+#endif
+#if KF_DET
+        if (!direct && T.qbase >= 0) det_owed = (int)(det_word - KF9_COUNTERS);
 #endif
 
 #if KF_SPLIT
@@ -1227,6 +1315,12 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
             if (owed >= 0) kfh::publish_dq_ready(KF9_COUNTERS + owed, kDqReady << w);
           }
           owed = -1;
+#elif KF_DET
+          if ((tid & 127) == 0) {
+            bulk_wait_all();
+            if (det_owed >= 0) kfh::publish_dq_added(KF9_COUNTERS + det_owed, kDetAdd);
+          }
+          det_owed = -1;
 #else
           if ((tid & 127) == 0) bulk_wait_all();
 #endif

@@ -52,6 +52,13 @@ __device__ __forceinline__ void publish_dq_ready(int* flag, int bit) {
   asm volatile("fence.proxy.async.global;\n" ::: "memory");
   red_or_release(flag, bit);
 }
+// bwd_sm90 KF_DET: adds `v` to the count of a query block's completed adds
+// once this thread's bulk reduce-adds are complete (after bulk_wait_all),
+// ordered as publish_dq_ready's bit.
+__device__ __forceinline__ void publish_dq_added(int* word, int v) {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(word), "r"(v) : "memory");
+}
 __device__ __forceinline__ int ld_relaxed(const int* a) {
   int v;
   asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(a) : "memory");
