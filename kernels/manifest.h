@@ -70,10 +70,10 @@ struct Manifest {
   // tiles, longest first, each to the CTA with the least work so far, and
   // lays the lists out so that entry t * grid + c is CTA c's t-th tile; an
   // entry {-1, 0, 0, 0} ends a CTA's list (the kernel must stop there).
-  // kKeyLevels (key_major only): longest first, and among tiles of equal
-  // work the lower key block first across the whole batch, so key block j of
-  // a sequence comes after key block j - 1 and, where sequences are many,
-  // far after it (ordered dQ adds: `deterministic`, CONTRACT.md "Backward").
+  // kKeyLevels (key_major only): the (sequence, kv head) groups, heaviest
+  // first, dealt a few at a time key block by key block, so key block j of a
+  // group comes a few tiles after key block j - 1 (ordered dQ adds:
+  // `deterministic`, CONTRACT.md "Backward"; schedule.cc SortKeyLevels).
   TileOrder tile_order = TileOrder::kLongestFirst;
   // Backward variants only (persistent grid): the tile list is key-major
   // (BuildKeyTiles in schedule.h): entries are key blocks of tile_n keys per

@@ -64,6 +64,62 @@ void SortGrouped(std::vector<TileWork>& tiles) {
   });
 }
 
+// TileOrder::kKeyLevels (ordered dQ adds: manifest deterministic). The
+// (sequence, kv head) groups by descending total work, dealt `g` groups at a
+// time, key block by key block: key block 0 of each of the g groups, then
+// key block 1 of each, and so on; then the packed runs and the zero-dQ
+// tiles, longest first. So key block j of a group comes g - 1 tiles or so
+// after key block j - 1, which a persistent grid starts a few steps later:
+// where key block j reaches a query block, j - 1 has added into it already
+// (it needs j - 1 two steps ahead under a causal mask, one without, plus the
+// step its add takes to be published). g is that spacing, 3 steps, in tiles:
+// the CTAs over a tile's mean work in steps. Few groups run at once, so the
+// Q, dO and dq_accum rows they visit stay in L2 (the longest-first list ran
+// hstu_prod_causal 1.66x slower than the grouped one: notes/bwd.md v21).
+void SortKeyLevels(std::vector<TileWork>& tiles, int ctas) {
+  std::map<std::pair<int32_t, int32_t>, std::vector<TileWork>> by_group;
+  std::vector<std::pair<int32_t, int32_t>> groups;  // in list order
+  std::vector<TileWork> rest;
+  int64_t work = 0, plain = 0;
+  for (const TileWork& t : tiles) {
+    if (t.m_block < 0 || t.pack < 0) {
+      rest.push_back(t);
+      continue;
+    }
+    auto& g = by_group[{t.batch, t.head}];
+    if (g.empty()) groups.push_back({t.batch, t.head});
+    g.push_back(t);  // key block order: the list is built so
+    work += t.work;
+    ++plain;
+  }
+  std::map<std::pair<int32_t, int32_t>, int64_t> total;
+  for (const auto& [g, list] : by_group) {
+    for (const TileWork& t : list) total[g] += t.work;
+  }
+  std::stable_sort(groups.begin(), groups.end(),
+                   [&](const auto& a, const auto& b) { return total[a] > total[b]; });
+  const int64_t mean = plain > 0 ? std::max<int64_t>(1, work / plain) : 1;
+  const int64_t deal = std::clamp<int64_t>(CeilDiv(3 * std::max(ctas, 1), mean), 1, 64);
+  tiles.clear();
+  for (size_t first = 0; first < groups.size(); first += static_cast<size_t>(deal)) {
+    const size_t last = std::min(groups.size(), first + static_cast<size_t>(deal));
+    for (size_t j = 0;; ++j) {
+      bool any = false;
+      for (size_t g = first; g < last; ++g) {
+        const auto& list = by_group[groups[g]];
+        if (j < list.size()) {
+          tiles.push_back(list[j]);
+          any = true;
+        }
+      }
+      if (!any) break;
+    }
+  }
+  std::stable_sort(rest.begin(), rest.end(),
+                   [](const TileWork& a, const TileWork& b) { return a.work > b.work; });
+  tiles.insert(tiles.end(), rest.begin(), rest.end());
+}
+
 // Key-major packing: the end e of the run of consecutive sequences from b
 // that share one key block (e == b + 1: no run). A member has at most tile_n
 // queries and tile_n keys, and the run's summed queries and keys stay within
@@ -154,7 +210,7 @@ absl::StatusOr<std::vector<TileWork>> BuildTiles(std::span<const int32_t> cu_q,
 absl::StatusOr<KeyMajorTiles> BuildKeyTiles(std::span<const int32_t> cu_q,
                                             std::span<const int32_t> cu_k, int heads,
                                             int kv_heads, int tile_m, int tile_n, bool causal,
-                                            TileOrder order, bool pack_short) {
+                                            TileOrder order, bool pack_short, int ctas) {
   if (auto s = CheckTileInputs(cu_q, cu_k, heads, tile_m, tile_n); !s.ok()) return s;
   if (kv_heads <= 0) kv_heads = heads;
   if (heads % kv_heads != 0) {
@@ -212,14 +268,7 @@ absl::StatusOr<KeyMajorTiles> BuildKeyTiles(std::span<const int32_t> cu_q,
     return out;
   }
   if (order == TileOrder::kKeyLevels) {
-    // Ties by key block (zero-dQ and packed tiles as 0): key block j of a
-    // sequence never precedes key block j - 1 (whose work is no less), and
-    // equal-work key blocks of one sequence are as far apart as the batch
-    // allows, so that ordered dQ adds rarely wait (manifest deterministic).
-    std::stable_sort(out.tiles.begin(), out.tiles.end(), [](const TileWork& a, const TileWork& b) {
-      if (a.work != b.work) return a.work > b.work;
-      return std::max(a.m_block, 0) < std::max(b.m_block, 0);
-    });
+    SortKeyLevels(out.tiles, ctas);
     return out;
   }
   std::stable_sort(out.tiles.begin(), out.tiles.end(),
@@ -352,7 +401,7 @@ absl::StatusOr<LaunchPlan> PlanLaunch(const Manifest& m, std::span<const int32_t
       return absl::InvalidArgumentError("manifest: key_major needs the persistent grid");
     }
     auto key_tiles = BuildKeyTiles(cu_q, cu_k, heads, kv_heads, m.tile_m, m.tile_n, causal,
-                                   m.tile_order, m.pack_short);
+                                   m.tile_order, m.pack_short, std::max(num_sms, 1) * per_sm);
     if (!key_tiles.ok()) return key_tiles.status();
     counter_bytes = key_tiles->query_blocks * heads * int64_t{4};
     tiles = std::move(key_tiles->tiles);

@@ -111,7 +111,7 @@ absl::StatusOr<KeyMajorTiles> BuildKeyTiles(std::span<const int32_t> cu_seqlens_
                                             std::span<const int32_t> cu_seqlens_k, int heads,
                                             int kv_heads, int tile_m, int tile_n, bool causal,
                                             TileOrder order = TileOrder::kLongestFirst,
-                                            bool pack_short = false);
+                                            bool pack_short = false, int ctas = 0);
 
 // TileOrder::kBalanced: the tiles (longest first, as BuildTiles orders
 // them) dealt to `lists` CTAs, each to the one with the least work so far

@@ -352,10 +352,11 @@ TEST(KeyMajorTiles, GroupedOrderKeepsASequencesKeyBlocksTogether) {
 
 // What bwd_sm90 DET=1's ordered dQ adds need to be free of deadlock
 // (CONTRACT.md "Backward"): in every key-major order, key block j of a
-// (sequence, kv head) comes after key block j - 1. And with "levels", equal
-// work goes by key block across the batch: the eight equal key blocks of
-// four non-causal sequences come as all the first ones, then all the second
-// ones, so each is a level of 4 x 2 tiles after its predecessor.
+// (sequence, kv head) comes after key block j - 1. And "levels" deals the
+// groups a few at a time, key block by key block: with room for all eight
+// groups of four non-causal sequences (24 CTAs over a mean of 9 steps a
+// tile: 8 groups at once) every first key block, then every second one; with
+// 9 CTAs, three groups at a time.
 TEST(KeyMajorTiles, EveryOrderPutsKeyBlockJAfterJMinusOne) {
   std::mt19937 rng(7);
   for (int trial = 0; trial < 40; ++trial) {
@@ -381,12 +382,23 @@ TEST(KeyMajorTiles, EveryOrderPutsKeyBlockJAfterJMinusOne) {
     }
   }
   const std::vector<int32_t> cu = {0, 512, 1024, 1536, 2048};
-  auto levels = BuildKeyTiles(cu, {}, 2, 2, 64, 128, false, TileOrder::kKeyLevels);
+  auto levels = BuildKeyTiles(cu, {}, 2, 2, 64, 128, false, TileOrder::kKeyLevels, false, 24);
   ASSERT_TRUE(levels.ok()) << levels.status();
   ASSERT_EQ(levels->tiles.size(), 32u);
   for (size_t i = 0; i < levels->tiles.size(); ++i) {
     EXPECT_EQ(levels->tiles[i].m_block, static_cast<int>(i / 8)) << i;
   }
+  levels = BuildKeyTiles(cu, {}, 2, 2, 64, 128, false, TileOrder::kKeyLevels, false, 9);
+  ASSERT_TRUE(levels.ok()) << levels.status();
+  std::vector<int> blocks, groups;
+  for (const TileWork& t : levels->tiles) {
+    blocks.push_back(t.m_block);
+    groups.push_back(2 * t.batch + t.head);
+  }
+  EXPECT_EQ(blocks, (std::vector<int>{0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3, 0, 0, 0, 1, 1, 1,
+                                      2, 2, 2, 3, 3, 3, 0, 0, 1, 1, 2, 2, 3, 3}));
+  EXPECT_EQ(groups, (std::vector<int>{0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2, 3, 4, 5, 3, 4, 5,
+                                      3, 4, 5, 3, 4, 5, 6, 7, 6, 7, 6, 7, 6, 7}));
 }
 
 // pack_short: runs of consecutive short sequences become one tile {b, g, 0,
