@@ -71,6 +71,7 @@ ShapeKey ShapeOfBucket(const Bucket& b) {
   s.causal = b.causal;
   s.cross = b.cross;
   s.arch = b.arch;
+  s.deterministic = b.deterministic;
   s.batch = b.batch;
   s.max_len_q = b.max_q;
   s.total_q = b.batch * b.mean_q;

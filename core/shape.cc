@@ -88,6 +88,9 @@ absl::Status ValidateShapeKey(const ShapeKey& k) {
   if (k.heads % k.kv_heads != 0)
     return Invalid("kv_heads", Cat(k.kv_heads, " does not divide heads ", k.heads));
   if (auto s = ValidateArch(k.arch); !s.ok()) return s;
+  if (k.deterministic && k.op != Op::kBackward)
+    return Invalid("deterministic", "applies to backward shapes only (the forward is always "
+                                    "bitwise deterministic)");
   if (k.batch <= 0) return Invalid("batch", Cat(k.batch, " must be positive"));
   if (k.batch > kMaxBatch) return Invalid("batch", Cat(k.batch, " exceeds ", kMaxBatch));
   if (auto s = CheckLengths("q", k.batch, k.max_len_q, k.total_q); !s.ok()) return s;
@@ -145,6 +148,7 @@ Bucket BucketOf(const ShapeKey& k) {
   b.causal = k.causal;
   b.cross = k.cross;
   b.arch = k.arch;
+  b.deterministic = k.deterministic;
   b.batch = CeilPow2(k.batch);
   b.max_q = CeilPow2(k.max_len_q);
   b.mean_q = CeilPow2((k.total_q + k.batch - 1) / std::max<int64_t>(k.batch, 1));
@@ -159,7 +163,7 @@ std::string Bucket::Id() const {
   return Cat(OpName(op), ".", DTypeName(dtype), ".d", head_dim, ".h", heads, ".kv",
                       kv_heads, ".", causal ? "causal" : "full", ".", cross ? "cross" : "self",
                       ".", arch, ".b", batch, ".mq", max_q, ".aq", mean_q, ".mk", max_k, ".ak",
-                      mean_k);
+                      mean_k, deterministic ? ".det" : "");
 }
 
 absl::StatusOr<Bucket> ParseBucketId(std::string_view id) {
@@ -173,8 +177,11 @@ absl::StatusOr<Bucket> ParseBucketId(std::string_view id) {
   auto bad = [&](std::string_view why) {
     return absl::InvalidArgumentError(Cat("bucket id '", id, "': ", why));
   };
-  if (p.size() != 13) return bad("expected 13 dot-separated fields");
+  // A 14th field is the deterministic suffix (Bucket::Id).
+  if (p.size() != 13 && !(p.size() == 14 && p[13] == "det"))
+    return bad("expected 13 dot-separated fields (14 with a final \"det\")");
   Bucket b;
+  b.deterministic = p.size() == 14;
   auto op = ParseOp(p[0]);
   auto dt = ParseDType(p[1]);
   if (!op) return bad("unknown op");
@@ -196,12 +203,14 @@ absl::StatusOr<Bucket> ParseBucketId(std::string_view id) {
   if (!num(p[8], "b", b.batch) || !num(p[9], "mq", b.max_q) || !num(p[10], "aq", b.mean_q) ||
       !num(p[11], "mk", b.max_k) || !num(p[12], "ak", b.mean_k))
     return bad("malformed length fields");
+  if (b.deterministic && b.op != Op::kBackward) return bad("det applies to backward buckets only");
   return b;
 }
 
 std::optional<int> BucketDistance(const Bucket& a, const Bucket& b) {
   if (a.op != b.op || a.dtype != b.dtype || a.head_dim != b.head_dim || a.heads != b.heads ||
-      a.kv_heads != b.kv_heads || a.causal != b.causal || a.cross != b.cross || a.arch != b.arch)
+      a.kv_heads != b.kv_heads || a.causal != b.causal || a.cross != b.cross || a.arch != b.arch ||
+      a.deterministic != b.deterministic)
     return std::nullopt;
   auto d = [](int64_t x, int64_t y) { return std::abs(Log2(x) - Log2(y)); };
   return d(a.batch, b.batch) + d(a.max_q, b.max_q) + d(a.mean_q, b.mean_q) + d(a.max_k, b.max_k) +

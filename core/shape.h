@@ -47,6 +47,11 @@ struct ShapeKey {
   bool causal = false;  // bottom-right aligned when query and key lengths differ
   bool cross = false;   // separate key offsets; false means keys = queries
   std::string arch;     // e.g. "sm_90a", "sm_100a", "sm_80"
+  // Backward only: the kernel must write bitwise the same dQ, dK and dV in
+  // every launch on the same inputs (manifest `deterministic`). A bucket of
+  // its own, served and tuned over deterministic variants alone. The forward
+  // is always deterministic, so a forward key with it set is invalid.
+  bool deterministic = false;
   int64_t batch = 0;
   int64_t max_len_q = 0;
   int64_t total_q = 0;
@@ -76,6 +81,7 @@ struct Bucket {
   bool causal = false;
   bool cross = false;
   std::string arch;
+  bool deterministic = false;  // backward only: see ShapeKey
   // Powers of two, rounded up from the batch statistics.
   int64_t batch = 0;
   int64_t max_q = 0;
@@ -84,7 +90,9 @@ struct Bucket {
   int64_t mean_k = 0;
 
   // Canonical text form, stable across versions because it is stored:
-  // "fwd.bf16.d128.h4.kv4.causal.self.sm_90a.b128.mq4096.aq4096.mk4096.ak4096"
+  // "fwd.bf16.d128.h4.kv4.causal.self.sm_90a.b128.mq4096.aq4096.mk4096.ak4096";
+  // a deterministic bucket appends ".det" (so every older id is unchanged):
+  // "bwd.bf16.d128.h4.kv4.causal.self.sm_90a.b128.mq4096.aq4096.mk4096.ak4096.det"
   std::string Id() const;
   bool operator==(const Bucket&) const = default;
 };
@@ -95,7 +103,10 @@ absl::StatusOr<Bucket> ParseBucketId(std::string_view id);
 
 // How far apart two buckets are, for serving the nearest tuned bucket when a
 // request's own bucket has no winner yet: nullopt when a kernel of one cannot
-// serve the other (different op, dtype, head layout, mask or arch); otherwise
+// serve the other (different op, dtype, head layout, mask, arch or
+// determinism: a deterministic request is never served a kernel without
+// that promise, and a deterministic kernel, slower, is nobody's nearest
+// choice for a request that did not ask); otherwise
 // the summed log2 distance of the length statistics (0 = same bucket).
 std::optional<int> BucketDistance(const Bucket& a, const Bucket& b);
 

@@ -7,7 +7,7 @@ namespace kforge {
 using nlohmann::json;
 
 json ShapeKeyToJson(const ShapeKey& k) {
-  return json{{"op", std::string(OpName(k.op))},
+  json j{{"op", std::string(OpName(k.op))},
               {"dtype", std::string(DTypeName(k.dtype))},
               {"head_dim", k.head_dim},
               {"heads", k.heads},
@@ -20,6 +20,10 @@ json ShapeKeyToJson(const ShapeKey& k) {
               {"total_q", k.total_q},
               {"max_len_k", k.max_len_k},
               {"total_k", k.total_k}};
+  // Only when set, so that every shape stored before the field existed (and
+  // every other shape) keeps its encoding.
+  if (k.deterministic) j["deterministic"] = true;
+  return j;
 }
 
 absl::StatusOr<ShapeKey> ShapeKeyFromJson(const json& j) {
@@ -49,6 +53,7 @@ absl::StatusOr<ShapeKey> ShapeKeyFromJson(const json& j) {
     get("total_q", k.total_q);
     get("max_len_k", k.max_len_k);
     get("total_k", k.total_k);
+    if (j.contains("deterministic")) get("deterministic", k.deterministic);
   } catch (const json::exception& e) {
     return absl::InvalidArgumentError(fmt::format("shape.{}: {}", field, e.what()));
   }

@@ -27,6 +27,24 @@ TEST(ShapeJson, RoundTripsEveryField) {
   EXPECT_EQ(back->total_k, 20);
 }
 
+// Stored shapes from before the field read as not deterministic, and a shape
+// without it keeps its encoding; a deterministic one round-trips.
+TEST(ShapeJson, DeterministicOnlyWhenSetAndOptionalOnRead) {
+  ShapeKey k;
+  k.op = Op::kBackward;
+  nlohmann::json j = ShapeKeyToJson(k);
+  EXPECT_FALSE(j.contains("deterministic"));
+  auto back = ShapeKeyFromJson(j);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_FALSE(back->deterministic);
+  k.deterministic = true;
+  back = ShapeKeyFromJson(ShapeKeyToJson(k));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(back->deterministic);
+  j["deterministic"] = "yes";
+  EXPECT_NE(ShapeKeyFromJson(j).status().message().find("shape.deterministic"), std::string::npos);
+}
+
 TEST(ShapeJson, ErrorsNameTheField) {
   nlohmann::json j = ShapeKeyToJson(ShapeKey{});
   j["heads"] = "four";

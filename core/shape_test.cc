@@ -41,6 +41,7 @@ TEST(ShapeKey, ErrorsNameTheField) {
       {[](ShapeKey& k) { k.max_len_q = 600000; }, "max_len_q"},  // > total
       {[](ShapeKey& k) { k.max_len_q = int64_t{1} << 40; }, "max_len_q"},
       {[](ShapeKey& k) { k.cross = true; }, "total_k"},  // cross without key stats
+      {[](ShapeKey& k) { k.deterministic = true; }, "deterministic"},  // forward
   };
   for (const auto& c : cases) {
     ShapeKey k = HstuProd();
@@ -102,6 +103,45 @@ TEST(Bucket, IdRoundTrips) {
   EXPECT_EQ(*parsed, b);
   EXPECT_FALSE(ParseBucketId("fwd.bf16.d128").ok());
   EXPECT_FALSE(ParseBucketId("fwd.bf16.d128.h4.kv4.causal.self.sm_90a.b128.mq0.aq1.mk1.ak1").ok());
+}
+
+// A deterministic backward shape is valid; the same flag on a forward shape
+// is refused, the message naming the field and saying why.
+TEST(ShapeKey, DeterministicIsForBackwardShapesOnly) {
+  ShapeKey k = HstuProd();
+  k.deterministic = true;
+  absl::Status s = ValidateShapeKey(k);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("deterministic: applies to backward shapes only"), std::string::npos)
+      << s.message();
+  k.op = Op::kBackward;
+  EXPECT_TRUE(ValidateShapeKey(k).ok());
+}
+
+// Ids are stored: a bucket without the flag keeps the id it always had,
+// and the deterministic one is that id plus ".det", which parses back.
+TEST(Bucket, DeterministicIdAddsASuffixAndKeepsEveryOldId) {
+  ShapeKey k = HstuProd();
+  k.op = Op::kBackward;
+  const std::string old_id =
+      "bwd.bf16.d128.h4.kv4.causal.self.sm_90a.b128.mq4096.aq4096.mk4096.ak4096";
+  EXPECT_EQ(BucketOf(k).Id(), old_id);
+  k.deterministic = true;
+  Bucket det = BucketOf(k);
+  EXPECT_TRUE(det.deterministic);
+  EXPECT_EQ(det.Id(), old_id + ".det");
+  auto parsed = ParseBucketId(det.Id());
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(*parsed, det);
+  parsed = ParseBucketId(old_id);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_FALSE(parsed->deterministic);
+  EXPECT_FALSE(ParseBucketId(old_id + ".xyz").ok());
+  EXPECT_FALSE(
+      ParseBucketId("fwd.bf16.d128.h4.kv4.causal.self.sm_90a.b128.mq4096.aq4096.mk4096.ak4096.det")
+          .ok());
+  // Never served for each other.
+  EXPECT_FALSE(BucketDistance(det, *parsed).has_value());
 }
 
 TEST(Bucket, DistanceOnlyBetweenCompatibleBuckets) {
