@@ -125,6 +125,12 @@ absl::StatusOr<Variant> DefaultVariant(const ShapeKey& shape) {
       best_pref = pref;
     }
   }
+  if (best == nullptr && shape.deterministic) {
+    return absl::NotFoundError(fmt::format(
+        "no deterministic backward kernel for {}: no template serving op {} head_dim {} there "
+        "sums dQ in a fixed order (bwd_sm90 DET=1 does, on sm_90a at head_dim 64 and 128)",
+        shape.arch, op, shape.head_dim));
+  }
   if (best == nullptr) {
     return absl::NotFoundError(fmt::format(
         "no template serves op {} head_dim {} on arch \"{}\"", op, shape.head_dim, shape.arch));
@@ -133,8 +139,18 @@ absl::StatusOr<Variant> DefaultVariant(const ShapeKey& shape) {
   if (best->default_knobs) knobs = best->default_knobs(shape);
   auto v = Instantiate(best->info.name, knobs, shape.head_dim);
   if (!v.ok()) {
-    // A template's default knobs must always build; fall back to its plain defaults.
-    v = Instantiate(best->info.name, {}, shape.head_dim);
+    // A template's default knobs must always build; fall back to its plain
+    // defaults (with the knobs a deterministic variant needs).
+    v = Instantiate(best->info.name, shape.deterministic ? best->info.deterministic_knobs
+                                                         : std::map<std::string, int>{},
+                    shape.head_dim);
+  }
+  // The promise is the manifest's: never serve a deterministic shape less.
+  if (v.ok() && shape.deterministic && !v->manifest.deterministic) {
+    return absl::InternalError(fmt::format(
+        "no deterministic backward kernel for {}: {}'s default knobs for the shape build a variant "
+        "whose manifest is not deterministic",
+        shape.arch, best->info.name));
   }
   return v;
 }

@@ -41,6 +41,12 @@ struct TemplateInfo {
   std::vector<int> head_dims;      // 64, 128, ...
   std::vector<KnobDim> knobs;
   std::string description;  // one line for proposers and dashboards
+  // Backward templates: the knob values every deterministic variant has
+  // (manifest `deterministic`), e.g. bwd_sm90 {DET: 1, ORDER: 0, SPLIT: 0,
+  // DQW: 0}; a deterministic shape is tuned over those settings alone.
+  // Empty: the template has no deterministic variant (bwd_mma adds dQ by
+  // atomics in no fixed order).
+  std::map<std::string, int> deterministic_knobs;
 };
 
 struct Variant {
@@ -76,7 +82,10 @@ std::map<std::string, int> DefaultKnobs(const std::string& template_name,
 
 // A good correct seed for a shape: the preferred template that supports
 // shape.arch, shape.head_dim, shape.op and the mask, with DefaultKnobs.
-// NotFound when no template can serve the shape (e.g. op bwd, head_dim 96).
+// NotFound when no template can serve the shape (e.g. op bwd, head_dim 96),
+// and for a deterministic shape when no template has a deterministic variant
+// for it ("no deterministic backward kernel for sm_80: ..."); the variant of
+// a deterministic shape always has manifest.deterministic.
 absl::StatusOr<Variant> DefaultVariant(const ShapeKey& shape);
 
 // The knobs as the #define prelude a template receives, e.g.

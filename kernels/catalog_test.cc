@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include <fmt/format.h>
+
 #include "kernels/check.h"
 
 namespace kforge {
@@ -442,6 +444,68 @@ TEST(CatalogTest, BwdSm90DetIsDeterministicInKeyBlockLevels) {
     auto v = Instantiate("bwd_sm90", knobs, d);
     ASSERT_FALSE(v.ok());
     EXPECT_NE(v.status().message().find("DET=1"), std::string::npos) << v.status();
+  }
+}
+
+// A deterministic backward shape gets a deterministic variant: on sm_90a
+// bwd_sm90 with DET=1 and the knobs it needs (ORDER=0, SPLIT=0, DQW=0,
+// DQZ=1), the rest as the shape's class has them (the heavy-tailed short
+// class keeps HELP=2), whichever template the plain shape would get; it
+// passes the static checks, which refuse a non-deterministic variant for
+// it. Elsewhere (bwd_mma only) a clear NOT_FOUND.
+TEST(CatalogTest, DeterministicBackwardShapesGetADeterministicVariantOrAClearError) {
+  ShapeKey heavy = Shape(128, "sm_90a", 16);
+  heavy.batch = 4096;
+  heavy.total_q = heavy.total_k = 4096 * 5;
+  heavy.max_len_q = heavy.max_len_k = 1929;
+  ShapeKey few_keys = Shape(128, "sm_90a", 4096);  // long queries over a few hundred keys
+  few_keys.cross = true;
+  few_keys.max_len_k = 400;
+  few_keys.total_k = 128 * 40;
+  for (ShapeKey s : {Shape(128, "sm_90a", 1024), Shape(64, "sm_90a", 1024), heavy, few_keys}) {
+    s.op = Op::kBackward;
+    auto plain = DefaultVariant(s);
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    EXPECT_FALSE(plain->manifest.deterministic);
+    s.deterministic = true;
+    auto v = DefaultVariant(s);
+    ASSERT_TRUE(v.ok()) << "d" << s.head_dim << ": " << v.status();
+    EXPECT_EQ(v->template_name, "bwd_sm90");
+    EXPECT_TRUE(v->manifest.deterministic);
+    EXPECT_EQ(v->manifest.tile_order, TileOrder::kKeyLevels);
+    EXPECT_EQ(v->knobs.at("DET"), 1);
+    EXPECT_EQ(v->knobs.at("ORDER"), 0);
+    EXPECT_EQ(v->knobs.at("SPLIT"), 0);
+    EXPECT_EQ(v->knobs.at("DQW"), 0);
+    EXPECT_EQ(v->knobs.at("DQZ"), 1);
+    EXPECT_EQ(v->knobs.at("HELP"), plain->template_name == "bwd_sm90" ? plain->knobs.at("HELP") : 0);
+    EXPECT_TRUE(CheckVariant(v->source, v->manifest, "sm_90a", s).ok());
+    auto c = CheckVariant(plain->source, plain->manifest, "sm_90a", s);
+    EXPECT_NE(c.message().find("deterministic"), std::string::npos) << c;
+  }
+  heavy.op = Op::kBackward;
+  heavy.deterministic = true;
+  EXPECT_EQ(DefaultVariant(heavy)->knobs.at("HELP"), 2);
+  for (const char* arch : {"sm_80", "sm_100a"}) {
+    ShapeKey s = Shape(128, arch, 1024);
+    s.op = Op::kBackward;
+    s.deterministic = true;
+    auto v = DefaultVariant(s);
+    ASSERT_FALSE(v.ok()) << arch;
+    EXPECT_EQ(v.status().code(), absl::StatusCode::kNotFound);
+    EXPECT_NE(v.status().message().find(fmt::format("no deterministic backward kernel for {}", arch)),
+              std::string::npos)
+        << v.status();
+  }
+  // Which knobs make a template's variants deterministic: bwd_sm90's, and
+  // none of bwd_mma's.
+  for (const TemplateInfo& t : ListTemplates()) {
+    if (t.name == "bwd_mma") EXPECT_TRUE(t.deterministic_knobs.empty());
+    if (t.name != "bwd_sm90") continue;
+    EXPECT_EQ(t.deterministic_knobs.at("DET"), 1);
+    auto v = Instantiate("bwd_sm90", t.deterministic_knobs, 128);
+    ASSERT_TRUE(v.ok()) << v.status();
+    EXPECT_TRUE(v->manifest.deterministic);
   }
 }
 

@@ -134,6 +134,11 @@ absl::Status CheckVariant(std::string_view source, const Manifest& m, std::strin
     return Reject(fmt::format("head_dims: {} is not supported (variant has [{}])", shape.head_dim,
                               fmt::join(m.head_dims, ", ")));
   }
+  if (shape.deterministic && !m.deterministic) {
+    return Reject(
+        "deterministic: the shape asks for a bitwise deterministic backward and the variant's "
+        "manifest does not say \"deterministic\": true");
+  }
   if (shape.causal && !m.causal) return Reject("causal: the variant does not support causal masks");
   if (!shape.causal && !m.noncausal) return Reject("causal: the variant only supports causal masks");
   if (shape.kv_heads != shape.heads && !m.gqa) {

@@ -26,7 +26,8 @@ inline constexpr size_t kMaxVariantSourceBytes = 256 * 1024;
 // __global__; manifest threads (multiple of 32, 32..1024), shared memory
 // against the arch limit, arch listed in manifest.archs, every feature
 // available on the arch; shape: op listed, head dim listed, causal/noncausal
-// and GQA supported, batch <= 65535 for the per_tile grid.
+// and GQA supported, batch <= 65535 for the per_tile grid, deterministic
+// (manifest) when the shape asks for it.
 // Returns InvalidArgument with the reason, e.g.
 //   "dynamic_smem_bytes: 180224 exceeds sm_80's limit of 166912".
 absl::Status CheckVariant(std::string_view source, const Manifest& manifest,

@@ -76,6 +76,13 @@ TEST(CheckTest, RejectsUnsupportedShape) {
   s = Shape("sm_90a");
   s.op = Op::kBackward;
   ExpectRejected(CheckVariant(kSource, Good(), "sm_90a", s), "bwd");
+  // A deterministic shape takes only a variant whose manifest says so.
+  m = Good();
+  m.ops = {"bwd"};
+  s.deterministic = true;
+  ExpectRejected(CheckVariant(kSource, m, "sm_90a", s), "deterministic");
+  m.deterministic = true;
+  EXPECT_TRUE(CheckVariant(kSource, m, "sm_90a", s).ok());
 }
 
 TEST(CheckTest, RejectsSourceProblems) {

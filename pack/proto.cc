@@ -39,6 +39,7 @@ v1::Shape ShapeToProto(const ShapeKey& k) {
   s.set_causal(k.causal);
   s.set_cross(k.cross);
   s.set_arch(k.arch);
+  s.set_deterministic(k.deterministic);
   s.set_batch(k.batch);
   s.set_max_len_q(k.max_len_q);
   s.set_total_q(k.total_q);

@@ -54,6 +54,7 @@ absl::StatusOr<ShapeKey> ShapeFromProto(const v1::Shape& s, std::string_view fie
   k.causal = s.causal();
   k.cross = s.cross();
   k.arch = s.arch();
+  k.deterministic = s.deterministic();
   k.batch = s.batch();
   k.max_len_q = s.max_len_q();
   k.total_q = s.total_q();
@@ -117,6 +118,7 @@ void ShapeToProto(const ShapeKey& k, v1::Shape* out) {
   out->set_causal(k.causal);
   out->set_cross(k.cross);
   out->set_arch(k.arch);
+  out->set_deterministic(k.deterministic);
   out->set_batch(k.batch);
   out->set_max_len_q(k.max_len_q);
   out->set_total_q(k.total_q);

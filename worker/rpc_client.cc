@@ -117,6 +117,7 @@ ShapeSpec FromProto(const pb::Shape& s) {
   k.causal = s.causal();
   k.cross = s.cross();
   k.arch = s.arch();
+  k.deterministic = s.deterministic();
   k.batch = s.batch();
   k.max_len_q = s.max_len_q();
   k.total_q = s.total_q();

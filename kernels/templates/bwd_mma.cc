@@ -70,8 +70,12 @@ TemplateDef BwdMmaTemplate() {
   def.default_knobs = [](const ShapeKey& s) -> std::map<std::string, int> {
     return {{"BLOCK_M", s.head_dim > 64 ? 32 : 64}, {"BLOCK_N", 64}, {"MIN_BLOCKS", 1}};
   };
-  // The only backward template: the default for every backward shape.
-  def.preference = [](const ShapeKey& s) { return s.op == Op::kBackward ? 10 : 0; };
+  // The portable backward: the default for every backward shape but the
+  // deterministic ones (its dQ atomics add in no fixed order, so it has no
+  // deterministic variant: info.deterministic_knobs stays empty).
+  def.preference = [](const ShapeKey& s) {
+    return s.op == Op::kBackward && !s.deterministic ? 10 : 0;
+  };
   return def;
 }
 
