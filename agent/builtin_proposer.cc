@@ -200,6 +200,20 @@ class BuiltinProposer final : public Proposer {
     return knobs;
   }
 
+  // A deterministic shape searches only the settings whose variants can be:
+  // each knob the template fixes for determinism keeps that one value (none
+  // where the template's range lacks it, which drops the template).
+  // Whatever the knobs, Instantiate still refuses a setting whose manifest
+  // is not deterministic.
+  static void FixDeterministicKnobs(TemplateSpec& spec) {
+    for (KnobRange& k : spec.knobs) {
+      auto fixed = spec.deterministic_knobs.find(k.name);
+      if (fixed == spec.deterministic_knobs.end()) continue;
+      const bool legal = std::find(k.values.begin(), k.values.end(), fixed->second) != k.values.end();
+      k.values = legal ? std::vector<int>{fixed->second} : std::vector<int>{};
+    }
+  }
+
   std::string KeyOfPoint(const View& v, const Point& p) const {
     const TemplateSpec& spec = v.apps[p.t];
     return MakeKey(spec.name, CanonicalKnobs(KnobsOf(spec, p)));
@@ -254,6 +268,7 @@ class BuiltinProposer final : public Proposer {
     View v;
     v.shape = shape;
     for (TemplateSpec& spec : source_->Templates()) {
+      if (shape.deterministic) FixDeterministicKnobs(spec);
       bool empty_knob = std::any_of(spec.knobs.begin(), spec.knobs.end(),
                                     [](const KnobRange& k) { return k.values.empty(); });
       if (!empty_knob && source_->Supports(spec, shape)) v.apps.push_back(std::move(spec));

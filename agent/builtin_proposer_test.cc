@@ -390,5 +390,42 @@ TEST(BuiltinProposerCatalog, StartsAtTheCatalogDefaultsAndNeverRepeats) {
   EXPECT_EQ(keys.size(), 24u);
 }
 
+// A deterministic backward bucket: every proposal, the first (the catalog's
+// default) included, is a bwd_sm90 DET=1 variant whose manifest says
+// deterministic; bwd_mma, which has none, is never proposed. On sm_80 no
+// template can serve the bucket, which the proposer says.
+TEST(BuiltinProposerCatalog, ADeterministicBucketGetsOnlyDeterministicVariants) {
+  auto p = MakeBuiltinProposer(7);
+  ShapeKey shape = Shape("sm_90a", 128);
+  shape.op = Op::kBackward;
+  shape.causal = true;
+  shape.deterministic = true;
+  int id = 0, proposed = 0;
+  for (int round = 0; round < 3; ++round) {
+    auto got = p->Propose(Ctx(shape), 6);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_FALSE(got->empty());
+    for (const Candidate& c : *got) {
+      ++proposed;
+      EXPECT_EQ(c.template_name, "bwd_sm90") << Describe(c);
+      EXPECT_EQ(Knobs(c).at("DET"), 1) << Describe(c);
+      auto manifest = ParseManifest(c.manifest_json);
+      ASSERT_TRUE(manifest.ok()) << manifest.status();
+      EXPECT_TRUE(manifest->deterministic) << Describe(c);
+      EXPECT_TRUE(CheckVariant(c.source, *manifest, shape.arch, shape).ok());
+      Feedback f;
+      f.candidate = c;
+      f.variant_id = fmt::format("v{}", id++);
+      f.outcome = Outcome::kVerified;
+      f.median_us = static_cast<double>(c.source.size() % 89);
+      p->Observe(f);
+    }
+  }
+  EXPECT_EQ(proposed, 18);
+  shape.arch = "sm_80";
+  auto none = MakeBuiltinProposer(7)->Propose(Ctx(shape), 4);
+  EXPECT_FALSE(none.ok());
+}
+
 }  // namespace
 }  // namespace kforge::agent

@@ -13,7 +13,7 @@ class CatalogTemplateSource final : public TemplateSource {
   std::vector<TemplateSpec> Templates() const override {
     std::vector<TemplateSpec> out;
     for (const TemplateInfo& info : ListTemplates()) {
-      TemplateSpec spec{info.name, info.archs, info.ops, info.head_dims, {}};
+      TemplateSpec spec{info.name, info.archs, info.ops, info.head_dims, {}, info.deterministic_knobs};
       for (const KnobDim& k : info.knobs) spec.knobs.push_back(KnobRange{k.name, k.values});
       out.push_back(std::move(spec));
     }
@@ -26,6 +26,9 @@ class CatalogTemplateSource final : public TemplateSource {
     };
     if (!has(spec.ops, std::string(OpName(shape.op)))) return false;
     if (!spec.head_dims.empty() && !has(spec.head_dims, shape.head_dim)) return false;
+    // A catalog template without deterministic knobs has no deterministic
+    // variant (bwd_mma).
+    if (shape.deterministic && spec.deterministic_knobs.empty()) return false;
     return std::any_of(spec.archs.begin(), spec.archs.end(),
                        [&](const std::string& a) { return ArchServes(a, shape.arch); });
   }

@@ -32,6 +32,12 @@ struct TemplateSpec {
   std::vector<std::string> ops;    // "fwd" | "bwd"
   std::vector<int> head_dims;      // empty: any head dim
   std::vector<KnobRange> knobs;
+  // The knob values every deterministic variant of the template has
+  // (kernels/catalog.h TemplateInfo): for a deterministic shape the search
+  // fixes them. Empty: nothing is fixed, and whether a setting is
+  // deterministic is its manifest's to say (Instantiate refuses one that
+  // is not, for such a shape).
+  std::map<std::string, int> deterministic_knobs;
 };
 
 struct TemplateVariant {
@@ -47,7 +53,8 @@ class TemplateSource {
 
   virtual std::vector<TemplateSpec> Templates() const = 0;
 
-  // True when `spec` can serve `shape` (op, head dim, architecture).
+  // True when `spec` can serve `shape` (op, head dim, architecture, and a
+  // deterministic variant when the shape asks for one).
   virtual bool Supports(const TemplateSpec& spec, const ShapeKey& shape) const = 0;
 
   // The catalog's starting point for `shape`; knobs it leaves out are chosen
@@ -56,7 +63,8 @@ class TemplateSource {
                                                   const ShapeKey& shape) const = 0;
 
   // Source and manifest for one knob setting. An error means the setting is
-  // not a legal variant for this shape (e.g. shared memory over the limit).
+  // not a legal variant for this shape (e.g. shared memory over the limit,
+  // or a manifest that is not deterministic for a deterministic shape).
   virtual absl::StatusOr<TemplateVariant> Instantiate(const std::string& tmpl,
                                                       const KnobValues& knobs,
                                                       const ShapeKey& shape) const = 0;

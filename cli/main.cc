@@ -65,6 +65,7 @@ struct ShapeFlags {
   std::string op = "fwd";
   int head_dim = 0, heads = 0, kv_heads = 0;
   bool causal = false, cross = false;
+  bool deterministic = false;  // backward only
   std::string arch;  // "": the local GPU's (LocalArch)
   int64_t batch = 0, max_len_q = 0, total_q = 0, max_len_k = 0, total_k = 0;
   std::string cu_q_file, cu_k_file;
@@ -238,6 +239,7 @@ v1::Shape ShapeFrom(const ShapeFlags& f) {
   s.set_kv_heads(f.kv_heads);
   s.set_causal(f.causal);
   s.set_cross(f.cross || !f.cu_k_file.empty());
+  s.set_deterministic(f.deterministic);
   s.set_arch(f.arch);
   s.set_batch(f.batch);
   s.set_max_len_q(f.max_len_q);
@@ -258,6 +260,8 @@ void AddShapeFlags(CLI::App* cmd, ShapeFlags& f) {
   cmd->add_option("--kv-heads", f.kv_heads, "key/value heads (default: heads)");
   cmd->add_flag("--causal", f.causal, "causal mask (bottom-right aligned)");
   cmd->add_flag("--cross", f.cross, "separate key lengths");
+  cmd->add_flag("--deterministic", f.deterministic,
+                "backward only: a bitwise reproducible kernel (a bucket of its own)");
   cmd->add_option("--arch", f.arch, "GPU architecture (default: the local GPU's, else sm_90a)");
   cmd->add_option("--batch", f.batch, "sequences in the batch");
   cmd->add_option("--max-len-q", f.max_len_q, "longest query sequence");
@@ -269,7 +273,8 @@ void AddShapeFlags(CLI::App* cmd, ShapeFlags& f) {
 }
 
 // bench/shapes.json: entries {"name","B","H","D","q":{dist...},"kv":"same"|{dist},
-// "causal"}, optionally "KVH" (key/value heads). Lengths are drawn from the
+// "causal"}, optionally "KVH" (key/value heads), "op" ("bwd") and
+// "deterministic" (backward). Lengths are drawn from the
 // distribution by the one rule (core/lengths.h, seed 1 per shape: the
 // batches bench/ and the anchors time) and summarised; entries may also give
 // the Shape fields directly (head_dim, batch, ...).
@@ -294,6 +299,7 @@ std::vector<v1::Shape> ShapesFromFile(const std::string& path, const std::string
       s.set_heads(e.contains("H") ? e["H"].get<int>() : e.value("heads", 0));
       s.set_kv_heads(e.contains("KVH") ? e["KVH"].get<int>() : e.value("kv_heads", 0));
       s.set_causal(e.value("causal", false));
+      s.set_deterministic(e.value("deterministic", false));
       s.set_arch(e.value("arch", arch));
       const int64_t batch = e.contains("B") ? e["B"].get<int64_t>() : e.value("batch", int64_t{0});
       s.set_batch(batch);

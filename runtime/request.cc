@@ -55,14 +55,19 @@ kf_status CodeOf(const absl::Status& s) {
   return KF_ERR_INTERNAL;
 }
 
+int ArgsDeterministic(const kf_attention_args& a) {
+  constexpr size_t kEnd = offsetof(kf_attention_args, deterministic) + sizeof(a.deterministic);
+  return a.struct_size >= kEnd ? a.deterministic : 0;
+}
+
 absl::StatusOr<Request> MakeRequest(const kf_attention_args* a, Op op, std::string_view arch,
                                     bool sizes_only) {
   if (a == nullptr) return ToStatus(KF_ERR_INVALID_ARGUMENT, "args: null");
-  if (a->struct_size < sizeof(kf_attention_args))
+  if (a->struct_size < kArgsMinSize)
     return Invalid("struct_size",
-                   fmt::format("{} is smaller than this library's kf_attention_args ({} bytes); "
+                   fmt::format("{} is smaller than any kf_attention_args ({} bytes or more); "
                                "call kf_attention_args_init",
-                               a->struct_size, sizeof(kf_attention_args)));
+                               a->struct_size, kArgsMinSize));
   if (a->dtype != KF_DTYPE_BF16) {
     if (a->dtype == KF_DTYPE_FP16 || a->dtype == KF_DTYPE_FP32)
       return ToStatus(KF_ERR_UNSUPPORTED,
@@ -86,6 +91,9 @@ absl::StatusOr<Request> MakeRequest(const kf_attention_args* a, Op op, std::stri
     return Invalid("max_seqlen_k", fmt::format("{} is negative", a->max_seqlen_k));
   if (a->causal != 0 && a->causal != 1)
     return Invalid("causal", fmt::format("{} is not 0 or 1", a->causal));
+  const int deterministic = ArgsDeterministic(*a);
+  if (deterministic != 0 && deterministic != 1)
+    return Invalid("deterministic", fmt::format("{} is not 0 or 1", deterministic));
   if (!std::isfinite(a->softmax_scale))
     return Invalid("softmax_scale", "is not finite");
 
@@ -115,6 +123,8 @@ absl::StatusOr<Request> MakeRequest(const kf_attention_args* a, Op op, std::stri
   k.kv_heads = kv_heads;
   k.causal = a->causal != 0;
   k.cross = cross;
+  // The forward is always deterministic: the flag selects backward kernels.
+  k.deterministic = op == Op::kBackward && deterministic == 1;
   k.arch = std::string(arch);
   k.batch = a->batch;
   k.total_q = a->total_q;

@@ -9,6 +9,7 @@
 // Thread-safe: pure functions.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -50,6 +51,13 @@ struct Request {
 
 // Where a tensor may start (kforge/runtime.h; kernels/CONTRACT.md "Parameters").
 inline constexpr uintptr_t kTensorAlignment = 16;
+
+// The smallest struct_size accepted: kf_attention_args as first released,
+// up to `dv`. Fields added since (`deterministic`) read as 0 when a
+// caller's struct_size ends before them.
+inline constexpr size_t kArgsMinSize = offsetof(kf_attention_args, deterministic);
+// args->deterministic where the caller's struct has it, else 0.
+int ArgsDeterministic(const kf_attention_args& args);
 
 // Checks `args` for `op` (and, unless `sizes_only`, its tensor pointers).
 // `arch` is the NVRTC target kernels are resolved for.

@@ -94,6 +94,31 @@ TEST(MakeRequest, NamesTheBadSize) {
   EXPECT_NE(Error(a).find("args.struct_size: 8 is smaller"), std::string::npos);
 }
 
+// deterministic selects backward kernels (the forward is always
+// deterministic); a caller built against the first kf_attention_args, which
+// ends before the field, asks for nothing.
+TEST(MakeRequest, DeterministicIsABackwardRequestAndOlderStructsAskForNothing) {
+  kf_attention_args a = Args();
+  a.deterministic = 1;
+  a.dout = a.dq = a.dk = a.dv = a.o;
+  alignas(16) static float lse[16];
+  a.lse = lse;
+  auto r = MakeRequest(&a, Op::kBackward, "sm_90a");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->key.deterministic);
+  EXPECT_EQ(BucketOf(r->key).Id().substr(BucketOf(r->key).Id().size() - 4), ".det");
+  r = MakeRequest(&a, Op::kForward, "sm_90a");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->key.deterministic);
+  a.struct_size = kArgsMinSize;
+  r = MakeRequest(&a, Op::kBackward, "sm_90a");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->key.deterministic);
+  a = Args();
+  a.deterministic = -1;
+  EXPECT_EQ(Error(a), "KF_ERR_INVALID_ARGUMENT args.deterministic: -1 is not 0 or 1");
+}
+
 TEST(MakeRequest, NamesTheNullPointer) {
   kf_attention_args a = Args();
   a.v = nullptr;

@@ -211,9 +211,14 @@ absl::Status Runtime::Prepare(const kf_attention_args* args, Op op, kf_kernel_in
 
 absl::Status Runtime::Supported(const kf_attention_args* args, Op op) {
   if (args == nullptr) return ToStatus(KF_ERR_INVALID_ARGUMENT, "args: null");
-  if (args->struct_size < sizeof(kf_attention_args)) return MakeRequest(args, op, "sm_90a").status();
+  if (args->struct_size < kArgsMinSize) return MakeRequest(args, op, "sm_90a").status();
   // Any batch will do: what decides is the kind of kernel, not its sizes.
-  kf_attention_args canonical = *args;
+  // (Only the caller's struct_size bytes are read: it may end before the
+  // fields added since the first release, which then read as 0.)
+  kf_attention_args canonical;
+  std::memset(&canonical, 0, sizeof(canonical));
+  std::memcpy(&canonical, args, std::min<size_t>(args->struct_size, sizeof(canonical)));
+  canonical.struct_size = sizeof(canonical);
   static const int32_t kOffsets[2] = {0, 128};
   canonical.batch = 1;
   canonical.total_q = canonical.total_k = 128;

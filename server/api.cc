@@ -915,6 +915,12 @@ absl::Status KforgeApi::DecideAndComplete(const TaskRecord& task, const WorkerIn
     return b.status();
   }
   in.nvrtc_version = worker.nvrtc_version;
+  if (absl::StatusOr<Bucket> b = ParseBucketId(task.bucket); b.ok() && b->deterministic) {
+    in.deterministic_bucket = true;
+    absl::StatusOr<bool> det = VariantIsDeterministic(task.variant_id);
+    if (!det.ok()) return det.status();
+    in.candidate_deterministic = *det;
+  }
   if (IsPromotion(task.kind) && task.origin_evaluation_id != 0) {
     auto evals = store_->ListEvaluations(task.variant_id);
     if (!evals.ok()) return evals.status();
@@ -928,7 +934,8 @@ absl::Status KforgeApi::DecideAndComplete(const TaskRecord& task, const WorkerIn
     }
   }
   PromotionDecision decision = DecidePromotion(in);
-  absl::StatusOr<std::optional<TaskRecord>> held = HeldPromotion(task, eval, in.current, decision);
+  absl::StatusOr<std::optional<TaskRecord>> held =
+      HeldPromotion(task, eval, in.current, in.deterministic_bucket, decision);
   if (!held.ok()) return held.status();
   if (!decision.note.empty()) {
     eval.message = ClipMiddle(
@@ -1000,9 +1007,15 @@ absl::Status KforgeApi::DecideAndComplete(const TaskRecord& task, const WorkerIn
   return absl::OkStatus();
 }
 
+absl::StatusOr<bool> KforgeApi::VariantIsDeterministic(const std::string& variant_id) {
+  absl::StatusOr<VariantRecord> v = store_->GetVariant(variant_id);
+  if (!v.ok()) return v.status();
+  return ManifestSaysDeterministic(v->manifest_json);
+}
+
 absl::StatusOr<std::optional<TaskRecord>> KforgeApi::HeldPromotion(
     const TaskRecord& task, const EvaluationRecord& eval, const std::optional<BestRecord>& current,
-    PromotionDecision& decision) {
+    bool deterministic_bucket, PromotionDecision& decision) {
   if (task.kind == TaskKind::kCompile) return std::nullopt;
   // A promotion that asks for another (its best changed meanwhile) goes on.
   if (IsPromotion(task.kind) && decision.follow_up) return std::nullopt;
@@ -1023,7 +1036,15 @@ absl::StatusOr<std::optional<TaskRecord>> KforgeApi::HeldPromotion(
     }
   }
   if (IsPromotion(task.kind)) tried.insert(task.variant_id);
-  const bool candidate = task.kind == TaskKind::kEvaluate && eval.outcome == Outcome::kVerified;
+  // A deterministic bucket's candidates are its deterministic variants only.
+  auto may_serve = [&](const std::string& variant_id) -> absl::StatusOr<bool> {
+    if (!deterministic_bucket) return true;
+    return VariantIsDeterministic(variant_id);
+  };
+  absl::StatusOr<bool> own_may_serve = may_serve(task.variant_id);
+  if (!own_may_serve.ok()) return own_may_serve.status();
+  const bool candidate = task.kind == TaskKind::kEvaluate && eval.outcome == Outcome::kVerified &&
+                         *own_may_serve;
   if (task.kind == TaskKind::kEvaluate) decision.follow_up.reset();  // decided here
   if (in_flight > 0) {
     if (candidate) {
@@ -1038,6 +1059,9 @@ absl::StatusOr<std::optional<TaskRecord>> KforgeApi::HeldPromotion(
     candidates.push_back({.variant_id = task.variant_id, .task_id = task.id, .eval = &eval, .seed = task.seed});
   for (const TaskRecord* t : done) {
     if (tried.count(t->variant_id) || t->variant_id == task.variant_id) continue;
+    absl::StatusOr<bool> ok = may_serve(t->variant_id);
+    if (!ok.ok()) return ok.status();
+    if (!*ok) continue;
     auto evals = store_->ListEvaluations(t->variant_id);
     if (!evals.ok()) return evals.status();
     for (EvaluationRecord& e : *evals) {

@@ -245,10 +245,14 @@ class KforgeApi {
   // ChooseHeldCandidate) to ask for with this report, if any; clears an
   // EVALUATE's own follow-up from `decision` (held promotions replace it)
   // and notes why a verified candidate waits.
+  // In a deterministic bucket only deterministic variants are candidates.
   absl::StatusOr<std::optional<TaskRecord>> HeldPromotion(const TaskRecord& task,
                                                           const EvaluationRecord& eval,
                                                           const std::optional<BestRecord>& current,
+                                                          bool deterministic_bucket,
                                                           PromotionDecision& decision);
+  // Whether the stored variant's manifest says it is deterministic.
+  absl::StatusOr<bool> VariantIsDeterministic(const std::string& variant_id);
   // Records a task that exhausted max_task_attempts as crashed; `worker`
   // holds its current lease.
   absl::Status GiveUp(const TaskRecord& task, const WorkerInfo& worker);

@@ -14,6 +14,7 @@
 #include "core/logging.h"
 #include "core/outcome.h"
 #include "core/shape_json.h"
+#include "server/promotion.h"
 
 namespace kforge::server {
 
@@ -846,6 +847,20 @@ void JobEngine::ProposeRound(JobState& job, BucketState& b) {
   std::vector<std::string> variant_ids;
   for (auto& c : *proposed) {
     job.record.tokens_used += c.tokens_used;
+    if (b.bucket.deterministic && !ManifestSaysDeterministic(c.manifest_json)) {
+      // Could never be the bucket's best: refused before any GPU time, the
+      // reason on the job and told to the proposer (the proposers' own
+      // static checks refuse such a candidate first).
+      agent::Feedback f;
+      f.candidate = c;
+      f.bucket = b.id;
+      f.outcome = Outcome::kCompileError;
+      f.message = "refused: the bucket asks for a deterministic backward and the candidate's "
+                  "manifest does not say \"deterministic\": true";
+      b.proposer->Observe(f);
+      Persist(job, fmt::format("candidate for {} refused: {}", b.id, f.message));
+      continue;
+    }
     VariantRecord v;
     v.source = c.source;
     v.manifest_json = c.manifest_json;

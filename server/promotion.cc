@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 namespace kforge::server {
 namespace {
@@ -63,6 +64,13 @@ PromotionDecision DecidePromotion(const PromotionInput& in) {
   if (in.eval->outcome != Outcome::kVerified || task.kind == TaskKind::kCompile) return d;
   // The incumbent itself, re-measured: nothing to change.
   if (in.current && in.current->variant_id == task.variant_id) return d;
+  if (in.deterministic_bucket && !in.candidate_deterministic) {
+    d.note = fmt::format(
+        "not promoted: bucket {} asks for a deterministic backward and variant {}'s manifest "
+        "does not say \"deterministic\": true",
+        task.bucket, task.variant_id);
+    return d;
+  }
   switch (task.kind) {
     case TaskKind::kEvaluate:
       if (!in.current) {
@@ -113,6 +121,13 @@ PromotionDecision DecidePromotion(const PromotionInput& in) {
       return d;
   }
   return d;
+}
+
+bool ManifestSaysDeterministic(std::string_view manifest_json) {
+  const nlohmann::json m = nlohmann::json::parse(manifest_json, nullptr, /*allow_exceptions=*/false);
+  if (!m.is_object()) return false;
+  auto it = m.find("deterministic");
+  return it != m.end() && it->is_boolean() && it->get<bool>();
 }
 
 std::optional<HeldChoice> ChooseHeldCandidate(const std::vector<HeldCandidate>& candidates,

@@ -33,12 +33,15 @@
 // with, and the compile options a report claims do not excuse a difference
 // (a worker build compiles a variant for an arch with the same options
 // everywhere); claims made per report could be varied to dodge the check.
+// In a deterministic bucket a candidate whose manifest is not deterministic
+// changes nothing (no CONFIRM, no RETIME, no promotion), with the reason.
 //
 // Thread-safe: a pure function.
 #pragma once
 
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "storage/store.h"
@@ -62,6 +65,12 @@ struct PromotionInput {
   std::string nvrtc_version;
   std::string origin_nvrtc_version;
   bool gated = false;  // the reporting worker gates, or ungated promotion is allowed
+  // The bucket asks for a deterministic backward (Bucket::deterministic),
+  // and whether the candidate's manifest says it is deterministic
+  // (ManifestSaysDeterministic). A candidate that is not is never promoted
+  // there, nor confirmed or re-timed toward it, whatever its timing.
+  bool deterministic_bucket = false;
+  bool candidate_deterministic = false;
 };
 
 struct PromotionDecision {
@@ -79,6 +88,10 @@ struct PromotionDecision {
 };
 
 PromotionDecision DecidePromotion(const PromotionInput& in);
+
+// Whether a stored manifest (JSON) says `"deterministic": true`; false for
+// anything else, a manifest that does not parse included.
+bool ManifestSaysDeterministic(std::string_view manifest_json);
 
 // One promotion at a time per bucket, for the best candidate of a round.
 // Every promotion runs the sanitizer gates (seconds each), so asking one for

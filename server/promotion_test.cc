@@ -207,5 +207,41 @@ TEST(Promotion, OnlyVerifiedResultsCount) {
   EXPECT_TRUE(d.note.empty());
 }
 
+// A deterministic bucket's best is a deterministic variant: one whose
+// manifest does not say so gets no CONFIRM, no RETIME and no promotion,
+// however fast, and the note says why; a deterministic one goes on as
+// anywhere else.
+TEST(Promotion, ADeterministicBucketRefusesAVariantThatIsNotDeterministic) {
+  auto decide = [](TaskKind kind, std::optional<BestRecord> current, bool det) {
+    TaskRecord task = Task(kind, "v2", kind == TaskKind::kRetime ? "v1" : "");
+    task.bucket = "bwd.bf16.d128.h4.kv4.causal.self.sm_90a.b8.mq512.aq512.mk512.ak512.det";
+    EvaluationRecord e = Verified(50);
+    PromotionInput in;
+    in.task = &task;
+    in.eval = &e;
+    in.current = std::move(current);
+    in.gated = true;
+    in.incumbent_failed = kind == TaskKind::kRetime;
+    in.deterministic_bucket = true;
+    in.candidate_deterministic = det;
+    return DecidePromotion(in);
+  };
+  for (auto [kind, current] : {std::pair{TaskKind::kEvaluate, std::optional<BestRecord>()},
+                               std::pair{TaskKind::kEvaluate, std::optional(Best("v1", 100))},
+                               std::pair{TaskKind::kConfirm, std::optional<BestRecord>()},
+                               std::pair{TaskKind::kRetime, std::optional(Best("v1", 100))}}) {
+    PromotionDecision no = decide(kind, current, false);
+    EXPECT_FALSE(no.promote) << TaskKindName(kind);
+    EXPECT_FALSE(no.follow_up) << TaskKindName(kind);
+    EXPECT_NE(no.note.find("asks for a deterministic backward"), std::string::npos) << no.note;
+    PromotionDecision yes = decide(kind, current, true);
+    EXPECT_TRUE(yes.promote || yes.follow_up) << TaskKindName(kind);
+  }
+  EXPECT_TRUE(ManifestSaysDeterministic(R"({"threads": 384, "deterministic": true})"));
+  EXPECT_FALSE(ManifestSaysDeterministic(R"({"threads": 384})"));
+  EXPECT_FALSE(ManifestSaysDeterministic(R"({"deterministic": "true"})"));
+  EXPECT_FALSE(ManifestSaysDeterministic("not json"));
+}
+
 }  // namespace
 }  // namespace kforge::server

@@ -89,7 +89,7 @@ class ServerTest : public ::testing::Test {
     for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(db_.string() + suffix);
   }
 
-  void Start(ServerOptions o = {}, int proposals = 2) {
+  void Start(ServerOptions o = {}, int proposals = 2, ProposerFactory factory = nullptr) {
     if (!store_) {
       auto store = OpenSqliteStore(db_.string());
       ASSERT_TRUE(store.ok()) << store.status();
@@ -101,7 +101,7 @@ class ServerTest : public ::testing::Test {
     o.api.limits.head_dims = {64, 128};
     if (o.reaper_interval_ms == 1000) o.reaper_interval_ms = 50;
     o.drain_timeout_ms = 2000;
-    auto server = Server::Start(o, store_.get(), Scripted(proposals), FakeSeeds());
+    auto server = Server::Start(o, store_.get(), factory ? factory : Scripted(proposals), FakeSeeds());
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
     channel_ = grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials());
@@ -1084,6 +1084,83 @@ TEST_F(ServerTest, BackwardShapesNeedABackwardTemplate) {
   v1::Job job;
   grpc::Status s = kernels_->SubmitJob(Ctx(kClient).get(), req, &job);
   EXPECT_TRUE(s.ok()) << s.error_message();
+}
+
+// Proposes one candidate whose manifest is not deterministic, then one whose
+// manifest is, then nothing.
+class MixedDeterminismProposer final : public agent::Proposer {
+ public:
+  absl::StatusOr<std::vector<agent::Candidate>> Propose(const agent::ProposalContext& ctx,
+                                                         int n) override {
+    std::vector<agent::Candidate> out;
+    for (; n > 0 && next_ < 2; --n, ++next_) {
+      agent::Candidate c;
+      c.source = fmt::format("// {} candidate for {}\nextern \"C\" __global__ void kf_attn_bwd() {{}}\n",
+                             next_ == 0 ? "atomic" : "ordered", ctx.bucket.Id());
+      c.manifest_json = next_ == 0 ? kManifest : kDetManifest;
+      c.origin = "template";
+      c.template_name = "scripted";
+      c.knobs_json = "{}";
+      out.push_back(std::move(c));
+    }
+    return out;
+  }
+  void Observe(const agent::Feedback& f) override {
+    if (f.outcome == Outcome::kCompileError) refusals.push_back(f.message);
+  }
+  void Remember(const agent::Candidate&) override { ++next_; }
+  std::string Name() const override { return "builtin"; }
+
+  static constexpr char kDetManifest[] =
+      R"({"entry_point":"kf_attn_bwd","threads":384,"tile_m":64,"tile_n":128,"archs":["sm_90a"],"head_dims":[128],"ops":["bwd"],"deterministic":true})";
+  static inline std::vector<std::string> refusals;
+
+ private:
+  int next_ = 0;
+};
+
+// A deterministic backward shape is a bucket of its own (".det"): its job
+// evaluates only the candidate whose manifest says deterministic (the other
+// is refused before any worker sees it, and the proposer is told why), that
+// one is confirmed and served to deterministic requests, and a request that
+// did not ask is not served it.
+TEST_F(ServerTest, ADeterministicBucketEvaluatesAndServesOnlyDeterministicVariants) {
+  ServerOptions o;
+  o.api.limits.backward = true;
+  MixedDeterminismProposer::refusals.clear();
+  Start(o, 0, [](const std::string&, uint64_t) -> absl::StatusOr<std::unique_ptr<agent::Proposer>> {
+    return std::make_unique<MixedDeterminismProposer>();
+  });
+  v1::Shape det = MakeShape();
+  det.set_op(v1::OP_BACKWARD);
+  det.set_deterministic(true);
+  v1::Job job = SubmitJob(4, det);
+  const std::string worker = RegisterWorker();
+  auto task = Lease(worker);
+  ASSERT_TRUE(task);
+  EXPECT_TRUE(task->shape().deterministic());
+  EXPECT_NE(task->variant().manifest_json().find("\"deterministic\":true"), std::string::npos);
+  ASSERT_TRUE(ReportAndConfirm(worker, *task, 100.0));
+  EXPECT_FALSE(Lease(worker, 100)) << "the refused candidate is never evaluated";
+  ASSERT_EQ(MixedDeterminismProposer::refusals.size(), 1u);
+  EXPECT_NE(MixedDeterminismProposer::refusals[0].find("deterministic"), std::string::npos);
+  WaitForState(job.id(), v1::JOB_STATE_SUCCEEDED);
+
+  v1::GetKernelResponse served;
+  ASSERT_TRUE(GetKernel(det, &served).ok());
+  EXPECT_TRUE(served.kernel().tuned());
+  EXPECT_EQ(served.kernel().variant_id(), task->variant().variant_id());
+  v1::Shape plain = det;
+  plain.set_deterministic(false);
+  ASSERT_TRUE(GetKernel(plain, &served).ok());
+  EXPECT_FALSE(served.kernel().tuned());
+  EXPECT_NE(served.kernel().variant_id(), task->variant().variant_id());
+  // The forward is always deterministic: asking for it is a mistake.
+  v1::Shape fwd = MakeShape();
+  fwd.set_deterministic(true);
+  grpc::Status s = GetKernel(fwd, &served);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("shape.deterministic"), std::string::npos) << s.error_message();
 }
 
 TEST_F(ServerTest, RejectsQuartilesOutsideTheRange) {

@@ -89,6 +89,7 @@ class AttentionArgs(ctypes.Structure):
         ("dq", ctypes.c_void_p),
         ("dk", ctypes.c_void_p),
         ("dv", ctypes.c_void_p),
+        ("deterministic", ctypes.c_int),  # backward only (kf_attention_args)
     ]
 
 

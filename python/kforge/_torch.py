@@ -42,7 +42,8 @@ def _aligned(t):
     return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
-def _args(q, k, v, cu_q, cu_k, cu_q_host, cu_k_host, batch, max_q, max_k, causal, scale):
+def _args(q, k, v, cu_q, cu_k, cu_q_host, cu_k_host, batch, max_q, max_k, causal, scale,
+          deterministic=False):
     a = _lib.new_args()
     a.device = q.device.index if q.device.index is not None else torch.cuda.current_device()
     a.stream = torch.cuda.current_stream(q.device).cuda_stream
@@ -54,6 +55,7 @@ def _args(q, k, v, cu_q, cu_k, cu_q_host, cu_k_host, batch, max_q, max_k, causal
     a.max_seqlen_q, a.max_seqlen_k = max_q, max_k
     a.softmax_scale = scale
     a.causal = int(causal)
+    a.deterministic = int(deterministic)  # read by the backward only
     a.cu_seqlens_q, a.cu_seqlens_k = _ptr(cu_q), _ptr(cu_k)
     a.cu_seqlens_q_host, a.cu_seqlens_k_host = _ptr(cu_q_host), _ptr(cu_k_host)
     a.q, a.k, a.v = q.data_ptr(), k.data_ptr(), v.data_ptr()
@@ -98,9 +100,10 @@ def _run(call, args, cu_q, cu_k, host_q, host_k, cross):
 @torch.library.custom_op("kforge::attention_fwd", mutates_args=())
 def attention_fwd(q: Tensor, k: Tensor, v: Tensor, cu_q: Optional[Tensor], cu_k: Optional[Tensor],
                   cu_q_host: Optional[Tensor], cu_k_host: Optional[Tensor], batch: int, max_q: int,
-                  max_k: int, causal: bool, scale: float, want_host: bool
+                  max_k: int, causal: bool, scale: float, want_host: bool, deterministic: bool
                   ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """out, lse (heads, total_q) fp32, and the host offsets used (for the backward)."""
+    """out, lse (heads, total_q) fp32, and the host offsets used (for the backward).
+    `deterministic` is for the backward (kept by autograd): the forward always is."""
     cross = cu_k is not None or cu_k_host is not None
     q, k, v = _aligned(q), _aligned(k), _aligned(v)
     out = torch.empty_like(q)
@@ -117,7 +120,8 @@ def attention_fwd(q: Tensor, k: Tensor, v: Tensor, cu_q: Optional[Tensor], cu_k:
 
 
 @attention_fwd.register_fake
-def _(q, k, v, cu_q, cu_k, cu_q_host, cu_k_host, batch, max_q, max_k, causal, scale, want_host):
+def _(q, k, v, cu_q, cu_k, cu_q_host, cu_k_host, batch, max_q, max_k, causal, scale, want_host,
+      deterministic):
     return (torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32),
             torch.empty(batch + 1, dtype=torch.int32, device="cpu"),
             torch.empty(batch + 1, dtype=torch.int32, device="cpu"))
@@ -127,12 +131,13 @@ def _(q, k, v, cu_q, cu_k, cu_q_host, cu_k_host, batch, max_q, max_k, causal, sc
 def attention_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                   cu_q: Optional[Tensor], cu_k: Optional[Tensor], cu_q_host: Optional[Tensor],
                   cu_k_host: Optional[Tensor], batch: int, max_q: int, max_k: int, causal: bool,
-                  scale: float) -> tuple[Tensor, Tensor, Tensor]:
+                  scale: float, deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
     cross = cu_k is not None or cu_k_host is not None
     dout, q, k, v = _aligned(dout), _aligned(q), _aligned(k), _aligned(v)
     out, lse = _aligned(out), _aligned(lse)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    a = _args(q, k, v, cu_q, cu_k, cu_q_host, cu_k_host, batch, max_q, max_k, causal, scale)
+    a = _args(q, k, v, cu_q, cu_k, cu_q_host, cu_k_host, batch, max_q, max_k, causal, scale,
+              deterministic)
     a.o, a.lse, a.dout = out.data_ptr(), lse.data_ptr(), dout.data_ptr()
     a.dq, a.dk, a.dv = dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
     with torch.cuda.device(q.device):
@@ -141,16 +146,18 @@ def attention_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
 
 
 @attention_bwd.register_fake
-def _(dout, q, k, v, out, lse, cu_q, cu_k, cu_q_host, cu_k_host, batch, max_q, max_k, causal, scale):
+def _(dout, q, k, v, out, lse, cu_q, cu_k, cu_q_host, cu_k_host, batch, max_q, max_k, causal, scale,
+      deterministic):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, cu_q_host, cu_k_host, batch, max_q, max_k, causal, scale, want_host = inputs
+    (q, k, v, cu_q, cu_k, cu_q_host, cu_k_host, batch, max_q, max_k, causal, scale, want_host,
+     deterministic) = inputs
     out, lse, host_q, host_k = output
     ctx.cross = cu_k is not None or cu_k_host is not None
     ctx.has_host = cu_q_host is not None or want_host
-    ctx.meta = (batch, max_q, max_k, causal, scale)
+    ctx.meta = (batch, max_q, max_k, causal, scale, deterministic)
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, host_q, host_k)
 
 
@@ -163,7 +170,7 @@ def _backward(ctx, dout, dlse, dhost_q, dhost_k):
     dq, dk, dv = torch.ops.kforge.attention_bwd(dout.contiguous(), q, k, v, out, lse, cu_q,
                                                 cu_k if ctx.cross else None, host_q, host_k,
                                                 *ctx.meta)
-    return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None, None, None
 
 
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -171,13 +178,15 @@ attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 @torch.compiler.assume_constant_result
 def _route(device: int, dtype: str, head_dim: int, heads: int, kv_heads: int, causal: bool,
-           cross: bool, backward: bool) -> str:
+           cross: bool, backward: bool, deterministic: bool = False) -> str:
     """'' to run kforge's kernels (forward, and backward when gradients are
     needed), else why not (the varlen_attn fallback is used and, once, warned
-    about); raises in strict mode. A constant under torch.compile: it runs
+    about); raises in strict mode, and when a deterministic backward was asked
+    for (varlen_attn promises none). A constant under torch.compile: it runs
     once, at trace time, outside the graph."""
-    why = _why_unsupported(device, dtype, head_dim, heads, kv_heads, causal, cross, backward)
-    if why and kforge.strict():
+    why = _why_unsupported(device, dtype, head_dim, heads, kv_heads, causal, cross, backward,
+                           deterministic)
+    if why and (kforge.strict() or (backward and deterministic)):
         raise KforgeError("KF_ERR_UNSUPPORTED", why)
     if why:
         _warn_once(("fallback", why), f"kforge: {why}; using torch's varlen_attn")
@@ -185,11 +194,13 @@ def _route(device: int, dtype: str, head_dim: int, heads: int, kv_heads: int, ca
 
 
 @functools.lru_cache(maxsize=None)
-def _why_unsupported(device, dtype, head_dim, heads, kv_heads, causal, cross, backward):
+def _why_unsupported(device, dtype, head_dim, heads, kv_heads, causal, cross, backward,
+                     deterministic=False):
     if dtype != "torch.bfloat16":
         return f"dtype {dtype} (kforge kernels are bf16)"
     a = _lib.new_args()
     a.device, a.heads, a.kv_heads, a.head_dim, a.causal = device, heads, kv_heads, head_dim, int(causal)
+    a.deterministic = int(deterministic)  # read for the backward only
     if cross:  # a key offsets array of its own: only its address is compared
         a.cu_seqlens_k_host = 1
     for op in [_lib.OP_FORWARD] + ([_lib.OP_BACKWARD] if backward else []):
@@ -236,15 +247,17 @@ def _split(cu):
 
 
 def jagged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                     causal=False, softmax_scale=None):
+                     causal=False, softmax_scale=None, deterministic=False):
     """Attention over a packed jagged batch, with autograd, on the current stream.
 
     q: (total_q, heads, head_dim); k, v: (total_k, kv_heads, head_dim), bf16, CUDA.
     cu_seqlens_q/k: (batch + 1,) int32 prefix sums; pass the same tensor twice for
     self-attention, and keep them on the CPU to avoid any synchronisation.
     max_seqlen_q/k: the longest sequences (ints). causal masks are bottom-right
-    aligned; softmax_scale defaults to 1/sqrt(head_dim). Returns (total_q, heads,
-    head_dim).
+    aligned; softmax_scale defaults to 1/sqrt(head_dim). deterministic=True asks
+    for a bitwise reproducible backward (the same gradients in every run on the
+    same inputs; today on sm_90a only, and raises where there is none rather
+    than fall back); the forward always is. Returns (total_q, heads, head_dim).
     """
     heads, head_dim, kv_heads = q.shape[1], q.shape[2], k.shape[1]
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
@@ -256,18 +269,19 @@ def jagged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     need_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     device = q.device.index if q.device.index is not None else torch.cuda.current_device()
     if _route(device, str(q.dtype), int(head_dim), int(heads), int(kv_heads), bool(causal), cross,
-              need_grad):
+              need_grad, bool(deterministic)):
         return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale)
     dev_q, host_q = _split(cu_seqlens_q)
     dev_k, host_k = _split(cu_seqlens_k) if cross else (None, None)
     out, _, _, _ = torch.ops.kforge.attention_fwd(
         q.contiguous(), k.contiguous(), v.contiguous(), dev_q, dev_k, host_q, host_k,
-        cu_seqlens_q.shape[0] - 1, max_seqlen_q, max_seqlen_k, bool(causal), scale, need_grad)
+        cu_seqlens_q.shape[0] - 1, max_seqlen_q, max_seqlen_k, bool(causal), scale, need_grad,
+        bool(deterministic))
     return out
 
 
 def prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
-            backward=False):
+            backward=False, deterministic=False):
     """Fetches (or compiles) and loads the kernel a call with these arguments
     would run, without running it; returns its description. Warms the caches
     before a training loop."""
@@ -278,7 +292,8 @@ def prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, cau
     if host_q is None:
         host_q, host_k = _to_host(dev_q, dev_k)
     a = _args(q, k, v, dev_q, dev_k, host_q, host_k, int(cu_seqlens_q.shape[0]) - 1,
-              int(max_seqlen_q), int(max_seqlen_k), causal, 1.0 / math.sqrt(q.shape[2]))
+              int(max_seqlen_q), int(max_seqlen_k), causal, 1.0 / math.sqrt(q.shape[2]),
+              deterministic)
     with torch.cuda.device(q.device):
         info = kforge.runtime().prepare(a, _lib.OP_BACKWARD if backward else _lib.OP_FORWARD)
     _last_kernel["backward" if backward else "forward"] = info

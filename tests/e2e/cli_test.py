@@ -61,6 +61,21 @@ def main():
     assert "tuned        no" in p.stdout, p.stdout
     manifest = json.load(open(os.path.join(work, "kb", "manifest.json")))
     assert manifest["entry_point"] == "kf_attn_bwd" and manifest.get("key_major"), manifest
+    # --deterministic: a bucket of its own (".det") served a deterministic
+    # backward (bwd_sm90 DET=1 on sm_90a); the forward refuses the flag.
+    p = run(cli, addr, "--json", "get", "--op", "bwd", "--deterministic", *shape)
+    got = json.loads(p.stdout)["kernel"]
+    assert got["requested_bucket"].endswith(".sm_90a.b8.mq1024.aq1024.mk1024.ak1024.det"), p.stdout
+    assert json.loads(got["manifest"]["json"]).get("deterministic") is True, got["manifest"]
+    p = run(cli, addr, "get", "--op", "bwd", "--deterministic", *shape, "--arch", "sm_80", ok=False)
+    assert p.returncode == 1 and "no deterministic backward kernel for sm_80" in p.stderr, p.stderr
+    p = run(cli, addr, "get", "--deterministic", *shape, ok=False)
+    assert p.returncode == 1 and "shape.deterministic" in p.stderr, p.stderr
+    p = run(cli, addr, "tune", "--op", "bwd", "--deterministic", *shape, "--no-watch", "--json")
+    submitted = json.loads(p.stdout)
+    assert submitted["shapes"][0]["deterministic"] is True, p.stdout
+    assert submitted["progress"][0]["bucket"].endswith(".det"), p.stdout
+    run(cli, addr, "jobs", "cancel", submitted["id"])
 
     with open(os.path.join(work, "lens.json"), "w") as f:
         json.dump([0, 100, 1000, 1500], f)

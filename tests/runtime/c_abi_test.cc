@@ -239,6 +239,44 @@ TEST_F(CAbiTest, ResolvesTheSeedWithNvrtcWithoutAGpu) {
   EXPECT_EQ(stats.seed_compiles, 2u);
 }
 
+// args.deterministic asks for a deterministic backward: a bucket of its own
+// (".det") and, with no server or pack, the catalog's deterministic seed
+// (bwd_sm90 DET=1), compiled here by the real NVRTC. The forward ignores
+// it. On sm_80 no backward kernel is deterministic: unsupported, saying so.
+TEST_F(CAbiTest, ADeterministicBackwardGetsItsOwnBucketAndADeterministicKernel) {
+  kf_runtime* rt = CreateForHopper();
+  kf_attention_args a = Args();
+  kf_kernel_info plain, det;
+  plain.struct_size = det.struct_size = sizeof det;
+  ASSERT_EQ(kf_attention_prepare(rt, &a, KF_OP_BACKWARD, &plain), KF_OK) << kf_last_error();
+  a.deterministic = 1;
+  ASSERT_EQ(kf_attention_prepare(rt, &a, KF_OP_BACKWARD, &det), KF_OK) << kf_last_error();
+  EXPECT_STREQ(det.bucket, "bwd.bf16.d128.h4.kv4.causal.self.sm_90a.b4.mq1024.aq512.mk1024.ak512.det");
+  EXPECT_EQ(std::string(plain.bucket) + ".det", det.bucket);
+  EXPECT_STREQ(det.source, "seed");
+  EXPECT_STREQ(det.entry_point, "kf_attn_bwd");
+  EXPECT_STRNE(det.variant_id, plain.variant_id);
+  EXPECT_EQ(kf_attention_supported(rt, &a, KF_OP_BACKWARD), KF_OK) << kf_last_error();
+  ASSERT_EQ(kf_attention_prepare(rt, &a, KF_OP_FORWARD, &det), KF_OK) << kf_last_error();
+  EXPECT_STREQ(det.bucket, "fwd.bf16.d128.h4.kv4.causal.self.sm_90a.b4.mq1024.aq512.mk1024.ak512");
+  a.deterministic = 2;
+  EXPECT_EQ(kf_attention_prepare(rt, &a, KF_OP_BACKWARD, nullptr), KF_ERR_INVALID_ARGUMENT);
+  EXPECT_STREQ(kf_last_error(), "args.deterministic: 2 is not 0 or 1");
+
+  kf_runtime_options o;
+  kf_runtime_options_init(&o);
+  o.arch = "sm_80";
+  kf_runtime* ampere = Create(o);
+  a.deterministic = 1;
+  EXPECT_EQ(kf_attention_supported(ampere, &a, KF_OP_BACKWARD), KF_ERR_UNSUPPORTED);
+  EXPECT_NE(std::string(kf_last_error()).find("no deterministic backward kernel for sm_80"),
+            std::string::npos)
+      << kf_last_error();
+  EXPECT_EQ(kf_attention_prepare(ampere, &a, KF_OP_BACKWARD, nullptr), KF_ERR_UNSUPPORTED);
+  a.deterministic = 0;
+  EXPECT_EQ(kf_attention_supported(ampere, &a, KF_OP_BACKWARD), KF_OK) << kf_last_error();
+}
+
 TEST_F(CAbiTest, APackServesItsBucketsWithNoServer) {
   kforge::pack::Pack p;
   kforge::pack::Entry e;

@@ -49,6 +49,20 @@ class Binding(unittest.TestCase):
         self.assertEqual(s["seed_compiles"], 2)
         self.assertEqual(s["calls"], 2)
 
+    def test_deterministic_reaches_the_library(self):
+        # The field after dv: a backward that asks gets the ".det" bucket and
+        # the deterministic seed; the forward ignores it.
+        det = self.rt.prepare(args(deterministic=1), _lib.OP_BACKWARD)
+        self.assertEqual(det["bucket"], "bwd.bf16.d64.h8.kv2.causal.self.sm_90a.b4.mq1024.aq512.mk1024.ak512.det")
+        self.assertEqual(det["entry_point"], "kf_attn_bwd")
+        fwd = self.rt.prepare(args(deterministic=1))
+        self.assertFalse(fwd["bucket"].endswith(".det"), fwd)
+        ampere = Runtime(arch="sm_80", cache_dir=None)
+        l = _lib.lib()
+        self.assertEqual(l.kf_attention_supported(ampere.handle, args(deterministic=1), _lib.OP_BACKWARD),
+                         _lib.ERR_UNSUPPORTED)
+        self.assertIn("no deterministic backward kernel for sm_80", l.kf_last_error().decode())
+
     def test_errors_are_kforge_errors_with_the_c_message(self):
         with self.assertRaises(KforgeError) as e:
             self.rt.prepare(args(batch=0))

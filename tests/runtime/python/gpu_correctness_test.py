@@ -34,7 +34,7 @@ class Correctness(unittest.TestCase):
         out.backward(dout)
         _, lse, _, _ = torch.ops.kforge.attention_fwd(q, k, v, None, None, cu_q,
                                                       cu_k if cross else None, len(lq), max(lq),
-                                                      max(lk), causal, scale, False)
+                                                      max(lk), causal, scale, False, False)
         torch.cuda.synchronize()
         ro, rlse, rdq, rdk, rdv = kftest.reference(q, k, v, dout, lq, lk, causal, scale)
         problems = [p for p in (kftest.judge_bf16("O", out, ro), kftest.judge_lse(lse, rlse),
