@@ -129,7 +129,13 @@ std::string DescribeShape(const ShapeKey& s) {
       "- mask: {}; {}\n- batch: {} sequences; query lengths max {} / total {}; key lengths max {} / total {}\n",
       s.arch, OpName(s.op), DTypeName(s.dtype), s.head_dim, s.heads, s.kv_heads, gqa,
       s.causal ? "causal (bottom-right aligned)" : "none", s.cross ? "cross-attention" : "self-attention",
-      s.batch, s.max_len_q, s.total_q, s.max_len_k, s.total_k);
+      s.batch, s.max_len_q, s.total_q, s.max_len_k, s.total_k) +
+         (s.deterministic
+              ? "- deterministic: the kernel must write bitwise the same dq, dk and dv in every "
+                "launch on the same inputs (sum each dQ element in a fixed order, no unordered "
+                "atomics) and its manifest must say \"deterministic\": true; a kernel that "
+                "does not is refused, and one whose launches differ fails\n"
+              : "");
 }
 
 std::string DescribeOrigin(const std::string& origin, const std::string& template_name,

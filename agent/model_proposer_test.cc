@@ -210,6 +210,24 @@ TEST(ModelProposer, WindowsLineEndingsBecomeUnixOnes) {
   EXPECT_TRUE(ValidateKernel(*k, Ctx().shape, 64 * 1024).ok());
 }
 
+// For a deterministic backward bucket a kernel whose manifest does not say
+// deterministic is refused before compiling, the reason naming the field
+// (a recorded refusal the repair prompt shows, not an error); the catalog's
+// deterministic seed passes, and the prompt's shape says what is asked.
+TEST(ModelProposer, ADeterministicBucketRefusesAKernelThatIsNotDeterministic) {
+  ShapeKey det = Shape();
+  det.op = Op::kBackward;
+  absl::StatusOr<Variant> plain = DefaultVariant(det);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  det.deterministic = true;
+  absl::StatusOr<Variant> ordered = DefaultVariant(det);
+  ASSERT_TRUE(ordered.ok()) << ordered.status();
+  absl::Status refused = ValidateKernel({plain->source, plain->manifest_json}, det, 256 * 1024);
+  EXPECT_FALSE(refused.ok());
+  EXPECT_NE(refused.message().find("deterministic"), std::string::npos) << refused;
+  EXPECT_TRUE(ValidateKernel({ordered->source, ordered->manifest_json}, det, 256 * 1024).ok());
+}
+
 TEST(ModelProposer, FeedbackIsRedactedAndCappedBeforeItReachesAPrompt) {
   // A compile log that carried a file a hostile kernel included: tokens,
   // the endpoint's own key, control bytes.
