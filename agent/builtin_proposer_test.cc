@@ -390,6 +390,33 @@ TEST(BuiltinProposerCatalog, StartsAtTheCatalogDefaultsAndNeverRepeats) {
   EXPECT_EQ(keys.size(), 24u);
 }
 
+// An ordinary backward bucket never gets a deterministic variant: DET=1
+// costs time where nobody asked for it, so the template search leaves it to
+// the deterministic buckets.
+TEST(BuiltinProposerCatalog, AnOrdinaryBucketGetsNoDeterministicVariant) {
+  auto p = MakeBuiltinProposer(11);
+  ShapeKey shape = Shape("sm_90a", 128);
+  shape.op = Op::kBackward;
+  int id = 0, proposed = 0;
+  for (int round = 0; round < 6; ++round) {
+    auto got = p->Propose(Ctx(shape), 8);
+    ASSERT_TRUE(got.ok()) << got.status();
+    for (const Candidate& c : *got) {
+      ++proposed;
+      auto manifest = ParseManifest(c.manifest_json);
+      ASSERT_TRUE(manifest.ok()) << manifest.status();
+      EXPECT_FALSE(manifest->deterministic) << Describe(c);
+      Feedback f;
+      f.candidate = c;
+      f.variant_id = fmt::format("v{}", id++);
+      f.outcome = Outcome::kVerified;
+      f.median_us = static_cast<double>(c.source.size() % 97);
+      p->Observe(f);
+    }
+  }
+  EXPECT_GT(proposed, 20);
+}
+
 // A deterministic backward bucket: every proposal, the first (the catalog's
 // default) included, is a bwd_sm90 DET=1 variant whose manifest says
 // deterministic; bwd_mma, which has none, is never proposed. On sm_80 no

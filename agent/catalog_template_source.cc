@@ -45,6 +45,13 @@ class CatalogTemplateSource final : public TemplateSource {
     // A setting the static check refuses (shared memory over the arch limit,
     // mask not supported...) would only cost a compile to learn the same.
     if (absl::Status s = CheckVariant(v->source, v->manifest, shape.arch, shape); !s.ok()) return s;
+    // The template search keeps a deterministic setting (bwd_sm90 DET=1) for
+    // the buckets that ask for one: elsewhere its fixed order only costs time
+    // (notes/bwd.md v21), and the search would spend evaluations learning so.
+    if (v->manifest.deterministic && !shape.deterministic) {
+      return absl::FailedPreconditionError(
+          "deterministic variant: searched only for shapes that ask for a deterministic kernel");
+    }
     return TemplateVariant{std::move(v->source), std::move(v->manifest_json)};
   }
 };
