@@ -67,6 +67,47 @@ class Correctness(unittest.TestCase):
             with self.subTest(i):
                 self.check(f"random {i}", lq, lk, heads, kv_heads, rng.choice([64, 128]), i % 2 == 1, seed=i)
 
+    def test_deterministic_backward_repeats_bit_for_bit(self):
+        """deterministic=True: the same dQ, dK and dV bits in every run (and
+        within the tolerance of the reference); sm_90a only, elsewhere it
+        raises KF_ERR_UNSUPPORTED rather than fall back."""
+        if torch.cuda.get_device_capability() != (9, 0):
+            with self.assertRaises(kforge.KforgeError):
+                q = torch.randn(8, 2, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                cu = kftest.offsets([8])
+                kforge.jagged_attention(q, q, q, cu, cu, 8, 8, deterministic=True).sum().backward()
+            return
+        rng = random.Random(11)
+        for i, (heads, kv_heads, head_dim, causal, cross) in enumerate(
+                [(4, 4, 128, True, False), (8, 2, 128, False, True), (4, 1, 64, True, True),
+                 (4, 4, 64, False, False)]):
+            lq = [rng.choice([1, 65, 300, 1500, 2100]) for _ in range(9)]
+            lk = [rng.choice([0, 129, 700, 1800]) for _ in range(9)] if cross else lq
+            gen = torch.Generator(device="cuda").manual_seed(100 + i)
+            rand = lambda n, h: torch.randn(n, h, head_dim, device="cuda", dtype=torch.bfloat16,
+                                            generator=gen)
+            q, k, v, dout = rand(sum(lq), heads), rand(sum(lk), kv_heads), rand(sum(lk), kv_heads), rand(sum(lq), heads)
+            cu_q, cu_k = kftest.offsets(lq), kftest.offsets(lk) if cross else None
+            grads = []
+            for _ in range(3):
+                qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+                out = kforge.jagged_attention(qg, kg, vg, cu_q, cu_k if cross else cu_q, max(lq),
+                                              max(lk), causal=causal, deterministic=True)
+                out.backward(dout)
+                grads.append((qg.grad, kg.grad, vg.grad))
+            torch.cuda.synchronize()
+            what = f"deterministic {i}: H={heads} KV={kv_heads} D={head_dim} causal={causal} cross={cross}"
+            for run in grads[1:]:
+                for name, a, b in zip(("dQ", "dK", "dV"), grads[0], run):
+                    self.assertTrue(torch.equal(a, b), f"{what}: {name} differs between runs")
+            scale = 1.0 / math.sqrt(head_dim)
+            _, _, rdq, rdk, rdv = kftest.reference(q, k, v, dout, lq, lk, causal, scale)
+            problems = [p for p in (kftest.judge_bf16("dQ", grads[0][0], rdq),
+                                    kftest.judge_bf16("dK", grads[0][1], rdk),
+                                    kftest.judge_bf16("dV", grads[0][2], rdv)) if p]
+            print(what, "ok" if not problems else problems, flush=True)
+            self.assertEqual(problems, [], what)
+
 
 if __name__ == "__main__":
     kftest.main()
