@@ -7,7 +7,7 @@ set -u
 source kernels/dev/call_env.sh
 timeout 40 $B/eval_gpu_test --gtest_filter='EvalGpu.BwdSm90DetIsBitwiseDeterministic' > $OUT/det.log 2>&1
 echo "det eval rc=$?" | tee $OUT/ab.txt
-KFORGE_RUNTIME_LIB=$PWD/.bundle/lib/libkforge_runtime.so PYTHONPATH=$PWD/python timeout 120 \
+KFORGE_RUNTIME_LIB=$PWD/.bundle/lib/libkforge_runtime.so.1 PYTHONPATH=$PWD/python timeout 120 \
   python3 tests/runtime/python/gpu_correctness_test.py Correctness.test_deterministic_backward_repeats_bit_for_bit \
   > $OUT/py.log 2>&1
 echo "python deterministic rc=$?" | tee -a $OUT/ab.txt; grep -E "deterministic [0-9]|OK|FAIL|Error" $OUT/py.log | head -8 | tee -a $OUT/ab.txt
