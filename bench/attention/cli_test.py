@@ -83,17 +83,17 @@ class CliTest(unittest.TestCase):
         # average 64 keys or more or pack (both tiny shapes do), then bwd_mma's.
         # tiny_causal is a causal batch of few (sequence, kv head) groups: ORDER=0.
         self.assertEqual(got[("bwd", "tiny_causal")],
-                         ["bwd_sm90 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQW=0 DQZ=1 DQ_DIRECT=0 HELP=0 KVFIRST=0 KVSTORE=1 ORDER=0 SPLIT=0 STAGES=2 TMA=1", "bwd_mma BLOCK_M=32 BLOCK_N=64 MIN_BLOCKS=1"])
+                         ["bwd_sm90 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DET=0 DQW=0 DQZ=1 DQ_DIRECT=0 HELP=0 KVFIRST=0 KVSTORE=1 ORDER=0 SPLIT=0 STAGES=2 TMA=1", "bwd_mma BLOCK_M=32 BLOCK_N=64 MIN_BLOCKS=1"])
         # (head dim 64: 128 query rows a step)
-        self.assertEqual(got[("bwd", "tiny_d64_cross")][0], "bwd_sm90 BLOCK_M=128 BLOCK_N=128 CSKIP=1 DQW=0 DQZ=1 DQ_DIRECT=0 HELP=0 KVFIRST=0 KVSTORE=1 ORDER=1 SPLIT=0 STAGES=2 TMA=1")
+        self.assertEqual(got[("bwd", "tiny_d64_cross")][0], "bwd_sm90 BLOCK_M=128 BLOCK_N=128 CSKIP=1 DET=0 DQW=0 DQZ=1 DQ_DIRECT=0 HELP=0 KVFIRST=0 KVSTORE=1 ORDER=1 SPLIT=0 STAGES=2 TMA=1")
         self.assertTrue(got[("bwd", "tiny_d64_cross")][1].startswith("bwd_mma "))
 
     def test_settings_add_candidates_over_the_defaults(self):
         got = listing("--op", "bwd", "--variants", "default", "--templates", "bwd_sm90", "--only", "tiny_causal",
                       "--settings", "bwd_sm90:ORDER=1")
         self.assertEqual(got[("bwd", "tiny_causal")],
-                         ["bwd_sm90 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQW=0 DQZ=1 DQ_DIRECT=0 HELP=0 KVFIRST=0 KVSTORE=1 ORDER=0 SPLIT=0 STAGES=2 TMA=1",
-                          "bwd_sm90 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DQW=0 DQZ=1 DQ_DIRECT=0 HELP=0 KVFIRST=0 KVSTORE=1 ORDER=1 SPLIT=0 STAGES=2 TMA=1"])
+                         ["bwd_sm90 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DET=0 DQW=0 DQZ=1 DQ_DIRECT=0 HELP=0 KVFIRST=0 KVSTORE=1 ORDER=0 SPLIT=0 STAGES=2 TMA=1",
+                          "bwd_sm90 BLOCK_M=64 BLOCK_N=128 CSKIP=1 DET=0 DQW=0 DQZ=1 DQ_DIRECT=0 HELP=0 KVFIRST=0 KVSTORE=1 ORDER=1 SPLIT=0 STAGES=2 TMA=1"])
         for bad, why in (("bwd_sm90", "has no 'template:'"), ("bwd_sm90:ORDER", "is not KNOB=INTEGER"),
                          ("bwd_sm90:ORDER=x", "is not KNOB=INTEGER")):
             r = run("--list-candidates", "--settings", bad)
