@@ -254,10 +254,9 @@ TemplateDef BwdSm90Template() {
   // (one_long_causal, 32768 keys: 12827 us against ORDER=1's 15233; v9).
   // A deterministic shape: DET=1 with what it needs (ORDER=0, SPLIT=0,
   // DQW=0, hence DQZ=1), everything else as the shape's class has it
-  // (HELP=2 for the heavy-tailed short class). Measured in the first tile
-  // order (H100, notes/bwd.md v21): 1.37-1.84x the served kernels, of which
-  // the ordered adds were 1.10-1.17x; the dealt "levels" order is not yet
-  // timed.
+  // (HELP=2 for the heavy-tailed short class). Measured in the dealt
+  // "levels" order (H200, notes/bwd.md v21): 1.37-1.65x the served kernels,
+  // of which the ordered adds are 1.10-1.17x.
   def.default_knobs = [](const ShapeKey& s) -> std::map<std::string, int> {
     const int order = FewCausalGroups(s) ? 0 : 1;
     const bool heavy_short = order == 1 && HeavyTailedShort(s, /*keys=*/true);
