@@ -141,6 +141,77 @@ int KeyPackEnd(std::span<const int32_t> cu_q, std::span<const int32_t> cu_k, int
   return members >= 2 ? e : b + 1;
 }
 
+// The finish time of the last of `ctas` CTAs that take `tiles` in list
+// order, each the next tile when it frees (the kernel's tile counter), in
+// tenths of a step: a step costs 10 (a split half's 13), and a tile's own
+// start and end (its head's end, its dK/dV stores) 17 more, a packed run's
+// 24, a zero-dQ tile 10 in all. Measured on powerlaw_short (bwd_sm90's
+// timeline, notes/bwd.md v15, v17, v18): a long tile's step ~3.9 us and its
+// ends ~6.7 us; a packed run 17.0 us for 1.9 steps. (With 10 for every
+// tile's ends the model split the long tiles of powerlaw_short's causal
+// form, which ran 11% slower than unsplit, v18.)
+int64_t ListMakespan(std::span<const TileWork> tiles, int ctas) {
+  std::priority_queue<int64_t, std::vector<int64_t>, std::greater<>> free_at;
+  for (int c = 0; c < std::max(ctas, 1); ++c) free_at.push(0);
+  int64_t last = 0;
+  for (const TileWork& t : tiles) {
+    const bool half = t.m_block >= 0 && t.pack >= 0 && (t.head >> 16) != 0;
+    const int64_t steps = t.work - 1;
+    const int64_t cost = t.m_block < 0 ? 10
+                         : half        ? 13 * steps + 17
+                         : t.pack < 0  ? 10 * steps + 24
+                                       : 10 * steps + 17;
+    const int64_t end = free_at.top() + cost;
+    free_at.pop();
+    free_at.push(end);
+    last = std::max(last, end);
+  }
+  return last;
+}
+
+// TileOrder::kGrouped, key-major: the list's tail dealt longest first. A group
+// (one sequence and kv head) runs its key blocks side by side, and its
+// longest key block starts with it, so the last group to start ends one
+// longest tile (plus the conversions of every query block it completes)
+// after it started, while the CTAs around it run out of tiles. So the
+// groups at the list's end, as many as one round of the grid can take (their
+// work at most `ctas` of the heaviest tile's), go out longest tile first:
+// their long key blocks start together and the short ones fill in behind.
+// Only where few groups end the list (at most kTailGroups: their Q, dO and
+// dq_accum rows are in flight at once, and must still fit in L2), and where
+// the model of the tile counter finishes the list sooner. (hstu_prod_causal:
+// 9 groups of 32 key blocks, the model's end 1.0% sooner with the
+// conversions counted, 0.6% without; notes/bwd.md v22.)
+inline constexpr int kTailGroups = 12;
+void DealGroupedTail(std::vector<TileWork>& tiles, int ctas) {
+  if (ctas <= 0) return;  // no grid given: the plain grouped order
+  int64_t heaviest = 0;
+  size_t end = 0;  // the zero-dQ tiles (SortGrouped put them last) start at `end`
+  while (end < tiles.size() && tiles[end].m_block >= 0) heaviest = std::max(heaviest, tiles[end++].work);
+  const int64_t budget = ctas * heaviest;
+  size_t first = end;  // the tail's first tile
+  int64_t work = 0;
+  int groups = 0;
+  while (first > 0) {
+    size_t g = first - 1;  // the group that ends at `first`
+    int64_t gw = tiles[g].work;
+    while (g > 0 && tiles[g - 1].batch == tiles[first - 1].batch &&
+           tiles[g - 1].head == tiles[first - 1].head) {
+      gw += tiles[--g].work;
+    }
+    if (work + gw > budget || groups == kTailGroups) break;
+    work += gw;
+    ++groups;
+    first = g;
+  }
+  if (groups < 2) return;
+  std::vector<TileWork> dealt(tiles.begin(), tiles.end());
+  std::stable_sort(dealt.begin() + static_cast<std::ptrdiff_t>(first),
+                   dealt.begin() + static_cast<std::ptrdiff_t>(end),
+                   [](const TileWork& a, const TileWork& b) { return a.work > b.work; });
+  if (ListMakespan(dealt, ctas) < ListMakespan(tiles, ctas)) tiles = std::move(dealt);
+}
+
 }  // namespace
 
 int64_t TileKeyBlocks(int64_t lq, int64_t lk, int64_t m_block, int tile_m, int tile_n,
@@ -265,6 +336,7 @@ absl::StatusOr<KeyMajorTiles> BuildKeyTiles(std::span<const int32_t> cu_q,
   }
   if (order == TileOrder::kGrouped) {
     SortGrouped(out.tiles);
+    DealGroupedTail(out.tiles, ctas);
     return out;
   }
   if (order == TileOrder::kKeyLevels) {
@@ -276,37 +348,6 @@ absl::StatusOr<KeyMajorTiles> BuildKeyTiles(std::span<const int32_t> cu_q,
   return out;
 }
 
-namespace {
-
-// The finish time of the last of `ctas` CTAs that take `tiles` in list
-// order, each the next tile when it frees (the kernel's tile counter), in
-// tenths of a step: a step costs 10 (a split half's 13), and a tile's own
-// start and end (its head's end, its dK/dV stores) 17 more, a packed run's
-// 24, a zero-dQ tile 10 in all. Measured on powerlaw_short (bwd_sm90's
-// timeline, notes/bwd.md v15, v17, v18): a long tile's step ~3.9 us and its
-// ends ~6.7 us; a packed run 17.0 us for 1.9 steps. (With 10 for every
-// tile's ends the model split the long tiles of powerlaw_short's causal
-// form, which ran 11% slower than unsplit, v18.)
-int64_t ListMakespan(std::span<const TileWork> tiles, int ctas) {
-  std::priority_queue<int64_t, std::vector<int64_t>, std::greater<>> free_at;
-  for (int c = 0; c < std::max(ctas, 1); ++c) free_at.push(0);
-  int64_t last = 0;
-  for (const TileWork& t : tiles) {
-    const bool half = t.m_block >= 0 && t.pack >= 0 && (t.head >> 16) != 0;
-    const int64_t steps = t.work - 1;
-    const int64_t cost = t.m_block < 0 ? 10
-                         : half        ? 13 * steps + 17
-                         : t.pack < 0  ? 10 * steps + 24
-                                       : 10 * steps + 17;
-    const int64_t end = free_at.top() + cost;
-    free_at.pop();
-    free_at.push(end);
-    last = std::max(last, end);
-  }
-  return last;
-}
-
-}  // namespace
 
 int SplitHeavyKeyTiles(std::vector<TileWork>& tiles, int ctas) {
   auto plain = [](const TileWork& t) { return t.m_block >= 0 && t.pack >= 0; };

@@ -77,7 +77,10 @@ absl::StatusOr<std::vector<TileWork>> BuildTiles(std::span<const int32_t> cu_seq
 // with TileOrder::kGrouped the key blocks of one (sequence, kv head) adjacent
 // (descending work inside, groups by descending total work, the zero-dQ
 // tiles last): a persistent grid then runs a group's key blocks side by side,
-// so the Q, dO and dq_accum rows they all visit stay in L2.
+// so the Q, dO and dq_accum rows they all visit stay in L2. Given the grid
+// (`ctas` > 0), the last few groups (at most 12, as many as one round of the
+// grid takes) may go out longest tile first instead, where a model of the
+// tile counter says the list then ends sooner.
 inline constexpr int kMaxKeyPack = 128;  // sequences in one packed key tile
 struct KeyMajorTiles {
   std::vector<TileWork> tiles;  // m_block holds n_block (or -1 - m_block), pack holds qbase (or -n)

@@ -350,12 +350,58 @@ TEST(KeyMajorTiles, GroupedOrderKeepsASequencesKeyBlocksTogether) {
   }
 }
 
+// Grouped, given the grid: a batch of a few long causal sequences (each group
+// one sequence and head, 32 key blocks of 64 down to 2 steps) has its last
+// groups, at most 12 and at most one round of the grid's work, dealt longest
+// tile first; every group before them stays whole, in the same place. Without
+// the grid (ctas 0) the list is the plain grouped one.
+TEST(KeyMajorTiles, GroupedOrderDealsItsTailLongestFirst) {
+  std::vector<int32_t> cu = {0};
+  for (int b = 0; b < 32; ++b) cu.push_back(cu.back() + 4096 - 13 * b);
+  const int heads = 4, ctas = 132;
+  auto plain = BuildKeyTiles(cu, {}, heads, heads, 64, 128, true, TileOrder::kGrouped);
+  auto dealt = BuildKeyTiles(cu, {}, heads, heads, 64, 128, true, TileOrder::kGrouped, false, ctas);
+  ASSERT_TRUE(plain.ok() && dealt.ok());
+  ASSERT_EQ(plain->tiles.size(), dealt->tiles.size());
+  auto key = [](const TileWork& t) { return std::make_tuple(t.batch, t.head, t.m_block, t.work, t.pack); };
+  std::multiset<std::tuple<int, int, int, int64_t, int>> a, b;
+  for (const auto& t : plain->tiles) a.insert(key(t));
+  for (const auto& t : dealt->tiles) b.insert(key(t));
+  EXPECT_EQ(a, b);
+  // The tail starts with the group of the first tile that differs.
+  size_t first = 0;
+  while (first < plain->tiles.size() && key(plain->tiles[first]) == key(dealt->tiles[first])) ++first;
+  ASSERT_LT(first, plain->tiles.size()) << "the tail was not dealt";
+  auto group = [&](size_t i) { return std::make_pair(plain->tiles[i].batch, plain->tiles[i].head); };
+  while (first > 0 && group(first - 1) == group(first)) --first;
+  ASSERT_GT(first, 0u) << "every group was dealt";
+  std::set<std::pair<int, int>> tail_groups;
+  int64_t tail_work = 0, heaviest = 0;
+  for (const auto& t : plain->tiles) heaviest = std::max(heaviest, t.work);
+  for (size_t i = first; i < dealt->tiles.size(); ++i) {
+    const TileWork& t = dealt->tiles[i];
+    tail_groups.insert({t.batch, t.head});
+    tail_work += t.work;
+    if (i > first) EXPECT_LE(t.work, dealt->tiles[i - 1].work) << "tile " << i;
+  }
+  EXPECT_GE(tail_groups.size(), 2u);
+  EXPECT_LE(tail_groups.size(), 12u);
+  EXPECT_LE(tail_work, ctas * heaviest);
+  // Key block j of a group still comes after j - 1 (works fall with j).
+  std::map<std::pair<int, int>, int> next;
+  for (const auto& t : dealt->tiles) {
+    const int due = next[std::make_pair(t.batch, t.head)]++;
+    EXPECT_EQ(t.m_block, due) << "sequence " << t.batch << " head " << t.head;
+  }
+}
+
 // What bwd_sm90 DET=1's ordered dQ adds need to be free of deadlock
 // (CONTRACT.md "Backward"): in every key-major order, key block j of a
 // (sequence, kv head) comes after key block j - 1. And "levels" deals the
 // groups a few at a time, key block by key block: with room for all eight
 // groups of four non-causal sequences (24 CTAs over a mean of 9 steps a
 // tile: 8 groups at once) every first key block, then every second one; with
+
 // 9 CTAs, three groups at a time.
 TEST(KeyMajorTiles, EveryOrderPutsKeyBlockJAfterJMinusOne) {
   std::mt19937 rng(7);
