@@ -79,6 +79,7 @@ void SortGrouped(std::vector<TileWork>& tiles) {
 void SortKeyLevels(std::vector<TileWork>& tiles, int ctas) {
   std::map<std::pair<int32_t, int32_t>, std::vector<TileWork>> by_group;
   std::vector<std::pair<int32_t, int32_t>> groups;  // in list order
+  std::map<std::pair<int32_t, int32_t>, int64_t> total;
   std::vector<TileWork> rest;
   int64_t work = 0, plain = 0;
   for (const TileWork& t : tiles) {
@@ -89,12 +90,9 @@ void SortKeyLevels(std::vector<TileWork>& tiles, int ctas) {
     auto& g = by_group[{t.batch, t.head}];
     if (g.empty()) groups.push_back({t.batch, t.head});
     g.push_back(t);  // key block order: the list is built so
+    total[{t.batch, t.head}] += t.work;
     work += t.work;
     ++plain;
-  }
-  std::map<std::pair<int32_t, int32_t>, int64_t> total;
-  for (const auto& [g, list] : by_group) {
-    for (const TileWork& t : list) total[g] += t.work;
   }
   std::stable_sort(groups.begin(), groups.end(),
                    [&](const auto& a, const auto& b) { return total[a] > total[b]; });
@@ -149,24 +147,39 @@ int KeyPackEnd(std::span<const int32_t> cu_q, std::span<const int32_t> cu_k, int
 // timeline, notes/bwd.md v15, v17, v18): a long tile's step ~3.9 us and its
 // ends ~6.7 us; a packed run 17.0 us for 1.9 steps. (With 10 for every
 // tile's ends the model split the long tiles of powerlaw_short's causal
-// form, which ran 11% slower than unsplit, v18.)
-int64_t ListMakespan(std::span<const TileWork> tiles, int ctas) {
-  std::priority_queue<int64_t, std::vector<int64_t>, std::greater<>> free_at;
-  for (int c = 0; c < std::max(ctas, 1); ++c) free_at.push(0);
-  int64_t last = 0;
-  for (const TileWork& t : tiles) {
-    const bool half = t.m_block >= 0 && t.pack >= 0 && (t.head >> 16) != 0;
-    const int64_t steps = t.work - 1;
-    const int64_t cost = t.m_block < 0 ? 10
-                         : half        ? 13 * steps + 17
-                         : t.pack < 0  ? 10 * steps + 24
-                                       : 10 * steps + 17;
-    const int64_t end = free_at.top() + cost;
-    free_at.pop();
-    free_at.push(end);
-    last = std::max(last, end);
+// form, which ran 11% slower than unsplit, v18.) Taken in parts (Take), so
+// that two lists sharing a prefix simulate it once.
+class TileCounterModel {
+ public:
+  explicit TileCounterModel(int ctas) {
+    for (int c = 0; c < std::max(ctas, 1); ++c) free_at_.push(0);
   }
-  return last;
+  void Take(std::span<const TileWork> tiles) {
+    for (const TileWork& t : tiles) {
+      const bool half = t.m_block >= 0 && t.pack >= 0 && (t.head >> 16) != 0;
+      const int64_t steps = t.work - 1;
+      const int64_t cost = t.m_block < 0 ? 10
+                           : half        ? 13 * steps + 17
+                           : t.pack < 0  ? 10 * steps + 24
+                                         : 10 * steps + 17;
+      const int64_t end = free_at_.top() + cost;
+      free_at_.pop();
+      free_at_.push(end);
+      last_ = std::max(last_, end);
+    }
+  }
+  int64_t last() const { return last_; }
+
+ private:
+  std::priority_queue<int64_t, std::vector<int64_t>, std::greater<>> free_at_;
+  int64_t last_ = 0;
+};
+
+// The model's end for a whole list.
+int64_t ListMakespan(std::span<const TileWork> tiles, int ctas) {
+  TileCounterModel model(ctas);
+  model.Take(tiles);
+  return model.last();
 }
 
 // TileOrder::kGrouped, key-major: the list's tail dealt longest first. A group
@@ -205,11 +218,18 @@ void DealGroupedTail(std::vector<TileWork>& tiles, int ctas) {
     first = g;
   }
   if (groups < 2) return;
-  std::vector<TileWork> dealt(tiles.begin(), tiles.end());
-  std::stable_sort(dealt.begin() + static_cast<std::ptrdiff_t>(first),
-                   dealt.begin() + static_cast<std::ptrdiff_t>(end),
+  const std::span<TileWork> all(tiles);
+  const auto tail = all.subspan(first, end - first);
+  std::vector<TileWork> dealt(tail.begin(), tail.end());
+  std::stable_sort(dealt.begin(), dealt.end(),
                    [](const TileWork& a, const TileWork& b) { return a.work > b.work; });
-  if (ListMakespan(dealt, ctas) < ListMakespan(tiles, ctas)) tiles = std::move(dealt);
+  TileCounterModel before(ctas);
+  before.Take(all.first(first));
+  TileCounterModel after = before;  // the same prefix, dealt tail
+  before.Take(all.subspan(first));
+  after.Take(dealt);
+  after.Take(all.subspan(end));
+  if (after.last() < before.last()) std::copy(dealt.begin(), dealt.end(), tail.begin());
 }
 
 }  // namespace
