@@ -85,6 +85,16 @@ KnobValues Knobs(const Candidate& c) {
 
 std::string Describe(const Candidate& c) { return c.template_name + " " + c.knobs_json; }
 
+// A verified result of `us` for candidate c, as variant "v<id>".
+Feedback Verified(const Candidate& c, int id, double us) {
+  Feedback f;
+  f.candidate = c;
+  f.variant_id = fmt::format("v{}", id);
+  f.outcome = Outcome::kVerified;
+  f.median_us = us;
+  return f;
+}
+
 // Scripted measurements: in "a", fastest at X=6, Y=3; "b" is slow.
 Feedback Measure(const Candidate& c, int id,
                  const std::function<bool(const KnobValues&)>& fails = nullptr) {
@@ -339,11 +349,7 @@ TEST(BuiltinProposer, SearchesASpaceTooLargeToScoreWhole) {
     ASSERT_EQ(got->size(), 4u);
     for (const Candidate& c : *got) {
       EXPECT_TRUE(seen.insert(Describe(c)).second) << Describe(c);
-      Feedback f;
-      f.candidate = c;
-      f.variant_id = fmt::format("v{}", id++);
-      f.outcome = Outcome::kVerified;
-      f.median_us = time_of(Knobs(c));
+      const Feedback f = Verified(c, id++, time_of(Knobs(c)));
       best = std::min(best, f.median_us);
       p->Observe(f);
     }
@@ -379,12 +385,7 @@ TEST(BuiltinProposerCatalog, StartsAtTheCatalogDefaultsAndNeverRepeats) {
       auto manifest = ParseManifest(c.manifest_json);
       ASSERT_TRUE(manifest.ok()) << manifest.status();
       EXPECT_TRUE(CheckVariant(c.source, *manifest, shape.arch, shape).ok());
-      Feedback f;
-      f.candidate = c;
-      f.variant_id = fmt::format("v{}", id++);
-      f.outcome = Outcome::kVerified;
-      f.median_us = static_cast<double>(c.source.size() % 97);
-      p->Observe(f);
+      p->Observe(Verified(c, id++, static_cast<double>(c.source.size() % 97)));
     }
   }
   EXPECT_EQ(keys.size(), 24u);
@@ -406,12 +407,7 @@ TEST(BuiltinProposerCatalog, AnOrdinaryBucketGetsNoDeterministicVariant) {
       auto manifest = ParseManifest(c.manifest_json);
       ASSERT_TRUE(manifest.ok()) << manifest.status();
       EXPECT_FALSE(manifest->deterministic) << Describe(c);
-      Feedback f;
-      f.candidate = c;
-      f.variant_id = fmt::format("v{}", id++);
-      f.outcome = Outcome::kVerified;
-      f.median_us = static_cast<double>(c.source.size() % 97);
-      p->Observe(f);
+      p->Observe(Verified(c, id++, static_cast<double>(c.source.size() % 97)));
     }
   }
   EXPECT_GT(proposed, 20);
@@ -440,12 +436,7 @@ TEST(BuiltinProposerCatalog, ADeterministicBucketGetsOnlyDeterministicVariants) 
       ASSERT_TRUE(manifest.ok()) << manifest.status();
       EXPECT_TRUE(manifest->deterministic) << Describe(c);
       EXPECT_TRUE(CheckVariant(c.source, *manifest, shape.arch, shape).ok());
-      Feedback f;
-      f.candidate = c;
-      f.variant_id = fmt::format("v{}", id++);
-      f.outcome = Outcome::kVerified;
-      f.median_us = static_cast<double>(c.source.size() % 89);
-      p->Observe(f);
+      p->Observe(Verified(c, id++, static_cast<double>(c.source.size() % 89)));
     }
   }
   EXPECT_EQ(proposed, 18);
