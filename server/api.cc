@@ -935,7 +935,7 @@ absl::Status KforgeApi::DecideAndComplete(const TaskRecord& task, const WorkerIn
   }
   PromotionDecision decision = DecidePromotion(in);
   absl::StatusOr<std::optional<TaskRecord>> held =
-      HeldPromotion(task, eval, in.current, in.deterministic_bucket, decision);
+      HeldPromotion(task, eval, in, decision);
   if (!held.ok()) return held.status();
   if (!decision.note.empty()) {
     eval.message = ClipMiddle(
@@ -1014,8 +1014,8 @@ absl::StatusOr<bool> KforgeApi::VariantIsDeterministic(const std::string& varian
 }
 
 absl::StatusOr<std::optional<TaskRecord>> KforgeApi::HeldPromotion(
-    const TaskRecord& task, const EvaluationRecord& eval, const std::optional<BestRecord>& current,
-    bool deterministic_bucket, PromotionDecision& decision) {
+    const TaskRecord& task, const EvaluationRecord& eval, const PromotionInput& in,
+    PromotionDecision& decision) {
   if (task.kind == TaskKind::kCompile) return std::nullopt;
   // A promotion that asks for another (its best changed meanwhile) goes on.
   if (IsPromotion(task.kind) && decision.follow_up) return std::nullopt;
@@ -1036,15 +1036,14 @@ absl::StatusOr<std::optional<TaskRecord>> KforgeApi::HeldPromotion(
     }
   }
   if (IsPromotion(task.kind)) tried.insert(task.variant_id);
-  // A deterministic bucket's candidates are its deterministic variants only.
+  // A deterministic bucket's candidates are its deterministic variants only
+  // (task's own variant was read for the decision already).
   auto may_serve = [&](const std::string& variant_id) -> absl::StatusOr<bool> {
-    if (!deterministic_bucket) return true;
+    if (!in.deterministic_bucket) return true;
     return VariantIsDeterministic(variant_id);
   };
-  absl::StatusOr<bool> own_may_serve = may_serve(task.variant_id);
-  if (!own_may_serve.ok()) return own_may_serve.status();
   const bool candidate = task.kind == TaskKind::kEvaluate && eval.outcome == Outcome::kVerified &&
-                         *own_may_serve;
+                         (!in.deterministic_bucket || in.candidate_deterministic);
   if (task.kind == TaskKind::kEvaluate) decision.follow_up.reset();  // decided here
   if (in_flight > 0) {
     if (candidate) {
@@ -1072,7 +1071,7 @@ absl::StatusOr<std::optional<TaskRecord>> KforgeApi::HeldPromotion(
       break;
     }
   }
-  std::optional<BestRecord> best = current;
+  std::optional<BestRecord> best = in.current;
   if (decision.promote) {
     best = BestRecord{};
     best->variant_id = task.variant_id;

@@ -245,11 +245,11 @@ class KforgeApi {
   // ChooseHeldCandidate) to ask for with this report, if any; clears an
   // EVALUATE's own follow-up from `decision` (held promotions replace it)
   // and notes why a verified candidate waits.
-  // In a deterministic bucket only deterministic variants are candidates.
+  // In a deterministic bucket only deterministic variants are candidates
+  // (`in` says whether the bucket is one, and whether task's variant is).
   absl::StatusOr<std::optional<TaskRecord>> HeldPromotion(const TaskRecord& task,
                                                           const EvaluationRecord& eval,
-                                                          const std::optional<BestRecord>& current,
-                                                          bool deterministic_bucket,
+                                                          const PromotionInput& in,
                                                           PromotionDecision& decision);
   // Whether the stored variant's manifest says it is deterministic.
   absl::StatusOr<bool> VariantIsDeterministic(const std::string& variant_id);
