@@ -90,7 +90,9 @@ struct PromotionDecision {
 PromotionDecision DecidePromotion(const PromotionInput& in);
 
 // Whether a stored manifest (JSON) says `"deterministic": true`; false for
-// anything else, a manifest that does not parse included.
+// anything else, a manifest that does not parse included. (A peek, not the
+// kernels library's ParseManifest: kforge_server does not link kforge_kernels,
+// and the workers that evaluate the variant parse and check it in full.)
 bool ManifestSaysDeterministic(std::string_view manifest_json);
 
 // One promotion at a time per bucket, for the best candidate of a round.
