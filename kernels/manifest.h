@@ -71,8 +71,9 @@ struct Manifest {
   // lays the lists out so that entry t * grid + c is CTA c's t-th tile; an
   // entry {-1, 0, 0, 0} ends a CTA's list (the kernel must stop there).
   // kKeyLevels (key_major only): the (sequence, kv head) groups, heaviest
-  // first, dealt a few at a time key block by key block, so key block j of a
-  // group comes a few tiles after key block j - 1 (ordered dQ adds:
+  // first, each group's key blocks last first, dealt a few groups at a time
+  // key block by key block (without a causal mask; one at a time with it), so
+  // key block j of a group comes after key block j + 1 (ordered dQ adds:
   // `deterministic`, CONTRACT.md "Backward"; schedule.cc SortKeyLevels).
   TileOrder tile_order = TileOrder::kLongestFirst;
   // Backward variants only (persistent grid): the tile list is key-major

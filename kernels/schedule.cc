@@ -65,18 +65,22 @@ void SortGrouped(std::vector<TileWork>& tiles) {
 }
 
 // TileOrder::kKeyLevels (ordered dQ adds: manifest deterministic). The
-// (sequence, kv head) groups by descending total work, dealt `g` groups at a
-// time, key block by key block: key block 0 of each of the g groups, then
-// key block 1 of each, and so on; then the packed runs and the zero-dQ
-// tiles, longest first. So key block j of a group comes g - 1 tiles or so
-// after key block j - 1, which a persistent grid starts a few steps later:
-// where key block j reaches a query block, j - 1 has added into it already
-// (it needs j - 1 two steps ahead under a causal mask, one without, plus the
-// step its add takes to be published). g is that spacing, 3 steps, in tiles:
-// the CTAs over a tile's mean work in steps. Few groups run at once, so the
-// Q, dO and dq_accum rows they visit stay in L2 (the longest-first list ran
-// hstu_prod_causal 1.66x slower than the grouped one: notes/bwd.md v21).
-void SortKeyLevels(std::vector<TileWork>& tiles, int ctas) {
+// (sequence, kv head) groups by descending total work, each group's key
+// blocks last first (the order of the adds: bwd_sm90 DET=1), dealt `g`
+// groups at a time, key block by key block: the last key block of each of the
+// g groups, then the one before it of each, and so on; then the packed runs
+// and the zero-dQ tiles, longest first. So key block j of a group comes g - 1
+// tiles or so after key block j + 1, which a persistent grid starts a few
+// steps later. Without a mask every key block visits the query blocks from
+// the first, so j needs j + 1 a step ahead, plus the step its add takes to be
+// published: g is that spacing, 3 steps, in tiles (the CTAs over a tile's
+// mean work in steps). Under a causal mask key block j + 1 reaches each query
+// block after key block j does (it starts further on), so a group's key
+// blocks may start together: g = 1, the grouped order's L2 footprint (the
+// levels of 12 groups at once, in key order, ran hstu_prod_causal 1.65x
+// slower than the grouped list: notes/bwd.md v21, v23). Few groups run at
+// once, so the Q, dO and dq_accum rows they visit stay in L2.
+void SortKeyLevels(std::vector<TileWork>& tiles, int ctas, bool causal) {
   std::map<std::pair<int32_t, int32_t>, std::vector<TileWork>> by_group;
   std::vector<std::pair<int32_t, int32_t>> groups;  // in list order
   std::map<std::pair<int32_t, int32_t>, int64_t> total;
@@ -97,7 +101,8 @@ void SortKeyLevels(std::vector<TileWork>& tiles, int ctas) {
   std::stable_sort(groups.begin(), groups.end(),
                    [&](const auto& a, const auto& b) { return total[a] > total[b]; });
   const int64_t mean = plain > 0 ? std::max<int64_t>(1, work / plain) : 1;
-  const int64_t deal = std::clamp<int64_t>(CeilDiv(3 * std::max(ctas, 1), mean), 1, 64);
+  const int64_t deal =
+      causal ? 1 : std::clamp<int64_t>(CeilDiv(3 * std::max(ctas, 1), mean), 1, 64);
   tiles.clear();
   for (size_t first = 0; first < groups.size(); first += static_cast<size_t>(deal)) {
     const size_t last = std::min(groups.size(), first + static_cast<size_t>(deal));
@@ -106,7 +111,7 @@ void SortKeyLevels(std::vector<TileWork>& tiles, int ctas) {
       for (size_t g = first; g < last; ++g) {
         const auto& list = by_group[groups[g]];
         if (j < list.size()) {
-          tiles.push_back(list[j]);
+          tiles.push_back(list[list.size() - 1 - j]);
           any = true;
         }
       }
@@ -360,7 +365,7 @@ absl::StatusOr<KeyMajorTiles> BuildKeyTiles(std::span<const int32_t> cu_q,
     return out;
   }
   if (order == TileOrder::kKeyLevels) {
-    SortKeyLevels(out.tiles, ctas);
+    SortKeyLevels(out.tiles, ctas, causal);
     return out;
   }
   std::stable_sort(out.tiles.begin(), out.tiles.end(),

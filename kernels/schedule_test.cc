@@ -395,15 +395,15 @@ TEST(KeyMajorTiles, GroupedOrderDealsItsTailLongestFirst) {
   }
 }
 
-// What bwd_sm90 DET=1's ordered dQ adds need to be free of deadlock
-// (CONTRACT.md "Backward"): in every key-major order, key block j of a
-// (sequence, kv head) comes after key block j - 1. And "levels" deals the
-// groups a few at a time, key block by key block: with room for all eight
-// groups of four non-causal sequences (24 CTAs over a mean of 9 steps a
-// tile: 8 groups at once) every first key block, then every second one; with
-
-// 9 CTAs, three groups at a time.
-TEST(KeyMajorTiles, EveryOrderPutsKeyBlockJAfterJMinusOne) {
+// What bwd_sm90's dQ counting and DET=1's ordered dQ adds need to be free of
+// deadlock (CONTRACT.md "Backward"): in the "lpt" and "grouped" orders key block
+// j of a (sequence, kv head) comes after key block j - 1; in "levels" (DET=1's
+// adds go last key block first) after key block j + 1. And "levels" deals the
+// groups key block by key block, last first: without a causal mask a few groups
+// at a time (with room for all eight groups of four sequences, 24 CTAs over a
+// mean of 9 steps a tile: 8 groups at once, every last key block, then every
+// third one; with 9 CTAs, three groups at a time); with one, a group at a time.
+TEST(KeyMajorTiles, EveryOrderPutsKeyBlocksInTheOrderOfTheAdds) {
   std::mt19937 rng(7);
   for (int trial = 0; trial < 40; ++trial) {
     std::vector<int32_t> cu_q = {0}, cu_k = {0};
@@ -418,11 +418,18 @@ TEST(KeyMajorTiles, EveryOrderPutsKeyBlockJAfterJMinusOne) {
         auto kt = BuildKeyTiles(cu_q, trial % 2 ? cu_k : std::vector<int32_t>{}, 4, 2, 64, 128,
                                 causal, order, pack);
         ASSERT_TRUE(kt.ok()) << kt.status();
-        std::map<std::pair<int, int>, int> next;  // (sequence, kv head) -> key block due
+        // (sequence, kv head) -> the key blocks in list order
+        std::map<std::pair<int, int>, std::vector<int>> seen;
         for (const TileWork& t : kt->tiles) {
           if (t.m_block < 0 || t.pack < 0) continue;  // zero-dQ tiles, packed runs
-          EXPECT_EQ(t.m_block, (next[{t.batch, t.head}]++))
-              << "trial " << trial << " order " << TileOrderName(order) << " seq " << t.batch;
+          seen[{t.batch, t.head}].push_back(t.m_block);
+        }
+        for (auto& [group, blocks] : seen) {
+          if (order == TileOrder::kKeyLevels) std::reverse(blocks.begin(), blocks.end());
+          for (size_t j = 0; j < blocks.size(); ++j) {
+            EXPECT_EQ(blocks[j], static_cast<int>(j))
+                << "trial " << trial << " order " << TileOrderName(order) << " seq " << group.first;
+          }
         }
       }
     }
@@ -432,7 +439,7 @@ TEST(KeyMajorTiles, EveryOrderPutsKeyBlockJAfterJMinusOne) {
   ASSERT_TRUE(levels.ok()) << levels.status();
   ASSERT_EQ(levels->tiles.size(), 32u);
   for (size_t i = 0; i < levels->tiles.size(); ++i) {
-    EXPECT_EQ(levels->tiles[i].m_block, static_cast<int>(i / 8)) << i;
+    EXPECT_EQ(levels->tiles[i].m_block, static_cast<int>(3 - i / 8)) << i;
   }
   levels = BuildKeyTiles(cu, {}, 2, 2, 64, 128, false, TileOrder::kKeyLevels, false, 9);
   ASSERT_TRUE(levels.ok()) << levels.status();
@@ -441,10 +448,28 @@ TEST(KeyMajorTiles, EveryOrderPutsKeyBlockJAfterJMinusOne) {
     blocks.push_back(t.m_block);
     groups.push_back(2 * t.batch + t.head);
   }
-  EXPECT_EQ(blocks, (std::vector<int>{0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3, 0, 0, 0, 1, 1, 1,
-                                      2, 2, 2, 3, 3, 3, 0, 0, 1, 1, 2, 2, 3, 3}));
+  EXPECT_EQ(blocks, (std::vector<int>{3, 3, 3, 2, 2, 2, 1, 1, 1, 0, 0, 0, 3, 3, 3, 2, 2, 2,
+                                      1, 1, 1, 0, 0, 0, 3, 3, 2, 2, 1, 1, 0, 0}));
   EXPECT_EQ(groups, (std::vector<int>{0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2, 3, 4, 5, 3, 4, 5,
                                       3, 4, 5, 3, 4, 5, 6, 7, 6, 7, 6, 7, 6, 7}));
+  // Causal: one group at a time, its key blocks last first, heavier groups first.
+  levels = BuildKeyTiles(cu, {}, 2, 2, 64, 128, true, TileOrder::kKeyLevels, false, 9);
+  ASSERT_TRUE(levels.ok()) << levels.status();
+  blocks.clear();
+  groups.clear();
+  for (const TileWork& t : levels->tiles) {
+    blocks.push_back(t.m_block);
+    groups.push_back(2 * t.batch + t.head);
+  }
+  std::vector<int> want_blocks, want_groups;
+  for (int g = 0; g < 8; ++g) {
+    for (int j = 3; j >= 0; --j) {
+      want_blocks.push_back(j);
+      want_groups.push_back(g);
+    }
+  }
+  EXPECT_EQ(blocks, want_blocks);
+  EXPECT_EQ(groups, want_groups);
 }
 
 // pack_short: runs of consecutive short sequences become one tile {b, g, 0,

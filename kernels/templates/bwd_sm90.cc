@@ -110,8 +110,8 @@ TemplateDef BwdSm90Template() {
       // v19).
       {"KVSTORE", {0, 1}, 0},
       // 1: deterministic (manifest deterministic): key block j adds its dQ
-      // slice into a query block after key blocks 0..j-1, the tiles in the
-      // "levels" order (notes/bwd.md "Determinism"). Needs ORDER=0, SPLIT=0,
+      // slice into a query block after the key blocks j+1.. that see it, the
+      // tiles in the "levels" order (notes/bwd.md "Determinism"). Needs ORDER=0, SPLIT=0,
       // DQW=0, and not BLOCK_M=64 at head dim 64. For clients that ask for
       // deterministic kernels; slower, so not otherwise a default.
       {"DET", {0, 1}, 0},
@@ -155,7 +155,7 @@ TemplateDef BwdSm90Template() {
     if (Knob(k, "DET") == 1 &&
         (Knob(k, "ORDER") != 0 || Knob(k, "SPLIT") != 0 || Knob(k, "DQW") != 0 || (bm == 64 && d == 64))) {
       return absl::InvalidArgumentError(
-          "bwd_sm90: DET=1 sums each dQ element in key block order, which needs ORDER=0 (the "
+          "bwd_sm90: DET=1 sums each dQ element in one key block order, which needs ORDER=0 (the "
           "tiles in key block levels), SPLIT=0 and DQW=0 (whole key blocks that add), and each "
           "consumer's own dQ slice (not BLOCK_M=64 at head_dim 64)");
     }

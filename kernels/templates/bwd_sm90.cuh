@@ -214,24 +214,28 @@
 #error "bwd_sm90: KF_DQZ restores the zeros KF_DQW does not need"
 #endif
 // KF_DET = 1 (manifest deterministic): dQ bitwise the same in every launch.
-// Key block j of a sequence adds its dQ slice into query block m of head h
-// only after key blocks 0..j-1 have added theirs, so each dq_accum element
-// is summed in key order. The key blocks that see m are a prefix 0..J(m)
-// under both masks, so key block j waits until 2j consumer adds into (m, h)
-// are complete (two consumers a key block, each its own slice: their order
-// between them does not matter). Each add is published, once its bulk group
+// The key blocks of a sequence add their dQ slices into query block m of head
+// h last key block first: key block j adds only after key blocks j+1..J(m)
+// have added theirs (J(m) the last one that sees m: the key blocks that see m
+// are a prefix 0..J(m) under both masks, kfh::key_blocks_into), so each
+// dq_accum element is summed in one order. Key block j waits until 2 (J(m) -
+// j) consumer adds into (m, h) are complete (two consumers a key block, each
+// its own slice: their order between them does not matter). Last first, not
+// first first: under a causal mask key block j + 1 reaches query block m two
+// steps after key block j (its first query block is two further on), so
+// started together, as the grouped list starts them, no key block waits for
+// the one after it; in key order j would need j - 1 a few steps ahead of it
+// all the way (notes/bwd.md v23). Each add is published, once its bulk group
 // is complete, by a release add into the count field of (m, h)'s counter
 // word (kDetAdd), while the next step's S^T and dP^T run, or at the head's
 // end. Free of deadlock because every tile is drawn from the tile counter
 // (a tile is only held by a CTA that runs, even with other kernels on the
-// GPU) and the host's list puts key block j - 1 of a (sequence, kv head)
-// before key block j (both orders: stable sorts of a list in key block
-// order, and no key block has more work than the one before it): every wait
-// is for a tile drawn earlier, which waits only for tiles drawn earlier
-// still. Not with SPLIT (a half's steps of one key block on two CTAs), DQW
-// (its first visitor copies instead of adding) or BLOCK_M 64 at head dim 64
-// (both consumers add into one slice). Design and predicted cost:
-// notes/bwd.md "Determinism".
+// GPU) and the host's "levels" list puts key block j + 1 of a (sequence, kv
+// head) before key block j: every wait is for a tile drawn earlier, which
+// waits only for tiles drawn earlier still. Not with SPLIT (a half's steps
+// of one key block on two CTAs), DQW (its first visitor copies instead of
+// adding) or BLOCK_M 64 at head dim 64 (both consumers add into one slice).
+// Design and predicted cost: notes/bwd.md "Determinism".
 #ifndef KF_DET
 #define KF_DET 0
 #endif
@@ -1231,12 +1235,14 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
         if ((tid & 127) == 0 && unseen) seen = kfh::ld_relaxed(dq_flag);
 #endif
 #if KF_DET
-        // Key blocks 0..T.block-1 add into this query block first: their
-        // count is read now, while the dQ wgmma runs, and waited for below.
-        // (A packed run's rows, and a key block alone with its rows, get no
-        // other adds; key block 0 is first.)
+        // The key blocks after this one that see this query block (T.block+1
+        // .. J, J the last) add into it first: their count is read now, while
+        // the dQ wgmma runs, and waited for below. (A packed run's rows, and a
+        // key block alone with its rows, get no other adds; J is first.)
         int* const det_word = KF9_COUNTERS + (long long)(T.qbase + m) * p.heads + h;
-        const bool det_wait = T.qbase >= 0 && T.block > 0;
+        const int det_want =
+            T.qbase >= 0 ? 2 * (kfh::key_blocks_into<kBM, kBN>(T.lq, T.lk, m, p.causal) - 1 - T.block) : 0;
+        const bool det_wait = det_want > 0;
         int det_seen = 0;
         if ((tid & 127) == 0 && det_wait) det_seen = kfh::ld_relaxed(det_word);
 #endif
@@ -1270,11 +1276,10 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
 #endif
 #if KF_DET
         if ((tid & 127) == 0 && det_wait && !direct) {
-          const int want = 2 * T.block;
-          if ((det_seen & ~kDeltaClaim) / kDetAdd >= want) {
+          if ((det_seen & ~kDeltaClaim) / kDetAdd >= det_want) {
             asm volatile("fence.acq_rel.gpu;\n" ::: "memory");  // the relaxed load's acquire
           } else {
-            while ((kfh::ld_acquire(det_word) & ~kDeltaClaim) / kDetAdd < want) __nanosleep(64);
+            while ((kfh::ld_acquire(det_word) & ~kDeltaClaim) / kDetAdd < det_want) __nanosleep(64);
           }
           asm volatile("fence.proxy.async.global;\n" ::: "memory");
         }
