@@ -7,9 +7,9 @@
 set -u
 source kernels/dev/call_env.sh
 nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu --format=csv,noheader | tee $OUT/ab.txt
-timeout 60 $B/eval_gpu_test --gtest_filter='EvalGpu.BwdSm90DetIsBitwiseDeterministic' > $OUT/det.log 2>&1
+timeout $(left 60) $B/eval_gpu_test --gtest_filter='EvalGpu.BwdSm90DetIsBitwiseDeterministic' > $OUT/det.log 2>&1
 echo "det eval rc=$?" | tee -a $OUT/ab.txt; grep -E "Failure|FAILED|deadlock|timed out" $OUT/det.log | head -5 | tee -a $OUT/ab.txt
-KFORGE_RUNTIME_LIB=$PWD/.bundle/lib/libkforge_runtime.so.1 PYTHONPATH=$PWD/python timeout 120 \
+KFORGE_RUNTIME_LIB=$PWD/.bundle/lib/libkforge_runtime.so.1 PYTHONPATH=$PWD/python timeout $(left 120) \
   python3 tests/runtime/python/gpu_correctness_test.py Correctness.test_deterministic_backward_repeats_bit_for_bit \
   > $OUT/py.log 2>&1
 echo "python deterministic rc=$?" | tee -a $OUT/ab.txt
