@@ -72,7 +72,8 @@ struct Manifest {
   // entry {-1, 0, 0, 0} ends a CTA's list (the kernel must stop there).
   // kKeyLevels (key_major only): the (sequence, kv head) groups, heaviest
   // first, each group's key blocks last first, dealt a few groups at a time
-  // key block by key block (without a causal mask; one at a time with it), so
+  // key block by key block (one at a time under a causal mask with tile_n >=
+  // 2 tile_m), so
   // key block j of a group comes after key block j + 1 (ordered dQ adds:
   // `deterministic`, CONTRACT.md "Backward"; schedule.cc SortKeyLevels).
   TileOrder tile_order = TileOrder::kLongestFirst;

@@ -402,7 +402,8 @@ TEST(KeyMajorTiles, GroupedOrderDealsItsTailLongestFirst) {
 // groups key block by key block, last first: without a causal mask a few groups
 // at a time (with room for all eight groups of four sequences, 24 CTAs over a
 // mean of 9 steps a tile: 8 groups at once, every last key block, then every
-// third one; with 9 CTAs, three groups at a time); with one, a group at a time.
+// third one; with 9 CTAs, three groups at a time); with one, and key blocks
+// two query blocks wide, a group at a time.
 TEST(KeyMajorTiles, EveryOrderPutsKeyBlocksInTheOrderOfTheAdds) {
   std::mt19937 rng(7);
   for (int trial = 0; trial < 40; ++trial) {
@@ -470,6 +471,14 @@ TEST(KeyMajorTiles, EveryOrderPutsKeyBlocksInTheOrderOfTheAdds) {
   }
   EXPECT_EQ(blocks, want_blocks);
   EXPECT_EQ(groups, want_groups);
+  // Causal with key blocks one query block wide: dealt as without a mask.
+  levels = BuildKeyTiles(cu, {}, 2, 2, 128, 128, true, TileOrder::kKeyLevels, false, 9);
+  ASSERT_TRUE(levels.ok()) << levels.status();
+  ASSERT_GE(levels->tiles.size(), 2u);
+  EXPECT_EQ(levels->tiles[0].m_block, 3);
+  EXPECT_EQ(levels->tiles[1].m_block, 3);
+  EXPECT_NE(2 * levels->tiles[0].batch + levels->tiles[0].head,
+            2 * levels->tiles[1].batch + levels->tiles[1].head);
 }
 
 // pack_short: runs of consecutive short sequences become one tile {b, g, 0,

@@ -113,8 +113,10 @@ TemplateDef BwdSm90Template() {
       // slice into a query block after the key blocks j+1.. that see it, the
       // tiles in the "levels" order (notes/bwd.md "Determinism"). Needs ORDER=0, SPLIT=0,
       // DQW=0, and not BLOCK_M=64 at head dim 64. For clients that ask for
-      // deterministic kernels; slower, so not otherwise a default.
-      {"DET", {0, 1}, 0},
+      // deterministic kernels; slower, so not otherwise a default. 2: the same
+      // order, each add published a step later, so that no step waits for
+      // its previous add to complete (notes/bwd.md v23).
+      {"DET", {0, 1, 2}, 0},
   };
   def.info.deterministic_knobs = {{"DET", 1}, {"ORDER", 0}, {"SPLIT", 0}, {"DQW", 0}};
   def.info.description =
@@ -152,12 +154,13 @@ TemplateDef BwdSm90Template() {
       return absl::InvalidArgumentError(
           "bwd_sm90: KVSTORE=1 stores dK and dV through tensor maps, which only TMA=1 passes");
     }
-    if (Knob(k, "DET") == 1 &&
+    if (Knob(k, "DET") != 0 &&
         (Knob(k, "ORDER") != 0 || Knob(k, "SPLIT") != 0 || Knob(k, "DQW") != 0 || (bm == 64 && d == 64))) {
-      return absl::InvalidArgumentError(
-          "bwd_sm90: DET=1 sums each dQ element in one key block order, which needs ORDER=0 (the "
+      return absl::InvalidArgumentError(fmt::format(
+          "bwd_sm90: DET={} sums each dQ element in one key block order, which needs ORDER=0 (the "
           "tiles in key block levels), SPLIT=0 and DQW=0 (whole key blocks that add), and each "
-          "consumer's own dQ slice (not BLOCK_M=64 at head_dim 64)");
+          "consumer's own dQ slice (not BLOCK_M=64 at head_dim 64)",
+          Knob(k, "DET")));
     }
     if (Knob(k, "DQZ") == 1 && Knob(k, "DQW") == 1) {
       return absl::InvalidArgumentError(
@@ -204,7 +207,7 @@ TemplateDef BwdSm90Template() {
     m.tile_order = Knob(k, "ORDER")  ? TileOrder::kGrouped
                    : Knob(k, "DET") ? TileOrder::kKeyLevels
                                     : TileOrder::kLongestFirst;
-    m.deterministic = Knob(k, "DET") == 1;
+    m.deterministic = Knob(k, "DET") != 0;
     // a split pair's partial: 256 consumer threads' dK and dV (d / 2 fp32 each)
     m.split_slot_bytes = Knob(k, "SPLIT") ? 256 * d * 4 : 0;
     m.zero_dq_accum = Knob(k, "DQW") == 0;

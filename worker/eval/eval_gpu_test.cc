@@ -542,21 +542,22 @@ TEST_F(EvalGpu, BwdSm90KvStoreVerify) {
   }
 }
 
-// bwd_sm90 DET=1 (ordered dQ adds, the "levels" tile order; manifest
-// deterministic): verified on the hostile batches, which the evaluator now
-// also fails when two launches differ in any output bit, so no note of a
-// non-deterministic backward may come back. Both head dims, both masks, GQA,
-// cross, the tiny, long-query and heavy-tailed batches, with HELP=2, CSKIP
-// off and on, DQZ off and on, DQ_DIRECT.
+// bwd_sm90 DET=1 and DET=2 (ordered dQ adds, the "levels" tile order;
+// manifest deterministic): verified on the hostile batches, which the
+// evaluator now also fails when two launches differ in any output bit, so no
+// note of a non-deterministic backward may come back. Both head dims, both
+// masks, GQA, cross, the tiny, long-query and heavy-tailed batches, with
+// HELP=2, CSKIP off and on, DQZ off and on, DQ_DIRECT.
 TEST_F(EvalGpu, BwdSm90DetIsBitwiseDeterministic) {
   if (std::string why = WhyNoBwdSm90(); !why.empty()) GTEST_SKIP() << why;
   struct S { int d, h, kvh; bool causal, cross; int bm, cskip, dqz, help, direct, kind; };
   for (S s : {S{128, 4, 4, true, false, 64, 1, 1, 0, 0, 0}, S{128, 4, 2, false, true, 64, 1, 1, 0, 0, 0},
               S{64, 4, 1, true, true, 128, 1, 1, 0, 0, 0}, S{64, 2, 2, false, false, 128, 1, 0, 2, 0, 1},
               S{128, 4, 4, false, false, 64, 0, 0, 2, 0, 3}, S{64, 4, 2, true, false, 128, 1, 0, 2, 0, 3},
-              S{128, 4, 2, true, true, 64, 1, 1, 0, 1, 2}, S{128, 4, 4, true, false, 64, 0, 1, 2, 0, 1}}) {
+              S{128, 4, 2, true, true, 64, 1, 1, 0, 1, 2}, S{128, 4, 4, true, false, 64, 0, 1, 2, 0, 1}})
+  for (const int det : {1, 2}) {
     const std::map<std::string, int> knobs = {
-        {"BLOCK_M", s.bm}, {"BLOCK_N", 128}, {"STAGES", 2}, {"ORDER", 0}, {"DET", 1},
+        {"BLOCK_M", s.bm}, {"BLOCK_N", 128}, {"STAGES", 2}, {"ORDER", 0}, {"DET", det},
         {"CSKIP", s.cskip}, {"DQZ", s.dqz}, {"HELP", s.help}, {"DQ_DIRECT", s.direct},
         {"KVSTORE", 1}};
     std::string what = fmt::format("d{} h{}/{} causal {} cross {} kind {}", s.d, s.h, s.kvh,
@@ -569,7 +570,7 @@ TEST_F(EvalGpu, BwdSm90DetIsBitwiseDeterministic) {
     EvalRequest req;
     req.shape = BwdShapeOfKind(s.kind, s.d, s.h, s.kvh, s.causal, s.cross);
     req.seed = 9700 + s.d + s.bm + 3 * s.h + 5 * s.kvh + 7 * s.causal + 11 * s.cross +
-               13 * s.cskip + 17 * s.dqz + 19 * s.help + 23 * s.direct + 29 * s.kind;
+               13 * s.cskip + 17 * s.dqz + 19 * s.help + 23 * s.direct + 29 * s.kind + 31 * det;
     req.candidate.source = v->source;
     req.candidate.manifest = v->manifest;
     req.options.iterations = 3;
