@@ -414,9 +414,10 @@ TEST(BuiltinProposerCatalog, AnOrdinaryBucketGetsNoDeterministicVariant) {
 }
 
 // A deterministic backward bucket: every proposal, the first (the catalog's
-// default) included, is a bwd_sm90 DET=1 variant whose manifest says
-// deterministic; bwd_mma, which has none, is never proposed. On sm_80 no
-// template can serve the bucket, which the proposer says.
+// default) included, is a DET=1 variant (bwd_sm90's or bwd_mma's) whose
+// manifest says deterministic. On sm_80 bwd_mma's alone; at a head dim no
+// backward template has, no template can serve the bucket, which the
+// proposer says.
 TEST(BuiltinProposerCatalog, ADeterministicBucketGetsOnlyDeterministicVariants) {
   auto p = MakeBuiltinProposer(7);
   ShapeKey shape = Shape("sm_90a", 128);
@@ -430,7 +431,7 @@ TEST(BuiltinProposerCatalog, ADeterministicBucketGetsOnlyDeterministicVariants) 
     ASSERT_FALSE(got->empty());
     for (const Candidate& c : *got) {
       ++proposed;
-      EXPECT_EQ(c.template_name, "bwd_sm90") << Describe(c);
+      EXPECT_TRUE(c.template_name == "bwd_sm90" || c.template_name == "bwd_mma") << Describe(c);
       EXPECT_EQ(Knobs(c).at("DET"), 1) << Describe(c);
       auto manifest = ParseManifest(c.manifest_json);
       ASSERT_TRUE(manifest.ok()) << manifest.status();
@@ -441,6 +442,14 @@ TEST(BuiltinProposerCatalog, ADeterministicBucketGetsOnlyDeterministicVariants) 
   }
   EXPECT_EQ(proposed, 18);
   shape.arch = "sm_80";
+  auto ampere = MakeBuiltinProposer(7)->Propose(Ctx(shape), 4);
+  ASSERT_TRUE(ampere.ok()) << ampere.status();
+  ASSERT_FALSE(ampere->empty());
+  for (const Candidate& c : *ampere) {
+    EXPECT_EQ(c.template_name, "bwd_mma") << Describe(c);
+    EXPECT_EQ(Knobs(c).at("DET"), 1) << Describe(c);
+  }
+  shape.head_dim = 96;
   auto none = MakeBuiltinProposer(7)->Propose(Ctx(shape), 4);
   EXPECT_FALSE(none.ok());
 }

@@ -27,7 +27,7 @@ class CatalogTemplateSource final : public TemplateSource {
     if (!has(spec.ops, std::string(OpName(shape.op)))) return false;
     if (!spec.head_dims.empty() && !has(spec.head_dims, shape.head_dim)) return false;
     // A catalog template without deterministic knobs has no deterministic
-    // variant (bwd_mma).
+    // variant (the forward templates).
     if (shape.deterministic && spec.deterministic_knobs.empty()) return false;
     return std::any_of(spec.archs.begin(), spec.archs.end(),
                        [&](const std::string& a) { return ArchServes(a, shape.arch); });
@@ -45,7 +45,7 @@ class CatalogTemplateSource final : public TemplateSource {
     // A setting the static check refuses (shared memory over the arch limit,
     // mask not supported...) would only cost a compile to learn the same.
     if (absl::Status s = CheckVariant(v->source, v->manifest, shape.arch, shape); !s.ok()) return s;
-    // The template search keeps a deterministic setting (bwd_sm90 DET=1) for
+    // The template search keeps a deterministic setting (DET=1) for
     // the buckets that ask for one: elsewhere its fixed order only costs time
     // (notes/bwd.md v21), and the search would spend evaluations learning so.
     if (v->manifest.deterministic && !shape.deterministic) {

@@ -128,7 +128,8 @@ absl::StatusOr<Variant> DefaultVariant(const ShapeKey& shape) {
   if (best == nullptr && shape.deterministic) {
     return absl::NotFoundError(fmt::format(
         "no deterministic backward kernel for {}: no template serving op {} head_dim {} there "
-        "sums dQ in a fixed order (bwd_sm90 DET=1 does, on sm_90a at head_dim 64 and 128)",
+        "sums dQ in a fixed order (bwd_mma DET=1 does, on sm_80 and later, and bwd_sm90 DET=1 on "
+        "sm_90a, at head_dim 64 and 128)",
         shape.arch, op, shape.head_dim));
   }
   if (best == nullptr) {

@@ -44,8 +44,8 @@ struct TemplateInfo {
   // Backward templates: the knob values every deterministic variant has
   // (manifest `deterministic`), e.g. bwd_sm90 {DET: 1, ORDER: 0, SPLIT: 0,
   // DQW: 0}; a deterministic shape is tuned over those settings alone.
-  // Empty: the template has no deterministic variant (bwd_mma adds dQ by
-  // atomics in no fixed order).
+  // Empty: the template has no deterministic variant (the forward templates,
+  // whose output is deterministic anyway).
   std::map<std::string, int> deterministic_knobs;
 };
 
@@ -84,7 +84,7 @@ std::map<std::string, int> DefaultKnobs(const std::string& template_name,
 // shape.arch, shape.head_dim, shape.op and the mask, with DefaultKnobs.
 // NotFound when no template can serve the shape (e.g. op bwd, head_dim 96),
 // and for a deterministic shape when no template has a deterministic variant
-// for it ("no deterministic backward kernel for sm_80: ..."); the variant of
+// for it (head_dim 96: "no deterministic backward kernel for sm_80: ..."); the variant of
 // a deterministic shape always has manifest.deterministic.
 absl::StatusOr<Variant> DefaultVariant(const ShapeKey& shape);
 

@@ -455,7 +455,8 @@ TEST(CatalogTest, BwdSm90DetIsDeterministicInKeyBlockLevels) {
 // DQZ=1), the rest as the shape's class has them (the heavy-tailed short
 // class keeps HELP=2), whichever template the plain shape would get; it
 // passes the static checks, which refuse a non-deterministic variant for
-// it. Elsewhere (bwd_mma only) a clear NOT_FOUND.
+// it. Where bwd_mma is the shape's template, and on other archs, bwd_mma
+// DET=1; a head dim no backward template has, a clear NOT_FOUND.
 TEST(CatalogTest, DeterministicBackwardShapesGetADeterministicVariantOrAClearError) {
   ShapeKey heavy = Shape(128, "sm_90a", 16);
   heavy.batch = 4096;
@@ -473,15 +474,17 @@ TEST(CatalogTest, DeterministicBackwardShapesGetADeterministicVariantOrAClearErr
     s.deterministic = true;
     auto v = DefaultVariant(s);
     ASSERT_TRUE(v.ok()) << "d" << s.head_dim << ": " << v.status();
-    EXPECT_EQ(v->template_name, "bwd_sm90");
+    EXPECT_EQ(v->template_name, plain->template_name);
     EXPECT_TRUE(v->manifest.deterministic);
     EXPECT_EQ(v->manifest.tile_order, TileOrder::kKeyLevels);
     EXPECT_EQ(v->knobs.at("DET"), 1);
-    EXPECT_EQ(v->knobs.at("ORDER"), 0);
-    EXPECT_EQ(v->knobs.at("SPLIT"), 0);
-    EXPECT_EQ(v->knobs.at("DQW"), 0);
-    EXPECT_EQ(v->knobs.at("DQZ"), 1);
-    EXPECT_EQ(v->knobs.at("HELP"), plain->template_name == "bwd_sm90" ? plain->knobs.at("HELP") : 0);
+    if (v->template_name == "bwd_sm90") {
+      EXPECT_EQ(v->knobs.at("ORDER"), 0);
+      EXPECT_EQ(v->knobs.at("SPLIT"), 0);
+      EXPECT_EQ(v->knobs.at("DQW"), 0);
+      EXPECT_EQ(v->knobs.at("DQZ"), 1);
+      EXPECT_EQ(v->knobs.at("HELP"), plain->knobs.at("HELP"));
+    }
     EXPECT_TRUE(CheckVariant(v->source, v->manifest, "sm_90a", s).ok());
     auto c = CheckVariant(plain->source, plain->manifest, "sm_90a", s);
     EXPECT_NE(c.message().find("deterministic"), std::string::npos) << c;
@@ -489,27 +492,41 @@ TEST(CatalogTest, DeterministicBackwardShapesGetADeterministicVariantOrAClearErr
   heavy.op = Op::kBackward;
   heavy.deterministic = true;
   EXPECT_EQ(DefaultVariant(heavy)->knobs.at("HELP"), 2);
+  // Elsewhere bwd_mma DET=1; a head dim no backward template serves, a clear
+  // NOT_FOUND.
   for (const char* arch : {"sm_80", "sm_100a"}) {
     ShapeKey s = Shape(128, arch, 1024);
     s.op = Op::kBackward;
     s.deterministic = true;
     auto v = DefaultVariant(s);
+    ASSERT_TRUE(v.ok()) << arch << ": " << v.status();
+    EXPECT_EQ(v->template_name, "bwd_mma");
+    EXPECT_TRUE(v->manifest.deterministic);
+    EXPECT_EQ(v->manifest.tile_order, TileOrder::kKeyLevels);
+    EXPECT_TRUE(CheckVariant(v->source, v->manifest, arch, s).ok());
+    s.head_dim = 96;
+    v = DefaultVariant(s);
     ASSERT_FALSE(v.ok()) << arch;
     EXPECT_EQ(v.status().code(), absl::StatusCode::kNotFound);
     EXPECT_NE(v.status().message().find(fmt::format("no deterministic backward kernel for {}", arch)),
               std::string::npos)
         << v.status();
   }
-  // Which knobs make a template's variants deterministic: bwd_sm90's, and
-  // none of bwd_mma's.
+  // Which knobs make a template's variants deterministic.
   for (const TemplateInfo& t : ListTemplates()) {
-    if (t.name == "bwd_mma") EXPECT_TRUE(t.deterministic_knobs.empty());
-    if (t.name != "bwd_sm90") continue;
+    if (t.name != "bwd_sm90" && t.name != "bwd_mma") {
+      EXPECT_TRUE(t.deterministic_knobs.empty()) << t.name;
+      continue;
+    }
     EXPECT_EQ(t.deterministic_knobs.at("DET"), 1);
-    auto v = Instantiate("bwd_sm90", t.deterministic_knobs, 128);
+    auto v = Instantiate(t.name, t.deterministic_knobs, 128);
     ASSERT_TRUE(v.ok()) << v.status();
     EXPECT_TRUE(v->manifest.deterministic);
   }
+  // bwd_mma DET=1 needs key blocks of 64 keys or more (its count's bits).
+  auto narrow = Instantiate("bwd_mma", {{"BLOCK_N", 32}, {"DET", 1}}, 64);
+  ASSERT_FALSE(narrow.ok());
+  EXPECT_NE(narrow.status().message().find("BLOCK_N >= 64"), std::string::npos) << narrow.status();
 }
 
 }  // namespace kforge

@@ -31,7 +31,13 @@ TemplateDef BwdMmaTemplate() {
       {"BLOCK_M", {32, 64}, 32},      // query rows per step
       {"BLOCK_N", {32, 64, 128}, 64},  // keys per CTA (BLOCK_N / 16 warps)
       {"MIN_BLOCKS", {1, 2}, 1},
+      // 1: deterministic (manifest deterministic): each dQ element summed
+      // last key block first, the tiles in the "levels" order (bwd_mma.cuh's
+      // header). Needs BLOCK_N >= 64. For clients that ask for a deterministic
+      // backward where bwd_sm90 cannot run (sm_80, sm_100a, ...).
+      {"DET", {0, 1}, 0},
   };
+  def.info.deterministic_knobs = {{"DET", 1}};
   def.info.description =
       "FlashAttention-2-style backward on mma.sync m16n8k16 bf16, one launch: a CTA per key block "
       "keeps dK/dV in registers over the query blocks that see it, dQ through fp32 atomics into "
@@ -42,6 +48,11 @@ TemplateDef BwdMmaTemplate() {
           "bwd_mma: {} B of shared memory (BLOCK_M={}, BLOCK_N={}, head_dim={}) exceeds every "
           "arch's 232448 B limit",
           SmemBytes(k, d), Knob(k, "BLOCK_M"), Knob(k, "BLOCK_N"), d));
+    }
+    if (Knob(k, "DET") == 1 && Knob(k, "BLOCK_N") < 64) {
+      return absl::InvalidArgumentError(
+          "bwd_mma: DET=1 counts key blocks and their ordered adds in one int per query block, "
+          "which needs BLOCK_N >= 64");
     }
     return absl::OkStatus();
   };
@@ -63,19 +74,19 @@ TemplateDef BwdMmaTemplate() {
     m.ops = {"bwd"};
     m.causal = m.noncausal = m.gqa = true;
     m.ctas_per_sm = Knob(k, "MIN_BLOCKS") > 1 ? Knob(k, "MIN_BLOCKS") : 0;
+    m.deterministic = Knob(k, "DET") == 1;
+    if (m.deterministic) m.tile_order = TileOrder::kKeyLevels;
     return v;
   };
   // The settings with the fewest spills (notes/bwd.md): at D=128, BLOCK_M=64
   // spills ~156 B next to dK and dV's 128 accumulator registers.
   def.default_knobs = [](const ShapeKey& s) -> std::map<std::string, int> {
-    return {{"BLOCK_M", s.head_dim > 64 ? 32 : 64}, {"BLOCK_N", 64}, {"MIN_BLOCKS", 1}};
+    return {{"BLOCK_M", s.head_dim > 64 ? 32 : 64}, {"BLOCK_N", 64}, {"MIN_BLOCKS", 1},
+            {"DET", s.deterministic ? 1 : 0}};
   };
-  // The portable backward: the default for every backward shape but the
-  // deterministic ones (its dQ atomics add in no fixed order, so it has no
-  // deterministic variant: info.deterministic_knobs stays empty).
-  def.preference = [](const ShapeKey& s) {
-    return s.op == Op::kBackward && !s.deterministic ? 10 : 0;
-  };
+  // The portable backward: the default for every backward shape, deterministic
+  // ones included (DET=1), where bwd_sm90 does not prefer itself (sm_90a).
+  def.preference = [](const ShapeKey& s) { return s.op == Op::kBackward ? 10 : 0; };
   return def;
 }
 

@@ -21,7 +21,19 @@
 //     while the current one is computed; LSE and delta = rowsum(dO * O) are
 //     read by every thread at once; the dq counters of a head are bumped once
 //     after all its query blocks, behind one fence (kernels/notes/bwd.md, v2).
-// Knobs arrive as #defines (KF_BLOCK_M, KF_BLOCK_N, KF_MIN_BLOCKS, KF_HEAD_DIM).
+//   * KF_DET = 1 (manifest deterministic, tile order "levels"): dQ bitwise the
+//     same in every launch. Each dq_accum element gets one add per key block
+//     (one thread's), so it is summed in a fixed order when the key blocks add
+//     in one: last key block first, key block j into query block m only after
+//     key blocks j+1 .. J(m) (the last that sees m), as bwd_sm90 DET=1 does
+//     (its header has the why). A key block's adds into (m, h) are published
+//     once every thread's are complete (each thread's fence, the step's
+//     barrier, then one release add into the count's upper field); each warp
+//     that adds waits for J(m) - j published key blocks first. Free of
+//     deadlock because every tile, the first too, is drawn from the tile
+//     counter and the "levels" list puts key block j + 1 before key block j.
+// Knobs arrive as #defines (KF_BLOCK_M, KF_BLOCK_N, KF_MIN_BLOCKS, KF_HEAD_DIM,
+// KF_DET).
 #include "kforge/attn_params.h"
 
 #ifndef KF_HEAD_DIM
@@ -35,6 +47,12 @@
 #endif
 #ifndef KF_MIN_BLOCKS
 #define KF_MIN_BLOCKS 1
+#endif
+#ifndef KF_DET
+#define KF_DET 0
+#endif
+#if (KF_DET != 0) && (KF_DET != 1)
+#error "bwd_mma: KF_DET must be 0 or 1"
 #endif
 
 namespace kfb {
@@ -66,6 +84,24 @@ __device__ __forceinline__ unsigned swz(int r, int c) { return swz_tile<kD>(r, c
 __device__ __forceinline__ unsigned swz_s(int r, int c) {
   return (unsigned)(r * (kBM * 2) + ((c ^ (r & kSMask)) << 4));
 }
+
+#if KF_DET
+// A (query block, head) workspace int: bits 0..14 count the key blocks that
+// are done with it (the conversion's count: a sequence has at most
+// 2^20 / 64 = 2^14 key blocks, core/shape.h kMaxSeqLen, BLOCK_N >= 64 with
+// KF_DET), bits 15..29 the key blocks whose adds into it are complete.
+static_assert(!KF_DET || KF_BLOCK_N >= 64, "bwd_mma: KF_DET needs BLOCK_N >= 64 (the count's bits)");
+constexpr int kDetAdd = 1 << 15;
+constexpr int kCountMask = kDetAdd - 1;
+__device__ __forceinline__ int ld_acquire_gpu(const int* a) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(a) : "memory");
+  return v;
+}
+__device__ __forceinline__ void red_release_gpu(int* a, int v) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(a), "r"(v) : "memory");
+}
+#endif
 
 __device__ __forceinline__ float bf16_lo(unsigned w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf16_hi(unsigned w) { return __uint_as_float(w & 0xffff0000u); }
@@ -346,6 +382,13 @@ __device__ void run_tile(const KfAttnParams& p, Tile t, unsigned char* smem, int
 
     // dQ for 16-row slabs of the query block, 64 head dims at a time,
     // added into dq_accum (scaled).
+#if KF_DET
+    // (KF_DET) Key blocks t.block + 1 .. J(m) add into (m, h) first: waited
+    // for by each warp that adds, before its first add of the step.
+    int* const det_word = (int*)p.workspace + (long long)(t.qbase + m) * p.heads + h;
+    const int det_want = contributors(lq, lk, m, p.causal) - 1 - t.block;
+    bool det_waited = det_want <= 0;
+#endif
     for (int slab = warp; slab < kBM / 16; slab += kWarps) {
 #pragma unroll
       for (int dh = 0; dh < kD / 64; ++dh) {
@@ -367,6 +410,15 @@ __device__ void run_tile(const KfAttnParams& p, Tile t, unsigned char* smem, int
             mma(acc[j + 1], a, b2, b3);
           }
         }
+#if KF_DET
+        if (!det_waited) {
+          if (lane == 0) {
+            while (ld_acquire_gpu(det_word) / kDetAdd < det_want) __nanosleep(64);
+          }
+          __syncwarp();
+          det_waited = true;
+        }
+#endif
         add_dq(p, acc, q_start, m0 + slab * 16, lq, h, dh, g, tq);
       }
     }
@@ -381,7 +433,11 @@ __device__ void run_tile(const KfAttnParams& p, Tile t, unsigned char* smem, int
         int done = 0;
         if (mm < m_blocks) {
           int* counter = (int*)p.workspace + (long long)(t.qbase + mm) * p.heads + h;
+#if KF_DET
+          done = ((atomicAdd(counter, 1) + 1) & kCountMask) == contributors(lq, lk, mm, p.causal);
+#else
           done = atomicAdd(counter, 1) + 1 == contributors(lq, lk, mm, p.causal);
+#endif
           __threadfence();
         }
         flags[tid] = done;
@@ -392,7 +448,15 @@ __device__ void run_tile(const KfAttnParams& p, Tile t, unsigned char* smem, int
         __syncthreads();
       }
     }
+#if KF_DET
+    // This step's adds, every thread's complete, then published by one
+    // release add (the barrier orders the fences before it).
+    __threadfence();
     __syncthreads();  // this buffer, dS, LSE and delta are refilled by later steps
+    if (tid == 0) red_release_gpu(det_word, kDetAdd);
+#else
+    __syncthreads();  // this buffer, dS, LSE and delta are refilled by later steps
+#endif
   }
   cp_wait<0>();  // K and V, when no query block was visited
 
@@ -420,11 +484,23 @@ extern "C" __global__ void __launch_bounds__(kfb::kThreads, KF_MIN_BLOCKS)
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ int next_index;
   const int tid = threadIdx.x;
+#if KF_DET
+  // Every tile from the counter, the first too: a tile is then only held by
+  // a CTA that runs, which the ordered adds need (a CTA not yet resident
+  // would hold tile blockIdx.x while the ones that wait for it hold the SMs).
+  if (tid == 0) next_index = atomicAdd(p.tile_counter, 1);
+  __syncthreads();
+  int tile = next_index;
+  __syncthreads();
+  constexpr int kTaken = 0;
+#else
   int tile = blockIdx.x;
+  const int kTaken = (int)gridDim.x;
+#endif
   while (tile < p.num_tiles) {
     const int* e = p.tiles + 4 * tile;
     kfb::run_tile(p, kfb::Tile{e[0], e[1], e[2], e[3]}, smem, tid);
-    if (tid == 0) next_index = atomicAdd(p.tile_counter, 1) + (int)gridDim.x;
+    if (tid == 0) next_index = atomicAdd(p.tile_counter, 1) + kTaken;
     __syncthreads();
     tile = next_index;
     __syncthreads();  // next_index is rewritten after the next tile

@@ -296,8 +296,7 @@ TemplateDef BwdSm90Template() {
     const int64_t keys = s.cross ? s.total_k : s.total_q;  // self: keys are the queries
     const int64_t mean_keys = s.batch > 0 ? keys / s.batch : 0;
     const int64_t mean_queries = s.batch > 0 ? s.total_q / s.batch : 0;
-    // A deterministic shape has only this template (bwd_mma's preference is
-    // 0 for it), whichever of the two this is.
+    // (A deterministic shape compares the same way: both have a DET=1.)
     return mean_keys >= 64 || mean_queries <= 128 || KeysFitOneBlock(s) ? 11 : 9;
   };
   return def;

@@ -256,8 +256,8 @@ def jagged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     max_seqlen_q/k: the longest sequences (ints). causal masks are bottom-right
     aligned; softmax_scale defaults to 1/sqrt(head_dim). deterministic=True asks
     for a bitwise reproducible backward (the same gradients in every run on the
-    same inputs; today on sm_90a only, and raises where there is none rather
-    than fall back); the forward always is. Returns (total_q, heads, head_dim).
+    same inputs; today at head dims 64 and 128, and raises where there is none
+    rather than fall back); the forward always is. Returns (total_q, heads, head_dim).
     """
     heads, head_dim, kv_heads = q.shape[1], q.shape[2], k.shape[1]
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(head_dim)

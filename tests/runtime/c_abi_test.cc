@@ -242,7 +242,8 @@ TEST_F(CAbiTest, ResolvesTheSeedWithNvrtcWithoutAGpu) {
 // args.deterministic asks for a deterministic backward: a bucket of its own
 // (".det") and, with no server or pack, the catalog's deterministic seed
 // (bwd_sm90 DET=1), compiled here by the real NVRTC. The forward ignores
-// it. On sm_80 no backward kernel is deterministic: unsupported, saying so.
+// it. On sm_80 bwd_mma DET=1 serves it; a head dim no backward kernel has is
+// unsupported, saying so.
 TEST_F(CAbiTest, ADeterministicBackwardGetsItsOwnBucketAndADeterministicKernel) {
   kf_runtime* rt = CreateForHopper();
   kf_attention_args a = Args();
@@ -268,11 +269,19 @@ TEST_F(CAbiTest, ADeterministicBackwardGetsItsOwnBucketAndADeterministicKernel) 
   o.arch = "sm_80";
   kf_runtime* ampere = Create(o);
   a.deterministic = 1;
+  EXPECT_EQ(kf_attention_supported(ampere, &a, KF_OP_BACKWARD), KF_OK) << kf_last_error();
+  kf_kernel_info amp;
+  amp.struct_size = sizeof amp;
+  ASSERT_EQ(kf_attention_prepare(ampere, &a, KF_OP_BACKWARD, &amp), KF_OK) << kf_last_error();
+  EXPECT_STREQ(amp.bucket, "bwd.bf16.d128.h4.kv4.causal.self.sm_80.b4.mq1024.aq512.mk1024.ak512.det");
+  EXPECT_STREQ(amp.source, "seed");
+  a.head_dim = 96;
   EXPECT_EQ(kf_attention_supported(ampere, &a, KF_OP_BACKWARD), KF_ERR_UNSUPPORTED);
   EXPECT_NE(std::string(kf_last_error()).find("no deterministic backward kernel for sm_80"),
             std::string::npos)
       << kf_last_error();
   EXPECT_EQ(kf_attention_prepare(ampere, &a, KF_OP_BACKWARD, nullptr), KF_ERR_UNSUPPORTED);
+  a.head_dim = 128;
   a.deterministic = 0;
   EXPECT_EQ(kf_attention_supported(ampere, &a, KF_OP_BACKWARD), KF_OK) << kf_last_error();
 }

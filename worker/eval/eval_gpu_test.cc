@@ -224,6 +224,39 @@ TEST_F(EvalGpu, BwdMmaVerifies) {
   }
 }
 
+// bwd_mma DET=1 (ordered dQ adds, last key block first, the "levels" tile
+// order; manifest deterministic): verified on the hostile batches, which
+// the evaluator fails when two launches differ in any output bit. Both head
+// dims and masks, GQA, cross, both BLOCK_N it allows, the tiny and the
+// long-query batches. Any sm_80 or later device.
+TEST_F(EvalGpu, BwdMmaDetIsBitwiseDeterministic) {
+  struct S { int d, h, kvh; bool causal, cross; int bm, bn, kind; };
+  for (S s : {S{128, 4, 4, true, false, 32, 64, 0}, S{128, 4, 2, false, true, 32, 64, 0},
+              S{64, 4, 1, true, true, 64, 64, 0}, S{64, 2, 2, false, false, 64, 128, 1},
+              S{128, 2, 2, true, false, 32, 128, 2}, S{64, 4, 2, true, false, 32, 64, 1}}) {
+    const std::map<std::string, int> knobs = {
+        {"BLOCK_M", s.bm}, {"BLOCK_N", s.bn}, {"MIN_BLOCKS", 1}, {"DET", 1}};
+    const std::string what = fmt::format("d{} h{}/{} causal {} cross {} BM{} BN{} kind {}", s.d,
+                                         s.h, s.kvh, s.causal, s.cross, s.bm, s.bn, s.kind);
+    SCOPED_TRACE(what);
+    absl::StatusOr<Variant> v = Instantiate("bwd_mma", knobs, s.d);
+    ASSERT_TRUE(v.ok()) << v.status();
+    ASSERT_TRUE(v->manifest.deterministic);
+    EvalRequest req;
+    req.shape = BwdShapeOfKind(s.kind, s.d, s.h, s.kvh, s.causal, s.cross);
+    req.seed = 9900 + s.d + s.bm + s.bn + 3 * s.h + 5 * s.kvh + 7 * s.causal + 11 * s.cross +
+               13 * s.kind;
+    req.candidate.source = v->source;
+    req.candidate.manifest = v->manifest;
+    req.options.iterations = 3;
+    absl::StatusOr<EvalResult> r = evaluator_->Evaluate(req);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->outcome, Outcome::kVerified) << r->message << "\n" << r->errors.detail;
+    EXPECT_EQ(r->message.find("deterministic"), std::string::npos) << r->message;
+    std::cout << "bwd_mma DET=1 " << what << ": " << r->message << "\n";
+  }
+}
+
 // The Hopper wgmma backward (bwd_sm90) on the hostile check batches: every
 // setting of its knob space (D=64: BLOCK_M 64 or 128, D=128: BLOCK_M=64;
 // both tile orders), self and cross, causal or not, GQA. The evaluator's

@@ -167,7 +167,8 @@ typedef struct kf_attention_args {
   void* dv;
   /* Backward only, 0 or 1: 1 asks for a bitwise deterministic kernel (the
    * same dq, dk and dv in every launch on the same inputs), a bucket of its
-   * own; KF_ERR_UNSUPPORTED where none exists (today: sm_90a only). Read
+   * own; KF_ERR_UNSUPPORTED where none exists (today: head dims other than
+   * 64 and 128). Read
    * only by kf_attention_backward and by prepare/supported for
    * KF_OP_BACKWARD; the forward is always deterministic. Added after the
    * first release: a caller whose struct_size ends before it gets 0. */

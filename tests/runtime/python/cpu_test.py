@@ -57,9 +57,13 @@ class Binding(unittest.TestCase):
         self.assertEqual(det["entry_point"], "kf_attn_bwd")
         fwd = self.rt.prepare(args(deterministic=1))
         self.assertFalse(fwd["bucket"].endswith(".det"), fwd)
+        # sm_80: bwd_mma DET=1; a head dim no backward kernel has: unsupported, saying so.
         ampere = Runtime(arch="sm_80", cache_dir=None)
         l = _lib.lib()
         self.assertEqual(l.kf_attention_supported(ampere.handle, args(deterministic=1), _lib.OP_BACKWARD),
+                         _lib.OK, l.kf_last_error())
+        self.assertEqual(l.kf_attention_supported(ampere.handle, args(deterministic=1, head_dim=96),
+                                                  _lib.OP_BACKWARD),
                          _lib.ERR_UNSUPPORTED)
         self.assertIn("no deterministic backward kernel for sm_80", l.kf_last_error().decode())
 
