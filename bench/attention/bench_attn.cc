@@ -1170,7 +1170,13 @@ std::vector<Candidate> MakeBwdCandidates(const Problem& pr, const std::string& a
     const auto defaults = DefaultKnobs(t.name, key);
     add(Instantiate(t.name, defaults, pr.head_dim), true);
     if (mode == "sweep") {
-      for (const auto& k : KnobSweep(t, defaults)) add(Instantiate(t.name, k, pr.head_dim), false);
+      for (const auto& k : KnobSweep(t, defaults)) {
+        // (a deterministic setting only where the shape asks for one, as the
+        // tuner has it; --settings still times one anywhere)
+        absl::StatusOr<Variant> v = Instantiate(t.name, k, pr.head_dim);
+        if (v.ok() && v->manifest.deterministic && !key.deterministic) continue;
+        add(std::move(v), false);
+      }
     }
     for (const auto& k : ExtraSettings(t.name, defaults)) add(Instantiate(t.name, k, pr.head_dim), true);
   }
