@@ -111,11 +111,11 @@ TemplateDef BwdSm90Template() {
       {"KVSTORE", {0, 1}, 0},
       // 1: deterministic (manifest deterministic): key block j adds its dQ
       // slice into a query block after the key blocks j+1.. that see it, the
-      // tiles in the "levels" order (notes/bwd.md "Determinism"). Needs ORDER=0, SPLIT=0,
-      // DQW=0, and not BLOCK_M=64 at head dim 64. For clients that ask for
-      // deterministic kernels; slower, so not otherwise a default. 2: the same
-      // order, each add published a step later, so that no step waits for
-      // its previous add to complete (notes/bwd.md v23).
+      // tiles in the "levels" order (notes/bwd.md "Determinism"). Needs
+      // ORDER=0, SPLIT=0, DQW=0, and not BLOCK_M=64 at head dim 64. For clients
+      // that ask for deterministic kernels; slower, so not otherwise a default.
+      // 2: the same order, each add published a step later, so that no step
+      // waits for its previous add to complete (notes/bwd.md v23).
       {"DET", {0, 1, 2}, 0},
   };
   def.info.deterministic_knobs = {{"DET", 1}, {"ORDER", 0}, {"SPLIT", 0}, {"DQW", 0}};
