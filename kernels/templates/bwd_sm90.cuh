@@ -237,9 +237,10 @@
 // adding) or BLOCK_M 64 at head dim 64 (both consumers add into one slice).
 // KF_DET = 2: the same order, each add published a step later (at the step
 // after next's S^T, once all but the latest bulk group are complete), so no
-// step waits for its previous add to reach L2 (DET=1's wait there was most of
-// its 1.10-1.17x); the list leaves the key blocks room for that step.
-// Design and predicted cost: notes/bwd.md "Determinism", v23.
+// step waits for its previous add to reach L2; the list leaves the key blocks
+// room for that step. Measured slower than DET=1 (1.29-1.60x the served
+// kernels against 1.21-1.49x, H100): the next key block waits the longer.
+// Design and costs: notes/bwd.md "Determinism", v21, v23.
 #ifndef KF_DET
 #define KF_DET 0
 #endif
