@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# notes/bwd.md v23 (branch wip/det-desc): DET=1's adds last key block first. The DET
+# notes/bwd.md v23: DET=1's adds last key block first. The DET
 # eval cases (eight hostile batches: bitwise the same launch to launch, and right),
 # the Python op's deterministic backward (bit for bit in three runs, and against the
 # reference), then the bench: the served defaults beside DET=1, with main's binary

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The next session's one call (run from branch wip/det-desc, whose bundle has
+# Session 26's device call (its bundle had
 # main's bench binary beside the branch's as kforge-bench-attn.old). On an H200:
 # the full results run, forward and backward, anchors in the same run (res22.sh
 # OP=both: issue 10's targets, the grouped list's tail dealt; DET=0's kernels and
