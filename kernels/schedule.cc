@@ -66,18 +66,19 @@ void SortGrouped(std::vector<TileWork>& tiles) {
 
 // TileOrder::kKeyLevels (ordered dQ adds: manifest deterministic). The
 // (sequence, kv head) groups by descending total work, each group's key blocks
-// last first (the order of the adds: bwd_sm90 DET=1 and 2, bwd_mma DET=1),
+// last first (the order of the adds: bwd_sm90 and bwd_mma DET=1),
 // dealt `g` groups at a time, key block by key block: the last key block of
 // each of the g groups, then the one before it of each, and so on; then the
 // packed runs and the zero-dQ tiles, longest first. So key block j of a group
 // comes g - 1 tiles or so after key block j + 1, which a persistent grid starts
 // a few steps later. Without a mask every key block visits the query blocks
-// from the first, so j needs j + 1 a step ahead, plus the step or two its add
-// takes to be published (DET=2 publishes a step later): g is 3 steps, in tiles
-// (the CTAs over a tile's mean work in steps). Under a causal mask, with key
-// blocks at least two query blocks wide, key block j + 1 reaches each query
-// block two steps after key block j does (it starts further on), so a group's
-// key blocks may start together (`together`): g = 1, the grouped order's L2
+// from the first, so j needs j + 1 a step ahead, plus the step its add takes
+// to be published: g is 3 steps, in tiles (the CTAs over a tile's mean work in
+// steps). Under a causal mask, with key blocks at least two query blocks wide,
+// key block j + 1 reaches each query block two steps after key block j does
+// (it starts further on), so a group's key blocks may start together
+// (`together`; with blocks one query block wide that room is a single step,
+// dealt apart as the measured form is): g = 1, the grouped order's L2
 // footprint (the levels of 12 groups at once, in key order, ran
 // hstu_prod_causal 1.65x slower than the grouped list: notes/bwd.md v21, v23).
 // Few groups run at once, so the Q, dO and dq_accum rows they visit stay in L2.

@@ -114,10 +114,7 @@ TemplateDef BwdSm90Template() {
       // tiles in the "levels" order (notes/bwd.md "Determinism"). Needs
       // ORDER=0, SPLIT=0, DQW=0, and not BLOCK_M=64 at head dim 64. For clients
       // that ask for deterministic kernels; slower, so not otherwise a default.
-      // 2: the same order, each add published a step later, so that no step
-      // waits for its previous add to complete; measured slower than DET=1
-      // (notes/bwd.md v23), so a search option only.
-      {"DET", {0, 1, 2}, 0},
+      {"DET", {0, 1}, 0},
   };
   def.info.deterministic_knobs = {{"DET", 1}, {"ORDER", 0}, {"SPLIT", 0}, {"DQW", 0}};
   def.info.description =

@@ -235,17 +235,12 @@
 // waits only for tiles drawn earlier still. Not with SPLIT (a half's steps
 // of one key block on two CTAs), DQW (its first visitor copies instead of
 // adding) or BLOCK_M 64 at head dim 64 (both consumers add into one slice).
-// KF_DET = 2: the same order, each add published a step later (at the step
-// after next's S^T, once all but the latest bulk group are complete), so no
-// step waits for its previous add to reach L2; the list leaves the key blocks
-// room for that step. Measured slower than DET=1 (1.29-1.60x the served
-// kernels against 1.21-1.49x, H100): the next key block waits the longer.
 // Design and costs: notes/bwd.md "Determinism", v21, v23.
 #ifndef KF_DET
 #define KF_DET 0
 #endif
-#if (KF_DET != 0) && (KF_DET != 1) && (KF_DET != 2)
-#error "bwd_sm90: KF_DET must be 0, 1 or 2"
+#if (KF_DET != 0) && (KF_DET != 1)
+#error "bwd_sm90: KF_DET must be 0 or 1"
 #endif
 #if KF_DET && (KF_SPLIT || KF_DQW)
 #error "bwd_sm90: KF_DET orders whole key blocks' adds (not with KF_SPLIT or KF_DQW)"
@@ -918,12 +913,8 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
 #endif
 #if KF_DET
   // The counter word whose add count this consumer owes its last add, or
-  // -1; raised as DQW's ready bit is, once the add is complete. (DET=2: and
-  // the one before it, det_owed2, raised a step later.)
+  // -1; raised as DQW's ready bit is, once the add is complete.
   int det_owed = -1;
-#endif
-#if KF_DET == 2
-  int det_owed2 = -1;
 #endif
   for (int ti = 0;; ++ti) {
 #if KF_HELP
@@ -1030,18 +1021,7 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
             owed = -1;
           }
 #endif
-#if KF_DET == 2
-          // The add before the previous step's is published here (complete
-          // once at most the previous step's bulk group is pending).
-          if (det_owed >= 0) {
-            if ((tid & 127) == 0 && det_owed2 >= 0) {
-              kfh::bulk_wait_all_but_last();
-              kfh::publish_dq_added(KF9_COUNTERS + det_owed2, kDetAdd);
-            }
-            det_owed2 = det_owed;
-            det_owed = -1;
-          }
-#elif KF_DET
+#if KF_DET
           // The previous step's add is published here likewise.
           if (det_owed >= 0) {
             if ((tid & 127) == 0) {
@@ -1190,17 +1170,6 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
           }
         }
         owed = -1;
-#elif KF_DET == 2
-        // (a consumer that skipped this step's S^T under CSKIP publishes here)
-        if (det_owed >= 0) {
-          if ((tid & 127) == 0 && det_owed2 >= 0) {
-            kfh::bulk_wait_all_but_last();
-            kfh::publish_dq_added(KF9_COUNTERS + det_owed2, kDetAdd);
-          }
-          det_owed2 = det_owed;
-          det_owed = -1;
-        }
-        if ((tid & 127) == 0) bulk_wait_read();
 #elif KF_DET
         // (a consumer that skipped this step's S^T under CSKIP publishes here)
         if ((tid & 127) == 0) {
@@ -1355,14 +1324,8 @@ extern "C" __global__ void KF_LAUNCH_BOUNDS kf_attn_bwd(const __grid_constant__ 
           if ((tid & 127) == 0) {
             bulk_wait_all();
             if (det_owed >= 0) kfh::publish_dq_added(KF9_COUNTERS + det_owed, kDetAdd);
-#if KF_DET == 2
-            if (det_owed2 >= 0) kfh::publish_dq_added(KF9_COUNTERS + det_owed2, kDetAdd);
-#endif
           }
           det_owed = -1;
-#if KF_DET == 2
-          det_owed2 = -1;
-#endif
 #else
           if ((tid & 127) == 0) bulk_wait_all();
 #endif

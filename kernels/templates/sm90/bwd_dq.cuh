@@ -82,13 +82,6 @@ __device__ __forceinline__ void bulk_wait_all() {
   asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
   asm volatile("fence.proxy.async.global;\n" ::: "memory");
 }
-// All of this thread's bulk operations but the most recent group are
-// complete, and their global writes ordered likewise (bwd_sm90 DET=2
-// publishes an add a step after it would wait for it to complete).
-__device__ __forceinline__ void bulk_wait_all_but_last() {
-  asm volatile("cp.async.bulk.wait_group 1;\n" ::: "memory");
-  asm volatile("fence.proxy.async.global;\n" ::: "memory");
-}
 
 // dq_accum (the variant's own scratch) is kept in a layout of its own, so
 // that a consumer's 64 x 64 slice of a step is one contiguous range and one
