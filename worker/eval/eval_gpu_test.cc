@@ -107,8 +107,6 @@ class EvalGpu : public ::testing::Test {
     return shape;
   }
 
-  // bwd_sm90 at BLOCK_N=128, STAGES=2 and `knobs` (the rest its defaults) on
-  // a batch of `kind` (BwdShapeOfKind), expected verified.
   // Why bwd_sm90 cannot run here ("" when it can).
   static std::string WhyNoBwdSm90() {
     if (evaluator_->device().arch != "sm_90a") return "bwd_sm90 needs sm_90a";
@@ -118,6 +116,9 @@ class EvalGpu : public ::testing::Test {
     return "bwd_sm90 is not in this build";
   }
 
+  // bwd_sm90 at BLOCK_N=128, STAGES=2 and `knobs` (the rest its defaults) on
+  // a batch of `kind` (BwdShapeOfKind), expected verified. With DET=1 the
+  // variant must say it is deterministic (so ExpectVerified checks that too).
   static void ExpectBwdSm90Verified(std::map<std::string, int> knobs, int d, int h, int kvh,
                                     bool causal, bool cross, int kind, uint64_t seed) {
     knobs.emplace("BLOCK_N", 128);
@@ -128,6 +129,9 @@ class EvalGpu : public ::testing::Test {
     SCOPED_TRACE(what);
     absl::StatusOr<Variant> v = Instantiate("bwd_sm90", knobs, d);
     ASSERT_TRUE(v.ok()) << v.status();
+    if (auto det = knobs.find("DET"); det != knobs.end() && det->second != 0) {
+      ASSERT_TRUE(v->manifest.deterministic);
+    }
     ExpectVerified(*v, BwdShapeOfKind(kind, d, h, kvh, causal, cross), seed);
   }
 
@@ -584,20 +588,11 @@ TEST_F(EvalGpu, BwdSm90DetIsBitwiseDeterministic) {
               S{64, 4, 1, true, true, 128, 1, 1, 0, 0, 0}, S{64, 2, 2, false, false, 128, 1, 0, 2, 0, 1},
               S{128, 4, 4, false, false, 64, 0, 0, 2, 0, 3}, S{64, 4, 2, true, false, 128, 1, 0, 2, 0, 3},
               S{128, 4, 2, true, true, 64, 1, 1, 0, 1, 2}, S{128, 4, 4, true, false, 64, 0, 1, 2, 0, 1}}) {
-    const std::map<std::string, int> knobs = {
-        {"BLOCK_M", s.bm}, {"BLOCK_N", 128}, {"STAGES", 2}, {"ORDER", 0}, {"DET", 1},
-        {"CSKIP", s.cskip}, {"DQZ", s.dqz}, {"HELP", s.help}, {"DQ_DIRECT", s.direct},
-        {"KVSTORE", 1}};
-    std::string what = fmt::format("d{} h{}/{} causal {} cross {} kind {}", s.d, s.h, s.kvh,
-                                   s.causal, s.cross, s.kind);
-    for (const auto& [k, v] : knobs) what += fmt::format(" {}={}", k, v);
-    SCOPED_TRACE(what);
-    absl::StatusOr<Variant> v = Instantiate("bwd_sm90", knobs, s.d);
-    ASSERT_TRUE(v.ok()) << v.status();
-    ASSERT_TRUE(v->manifest.deterministic);
-    ExpectVerified(*v, BwdShapeOfKind(s.kind, s.d, s.h, s.kvh, s.causal, s.cross),
-                   9700 + s.d + s.bm + 3 * s.h + 5 * s.kvh + 7 * s.causal + 11 * s.cross +
-                       13 * s.cskip + 17 * s.dqz + 19 * s.help + 23 * s.direct + 29 * s.kind);
+    ExpectBwdSm90Verified({{"BLOCK_M", s.bm}, {"ORDER", 0}, {"DET", 1}, {"CSKIP", s.cskip},
+                           {"DQZ", s.dqz}, {"HELP", s.help}, {"DQ_DIRECT", s.direct}, {"KVSTORE", 1}},
+                          s.d, s.h, s.kvh, s.causal, s.cross, s.kind,
+                          9700 + s.d + s.bm + 3 * s.h + 5 * s.kvh + 7 * s.causal + 11 * s.cross +
+                              13 * s.cskip + 17 * s.dqz + 19 * s.help + 23 * s.direct + 29 * s.kind);
   }
 }
 
